@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (everything CI runs).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test venv testenv lint typecheck unit proptest-long bench
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+testenv:
+	bash testenv/build.sh >/dev/null
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv testenv lint typecheck
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
+
+demo: venv testenv
+	$(BIN)/shared-svc demo
+
+proptest-long: venv
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest proptests
+
+bench: venv testenv
+	$(BIN)/python benchmarks/bench_plan.py
+	$(BIN)/python benchmarks/bench_controller.py
+	$(BIN)/python benchmarks/bench_upgrade.py

@@ -1,0 +1,3 @@
+from shared_svc.cli import main
+
+raise SystemExit(main())

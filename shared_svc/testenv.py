@@ -1,0 +1,381 @@
+"""The embedded test control plane: a real etcd and kube-apiserver on 127.0.0.1.
+
+Built from Go modules by ``testenv/build.sh`` (cached), started with free ports in a
+temporary directory, authenticated by a static token file (admin in
+``system:masters``) with ``--authorization-mode=RBAC``. Used by the test fixtures, the
+demo, the benchmarks and ``shared-svc testenv``. No controller manager runs: there is
+no garbage collector, DaemonSet controller or kubelet.
+
+Synchronous on purpose (stdlib only): fixtures and commands start it before any event
+loop exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTENV_DIR = REPO_ROOT / "testenv"
+PROJECT_CRDS = Path(__file__).resolve().parent / "crds"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be built or started; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def build_binaries() -> Path:
+    """Runs the cached Go build; returns the directory with ``etcd`` and ``kube-apiserver``."""
+    override = os.environ.get("SHARED_SVC_TESTENV_BIN")
+    if override:
+        return Path(override)
+    script = TESTENV_DIR / "build.sh"
+    if not script.exists():
+        raise ControlPlaneError(f"{script} not found: the test control plane needs a source checkout")
+    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        raise ControlPlaneError(f"testenv build failed (exit {proc.returncode}); see the output above")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _insecure_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@dataclass
+class ControlPlane:
+    """A running etcd + kube-apiserver pair. Use :func:`start` or the context manager."""
+
+    workdir: Path
+    url: str
+    admin_token: str
+    kubeconfig: Path
+    etcd_url: str
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _apiserver_args: list[str] = field(default_factory=list)
+    _owns_workdir: bool = True
+
+    # --- HTTP helpers (admin) ---
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> tuple[int, Any]:
+        data = None
+        if body is not None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {token or self.admin_token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=_insecure_context(), timeout=timeout) as resp:
+                raw = resp.read()
+                status: int = resp.status
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            status = err.code
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def apply_manifests(self, docs: Iterable[dict[str, Any]], *, field_manager: str = "testenv") -> None:
+        """Server-side applies each manifest (any kind the server knows, cluster or namespaced)."""
+        for doc in docs:
+            path = self._path_for(doc)
+            status, resp = self.request(
+                "PATCH",
+                f"{path}?fieldManager={field_manager}&force=true",
+                json.dumps(doc),
+                content_type="application/apply-patch+yaml",
+            )
+            if status >= 300:
+                raise ControlPlaneError(f"apply {doc.get('kind')}/{doc['metadata'].get('name')}: {status} {resp}")
+
+    def install_crds(self, paths: Iterable[Path]) -> list[str]:
+        names: list[str] = []
+        docs: list[dict[str, Any]] = []
+        for path in paths:
+            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+        self.apply_manifests(docs)
+        names = [d["metadata"]["name"] for d in docs]
+        self.wait_established(names)
+        return names
+
+    def wait_established(self, crd_names: Iterable[str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for name in crd_names:
+            while True:
+                status, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conds = {c["type"]: c["status"] for c in (crd or {}).get("status", {}).get("conditions", [])} if status == 200 else {}
+                if conds.get("Established") == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"CRD {name} not established after {timeout}s")
+                time.sleep(0.2)
+        # Discovery catches up a little after Established; wait until every group is served.
+        groups = set()
+        for name in crd_names:
+            _, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            for ver in crd["spec"]["versions"]:
+                if ver.get("served"):
+                    groups.add((crd["spec"]["group"], ver["name"], crd["spec"]["names"]["plural"]))
+        for group, version, plural in sorted(groups):
+            while True:
+                status, res = self.request("GET", f"/apis/{group}/{version}")
+                if status == 200 and any(r["name"] == plural for r in res.get("resources", [])):
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"{group}/{version} {plural} not served after {timeout}s")
+                time.sleep(0.2)
+
+    def uninstall_crds(self, crd_names: Iterable[str], timeout: float = 60.0) -> None:
+        for name in crd_names:
+            self.request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        deadline = time.monotonic() + timeout
+        for name in crd_names:
+            while self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")[0] != 404:
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"CRD {name} still present after {timeout}s")
+                time.sleep(0.2)
+
+    def ensure_namespace(self, name: str) -> None:
+        status, resp = self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        if status not in (201, 409):
+            raise ControlPlaneError(f"create namespace {name}: {status} {resp}")
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        """A real bound token for a ServiceAccount, issued by the API server (TokenRequest)."""
+        self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        status, resp = self.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )
+        if status != 201:
+            raise ControlPlaneError(f"token for {namespace}/{name}: {status} {resp}")
+        token: str = resp["status"]["token"]
+        return token
+
+    def write_kubeconfig(self, path: Path, token: str, user: str = "user") -> Path:
+        ca = (self.workdir / "certs" / "apiserver.crt").read_text()
+        import base64
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "testenv",
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(ca.encode()).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "testenv", "context": {"cluster": "testenv", "user": user}}],
+            "current-context": "testenv",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def _path_for(self, doc: dict[str, Any]) -> str:
+        api_version: str = doc["apiVersion"]
+        kind: str = doc["kind"]
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        status, res = self.request("GET", base)
+        if status != 200:
+            raise ControlPlaneError(f"{api_version} not served: {status}")
+        for r in res["resources"]:
+            if r["kind"] == kind and "/" not in r["name"]:
+                ns = doc["metadata"].get("namespace")
+                if r["namespaced"]:
+                    if not ns:
+                        raise ControlPlaneError(f"{kind}/{doc['metadata']['name']} needs a namespace")
+                    return f"{base}/namespaces/{ns}/{r['name']}/{doc['metadata']['name']}"
+                return f"{base}/{r['name']}/{doc['metadata']['name']}"
+        raise ControlPlaneError(f"{kind} not served in {api_version}")
+
+    # --- lifecycle ---
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(f"{name} exited with {proc.returncode}; log: {self.workdir / (name + '.log')}\n{self._tail(name)}")
+            try:
+                status, body = self.request("GET", "/readyz", timeout=5)
+                if status == 200:
+                    return
+                last = f"{status} {body}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        raise ControlPlaneError(f"kube-apiserver not ready after {timeout}s: {last}\n{self._tail('kube-apiserver')}")
+
+    def _tail(self, name: str, lines: int = 20) -> str:
+        log = self.workdir / f"{name}.log"
+        if not log.exists():
+            return ""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop_apiserver(self) -> None:
+        _terminate(self.processes.pop("kube-apiserver", None))
+
+    def start_apiserver(self) -> None:
+        """(Re)starts kube-apiserver with the same flags and port; etcd keeps the data."""
+        if "kube-apiserver" in self.processes:
+            return
+        self.processes["kube-apiserver"] = _spawn(self._apiserver_args, self.workdir / "kube-apiserver.log")
+        self.wait_ready()
+
+    def stop(self) -> None:
+        for name in ("kube-apiserver", "etcd"):
+            _terminate(self.processes.pop(name, None))
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+
+
+def start(workdir: Path | None = None, *, crds: bool = True, upstream_crds: Path | None = None) -> ControlPlane:
+    """Builds (cached) and starts etcd and kube-apiserver; installs the project's CRDs.
+
+    Raises ControlPlaneError with the reason (and the process log tail) on failure; all
+    started processes are stopped before raising.
+    """
+    bindir = build_binaries()
+    owns = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="shared-svc-testenv-")) if workdir is None else workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "certs").mkdir(exist_ok=True)
+    sa_key = workdir / "sa.key"
+    subprocess.run(
+        ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    admin_token = secrets.token_hex(16)
+    (workdir / "tokens.csv").write_text(f'{admin_token},admin,admin-uid,"system:masters"\n')
+
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    etcd_args = [
+        str(bindir / "etcd"),
+        "--name=testenv",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=testenv={peer_url}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+    apiserver_args = [
+        str(bindir / "kube-apiserver"),
+        f"--etcd-servers={etcd_url}",
+        f"--cert-dir={workdir / 'certs'}",
+        f"--secure-port={api_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={sa_key}",
+        f"--service-account-signing-key-file={sa_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--disable-admission-plugins=ServiceAccount",
+        f"--token-auth-file={workdir / 'tokens.csv'}",
+        "--event-ttl=1h",
+        "--v=1",
+    ]
+    cp = ControlPlane(
+        workdir=workdir,
+        url=f"https://127.0.0.1:{api_port}",
+        admin_token=admin_token,
+        kubeconfig=workdir / "admin.kubeconfig",
+        etcd_url=etcd_url,
+        _apiserver_args=apiserver_args,
+        _owns_workdir=owns,
+    )
+    try:
+        cp.processes["etcd"] = _spawn(etcd_args, workdir / "etcd.log")
+        cp.processes["kube-apiserver"] = _spawn(apiserver_args, workdir / "kube-apiserver.log")
+        cp.wait_ready()
+        cp.write_kubeconfig(cp.kubeconfig, admin_token, user="admin")
+        if crds:
+            cp.install_crds(sorted(PROJECT_CRDS.glob("*.yaml")))
+        if upstream_crds is not None:
+            cp.install_crds(sorted(upstream_crds.glob("*.yaml")))
+    except BaseException:
+        cp.stop()
+        raise
+    return cp
+
+
+@contextlib.contextmanager
+def running(**kwargs: Any) -> Iterator[ControlPlane]:
+    cp = start(**kwargs)
+    try:
+        yield cp
+    finally:
+        cp.stop()
