@@ -1,0 +1,474 @@
+"""The Services controller: cache snapshot -> planner -> writer -> reports.
+
+Level-triggered: an event only says "look again"; every reconcile reads the whole
+namespace from the caches. Events coalesce into one pending reconcile (a flag, not a
+queue), and reconciles never overlap. A failed reconcile is retried with exponential
+backoff; every write also passes the writer's token bucket. Only the leader writes;
+a standby keeps its caches warm and plans, so it can take over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.config import Config
+from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.writer import FIELD_MANAGER, Writer, raw_request
+from shared_svc.logs import reconcile_id
+from shared_svc.metrics import CONTROLLER, Metrics
+from shared_svc.reconcile.model import Action, ObjectRef, Plan, Report, World
+from shared_svc.reconcile.planner import plan as make_plan
+
+log = logging.getLogger(__name__)
+
+SERVICE_MONITOR_GV = "/apis/monitoring.coreos.com/v1"
+
+
+def _utc() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def managers_of_field(obj: dict[str, Any], dotted: str) -> list[str]:
+    """Field managers other than ours that own ``dotted`` (or something under it) now."""
+    segments: list[str] = []
+    for part in dotted.replace("]", "").split("."):
+        name, _, key = part.partition("[")
+        segments.append(name)
+        if key and not key.isdigit():
+            segments.append(key.strip('"'))
+    found: list[tuple[str, str]] = []
+    for entry in obj.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            continue
+        if _covers(entry.get("fieldsV1") or {}, segments):
+            found.append((entry.get("time") or "", entry.get("manager") or "?"))
+    return [m for _, m in sorted(found, reverse=True)]
+
+
+def _covers(fields: dict[str, Any], segments: list[str]) -> bool:
+    node: Any = fields
+    for seg in segments:
+        if not isinstance(node, dict) or not node:
+            return True  # a leaf owned above this level covers everything below
+        nxt = node.get(f"f:{seg}")
+        if nxt is None:
+            # lists keyed by value (k:/v:/i:) sit below named fields: look inside each
+            children = [v for k, v in node.items() if k[:2] in ("k:", "v:", "i:")]
+            if not children:
+                return False
+            return any(_covers(c, [seg]) for c in children)
+        node = nxt
+    return True
+
+
+class ServicesController:
+    def __init__(
+        self,
+        api: ApiClient,
+        config: Config,
+        *,
+        recorder: EventRecorder,
+        writer: Writer,
+        metrics: Metrics,
+        is_leader: Callable[[], bool],
+    ) -> None:
+        self._api = api
+        self._config = config
+        self._recorder = recorder
+        self._writer = writer
+        self._metrics = metrics
+        self._is_leader = is_leader
+        self._wake = asyncio.Event()
+        self._informers: dict[str, Informer] = {}
+        self._sm_informer: Informer | None = None
+        self._sm_task: asyncio.Task[None] | None = None
+        self._sm_stop = asyncio.Event()
+        self.service_monitor_served = False
+        self.last_plan: Plan | None = None
+        self.last_reconcile: dict[str, Any] = {}
+        self.heartbeat = time.monotonic()
+        self.reconciling = False
+        # Event dedupe: occurrences (conflicts, pending, errors) active in the last plan are not re-emitted.
+        self._active_warnings: set[str] = set()
+        # ConflictingWriter: what we applied last, and how often the same drift came back.
+        self._applied: dict[tuple[str, str], dict[str, Any]] = {}
+        self._drift: dict[tuple[str, str, str], int] = {}
+        self.contested: dict[tuple[str, str], dict[str, Any]] = {}
+        self._failures = 0
+
+    # --- caches ---
+    def _resources(self) -> dict[str, Resource]:
+        ns = self._config.namespace
+        return {
+            "clusterpolicies": Resource("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"),
+            "gpuclusters": Resource("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster", crd_name="gpuclusters.nvidia.com"),
+            "services": Resource("", "v1", "services", "Service", namespace=ns),
+            "daemonsets": Resource("apps", "v1", "daemonsets", "DaemonSet", namespace=ns),
+            "pods": Resource("", "v1", "pods", "Pod", namespace=ns),
+        }
+
+    def _informer(self, resource: Resource) -> Informer:
+        return Informer(
+            self._api,
+            resource,
+            on_change=self.trigger,
+            resync_seconds=self._config.resync_seconds,
+            backoff_max_seconds=min(30.0, self._config.backoff_max_seconds),
+        )
+
+    def trigger(self) -> None:
+        self._wake.set()
+        self._metrics.workqueue_depth.labels(CONTROLLER).set(1)
+
+    def caches_synced(self) -> bool:
+        informers = list(self._informers.values())
+        if self.service_monitor_served:
+            if self._sm_informer is None:
+                return False
+            informers.append(self._sm_informer)
+        return bool(informers) and all(i.synced.is_set() for i in informers)
+
+    def cache_status(self) -> dict[str, Any]:
+        out = {}
+        for name, inf in [*self._informers.items(), *([("servicemonitors", self._sm_informer)] if self._sm_informer else [])]:
+            out[name] = {"synced": inf.synced.is_set(), "served": inf.served, "objects": len(inf.items()), "lastError": inf.last_error}
+            self._metrics.cache_synced.labels(name).set(1 if inf.synced.is_set() else 0)
+        return out
+
+    async def _discover_service_monitor(self) -> bool:
+        try:
+            res = await raw_request(self._api, "GET", SERVICE_MONITOR_GV)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == "servicemonitors" for r in res.get("resources", []))
+
+    async def _discovery_loop(self, stop: asyncio.Event) -> None:
+        """Re-checks periodically whether ServiceMonitor is served (Prometheus Operator installed later)."""
+        while not stop.is_set():
+            try:
+                served = await self._discover_service_monitor()
+            except Exception as exc:
+                log.warning("discovery failed", extra={"error": str(exc)})
+                served = self.service_monitor_served  # unknown: keep what we knew
+            if served and self._sm_informer is None:
+                self._sm_stop = asyncio.Event()
+                self._sm_informer = self._informer(
+                    Resource(
+                        "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor",
+                        namespace=self._config.namespace, crd_name="servicemonitors.monitoring.coreos.com",
+                    )
+                )
+                self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
+            elif not served and self._sm_informer is not None:
+                self._sm_stop.set()
+                if self._sm_task:
+                    await asyncio.gather(self._sm_task, return_exceptions=True)
+                self._sm_informer = None
+            if served != self.service_monitor_served:
+                log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
+                self.service_monitor_served = served
+                self.trigger()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._config.discovery_seconds)
+            except TimeoutError:
+                pass
+        self._sm_stop.set()
+        if self._sm_task:
+            await asyncio.gather(self._sm_task, return_exceptions=True)
+
+    # --- the loop ---
+    async def run(self, stop: asyncio.Event) -> None:
+        self._informers = {name: self._informer(res) for name, res in self._resources().items()}
+        tasks = [asyncio.ensure_future(i.run(stop)) for i in self._informers.values()]
+        tasks.append(asyncio.ensure_future(self._discovery_loop(stop)))
+        try:
+            await self._loop(stop)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_resync = loop.time() + self._config.resync_seconds
+        delay: float | None = None  # backoff after a failure
+        while not stop.is_set():
+            self.heartbeat = time.monotonic()
+            timeout = max(0.0, min(next_resync - loop.time(), 5.0 if delay is None else delay))
+            woke = await _wait_any(self._wake, stop, timeout)
+            if stop.is_set():
+                break
+            if not woke and loop.time() < next_resync and delay is None:
+                continue  # heartbeat tick
+            if woke and self._config.coalesce_seconds and delay is None:
+                await asyncio.sleep(self._config.coalesce_seconds)  # let a burst finish
+            self._wake.clear()
+            self._metrics.workqueue_depth.labels(CONTROLLER).set(0)
+            if loop.time() >= next_resync:
+                next_resync = loop.time() + self._config.resync_seconds
+            if not self.caches_synced():
+                # An informer that syncs (again) triggers; look again soon regardless.
+                self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
+                delay = 0.5
+                self._wake.set()
+                continue
+            ok = await self.reconcile_once()
+            if ok:
+                self._failures = 0
+                delay = None
+            else:
+                self._failures += 1
+                self._metrics.workqueue_retries.labels(CONTROLLER).inc()
+                base = self._config.backoff_base_seconds * 2 ** min(self._failures, 30)
+                delay = min(self._config.backoff_max_seconds, base) * (0.5 + random.random() / 2)
+                self._wake.set()  # retry when the backoff expires
+                await _sleep_or_stop(stop, delay)
+                delay = None
+
+    def snapshot(self) -> World:
+        i = self._informers
+        return World(
+            cluster_policies=i["clusterpolicies"].items(),
+            gpu_clusters=i["gpuclusters"].items(),
+            daemonsets=i["daemonsets"].items(),
+            pods=i["pods"].items(),
+            services=i["services"].items(),
+            service_monitors=self._sm_informer.items() if self._sm_informer and self.service_monitor_served else (),
+        )
+
+    async def reconcile_once(self) -> bool:
+        rid = uuid.uuid4().hex[:12]
+        token = reconcile_id.set(rid)
+        started = time.monotonic()
+        self.reconciling = True
+        result, error, writes = "success", None, 0
+        try:
+            world = self.snapshot()
+            plan = make_plan(world, self._config.core_settings(service_monitor_served=self.service_monitor_served))
+            self.last_plan = plan
+            self._record_plan_metrics(plan)
+            leader = self._is_leader()
+            if not leader:
+                result = "standby"
+            elif self._config.dry_run:
+                result = "dry-run"
+                for a in plan.writes:
+                    log.info("dry-run: would write", extra={"action": a.action, "kind": a.kind, "object": a.name, "reason": a.reason})
+            else:
+                writes = await self._execute(plan, world)
+                await self._emit_occurrences(plan)
+            return True
+        except Exception as exc:
+            result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
+            self._metrics.reconcile_errors.labels(CONTROLLER).inc()
+            log.warning("reconcile failed", extra={"error": error})
+            return False
+        finally:
+            duration = time.monotonic() - started
+            self.reconciling = False
+            self._metrics.reconcile_total.labels(CONTROLLER, "error" if result == "error" else "success").inc()
+            self._metrics.reconcile_time.labels(CONTROLLER).observe(duration)
+            if result != "error":
+                self._metrics.last_success.set(time.time())
+            self.last_reconcile = {
+                "id": rid,
+                "at": _utc(),
+                "result": result,
+                "error": error,
+                "writes": writes,
+                "durationSeconds": round(duration, 4),
+            }
+            if result != "standby":
+                log.info("reconciled", extra={"result": result, "writes": writes, "durationSeconds": round(duration, 4)})
+            reconcile_id.reset(token)
+
+    def _record_plan_metrics(self, plan: Plan) -> None:
+        m = self._metrics
+        for kind in ("Service", "ServiceMonitor"):
+            m.managed_objects.labels(kind).set(sum(1 for o in plan.objects if o.get("kind") == kind))
+        m.conflicts.set(len(plan.conflicts))
+        reasons: dict[str, int] = {}
+        for p in plan.pending:
+            reasons[p.reason] = reasons.get(p.reason, 0) + 1
+        for reason in {*reasons, *(s[0][0] for s in m.pending._metrics)}:  # zero reasons that went away
+            m.pending.labels(reason).set(reasons.get(reason, 0))
+        m.spec_errors.set(len(plan.errors))
+
+    async def _execute(self, plan: Plan, world: World) -> int:
+        """Runs the plan's actions in order; stops at the first failure (the order keeps coverage)."""
+        live = {(o["kind"], o["metadata"]["name"]): o for o in (*world.services, *world.service_monitors)}
+        ns = self._config.namespace
+        writes = 0
+        done: set[tuple[str, str, str]] = set()
+        now = time.monotonic()
+        for action in plan.actions:
+            key = (action.kind, action.name)
+            if action.action == "unchanged":
+                self._drift = {k: v for k, v in self._drift.items() if k[:2] != key}
+                continue
+            if action.action not in ("create", "update", "delete"):
+                continue
+            contest = self.contested.get(key)
+            if contest and contest["until"] > now:
+                continue  # reported as ConflictingWriter: leave it alone for a while
+            if contest:
+                del self.contested[key]
+            if action.action == "update" and await self._is_fight(action, live.get(key)):
+                continue
+            if not self._is_leader():
+                raise RuntimeError("lost leadership during reconcile")
+            if action.action == "delete":
+                await self._writer.delete(action.kind, ns, action.name, dict(action.preconditions or {}))
+                self._metrics.writes.labels("delete", action.kind).inc()
+                writes += 1
+                self._applied.pop(key, None)
+            else:
+                if action.json_patch:
+                    await self._writer.json_patch(action.kind, ns, action.name, list(action.json_patch))
+                    self._metrics.writes.labels("patch", action.kind).inc()
+                    writes += 1
+                if action.apply is not None:
+                    await self._writer.apply(action.apply)
+                    self._metrics.writes.labels("apply", action.kind).inc()
+                    writes += 1
+                    self._applied[key] = action.apply
+            log.info("wrote", extra={"action": action.action, "kind": action.kind, "object": action.name, "reason": action.reason})
+            done.add((action.kind, action.name, action.reason))
+        written = {(k, n) for k, n, _ in done}
+        for report in plan.reports:
+            if report.after_write is not None and report.after_write in written:
+                await self._emit(report)
+        return writes
+
+    async def _is_fight(self, action: Action, live: dict[str, Any] | None) -> bool:
+        """True when another writer keeps undoing the same intent: report once, back off."""
+        key = (action.kind, action.name)
+        if live is None or self._applied.get(key) != action.apply or not action.changed_fields:
+            # Our intent changed (or we never applied it here): a normal update.
+            self._drift = {k: v for k, v in self._drift.items() if k[:2] != key}
+            return False
+        fields = action.changed_fields
+        counts = [self._drift.get((*key, f), 0) + 1 for f in fields]
+        for f, c in zip(fields, counts, strict=True):
+            self._drift[(*key, f)] = c
+        worst = max(counts)
+        if worst < self._config.conflicting_writer_threshold:
+            return False
+        field = fields[counts.index(worst)]
+        managers = managers_of_field(live, field) or ["unknown"]
+        until = time.monotonic() + self._config.conflicting_writer_backoff_seconds
+        self.contested[key] = {
+            "object": f"{action.kind}/{action.name}",
+            "field": field,
+            "managers": managers,
+            "until": until,
+            "since": _utc(),
+        }
+        self._metrics.conflicting_writer.inc()
+        meta = live.get("metadata", {})
+        await self._emit(
+            Report(
+                type="Warning",
+                reason="ConflictingWriter",
+                action="Reconcile",
+                regarding=ObjectRef(
+                    api_version=live.get("apiVersion", "v1"), kind=action.kind, name=action.name,
+                    namespace=meta.get("namespace"), uid=meta.get("uid"),
+                ),
+                note=(
+                    f"field manager {', '.join(managers)} keeps changing {field} of {action.kind}/{action.name}; "
+                    f"shared-svc re-applied it {worst} times and now leaves the object alone for "
+                    f"{int(self._config.conflicting_writer_backoff_seconds)}s. Turn off gpu-operator's built-in "
+                    "DCGM Service/ServiceMonitor handling (see docs/operations.md)."
+                ),
+                key=f"ConflictingWriter/{action.kind}/{action.name}/{field}",
+            )
+        )
+        for f in fields:
+            self._drift.pop((*key, f), None)
+        return True
+
+    async def _emit_occurrences(self, plan: Plan) -> None:
+        warnings = [r for r in plan.reports if r.after_write is None]
+        current = {r.key for r in warnings}
+        for report in warnings:
+            if report.key not in self._active_warnings:
+                await self._emit(report)
+        self._active_warnings = current
+
+    async def _emit(self, report: Report) -> None:
+        await self._recorder.emit(report)
+        self._metrics.events.labels(report.type, report.reason).inc()
+
+    # --- status ---
+    def status(self) -> dict[str, Any]:
+        plan = self.last_plan
+        actions = {(a.kind, a.name): a for a in plan.actions} if plan else {}
+        objects = []
+        if plan:
+            for s in plan.status:
+                entry = {
+                    "kind": s.kind,
+                    "name": s.name,
+                    "neededBy": list(s.needed_by),
+                    "selector": s.selector,
+                    "gates": [{"stack": g.stack, "open": g.open, "failing": list(g.failing)} for g in s.gates],
+                }
+                act = actions.get((s.kind, s.name))
+                if act:
+                    entry["lastAction"] = {"action": act.action, "reason": act.reason}
+                objects.append(entry)
+        now = time.monotonic()
+        return {
+            "cachesSynced": self.caches_synced(),
+            "caches": self.cache_status(),
+            "serviceMonitorServed": self.service_monitor_served,
+            "lastReconcile": self.last_reconcile,
+            "objects": objects,
+            "conflicts": [asdict(c) for c in plan.conflicts] if plan else [],
+            "pending": [asdict(p) for p in plan.pending] if plan else [],
+            "errors": [asdict(e) for e in plan.errors] if plan else [],
+            "notes": list(plan.notes) if plan else [],
+            "contested": [
+                {**{k: v for k, v in c.items() if k != "until"}, "secondsLeft": max(0, round(c["until"] - now))}
+                for c in self.contested.values()
+            ],
+            "writes": dict(self._writer.writes),
+        }
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {(exc.body or exc.reason or '')}"[:300]
+    return str(exc)[:300]
+
+
+async def _wait_any(wake: asyncio.Event, stop: asyncio.Event, timeout: float) -> bool:
+    """Waits for ``wake`` or ``stop`` or the timeout; True if ``wake`` is set."""
+    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+    return wake.is_set()
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

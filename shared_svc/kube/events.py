@@ -1,0 +1,94 @@
+"""Events through ``events.k8s.io/v1``, with series instead of duplicates.
+
+An occurrence is identified by ``Report.key``. The Event's name is derived from that
+key, so a repeat (even after a restart of the service) finds the same object and bumps
+its ``series`` instead of creating another one. The API server rejects an Event about a
+cluster-scoped object (a ClusterPolicy, a Node) outside the ``default`` namespace, so
+those go there; Events about namespaced objects go to the object's namespace.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import re
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.reconcile.model import Report
+
+REPORTING_CONTROLLER = "nvidia.com/shared-svc"
+CLUSTER_EVENT_NAMESPACE = "default"
+NOTE_LIMIT = 1024
+
+log = logging.getLogger(__name__)
+
+
+def event_name(report: Report) -> str:
+    digest = hashlib.sha256(f"{report.type}/{report.reason}/{report.key}".encode()).hexdigest()[:16]
+    base = re.sub(r"[^a-z0-9.-]", "-", report.regarding.name.lower())[:200].strip(".-") or "object"
+    return f"{base}.{digest}"
+
+
+def event_namespace(report: Report) -> str:
+    return report.regarding.namespace or CLUSTER_EVENT_NAMESPACE
+
+
+def _micro_time(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def event_body(report: Report, reporting_instance: str, now: dt.datetime) -> dict[str, Any]:
+    note = report.note if len(report.note.encode()) <= NOTE_LIMIT else report.note.encode()[: NOTE_LIMIT - 3].decode(errors="ignore") + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(report), "namespace": event_namespace(report)},
+        "eventTime": _micro_time(now),
+        "type": report.type,
+        "reason": report.reason[:128],
+        "action": report.action[:128],
+        "note": note,
+        "regarding": report.regarding.as_event_ref(),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": reporting_instance[:128],
+    }
+
+
+class EventRecorder:
+    """Emits :class:`Report` s as Events; a repeat of the same key patches the series."""
+
+    def __init__(self, api_client: ApiClient, *, reporting_instance: str, dry_run: bool = False) -> None:
+        self._events = client.EventsV1Api(api_client)
+        self._instance = reporting_instance
+        self._dry_run = dry_run
+        self.emitted = 0  # Events created or series bumped (for /status and tests)
+        self.failures = 0
+
+    async def emit(self, report: Report) -> None:
+        """Never raises: an Event that cannot be written is logged and counted."""
+        if self._dry_run:
+            log.info("dry-run: would emit event", extra={"reason": report.reason, "note": report.note})
+            return
+        now = dt.datetime.now(dt.UTC)
+        body = event_body(report, self._instance, now)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            try:
+                await self._events.create_namespaced_event(ns, body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                existing = await self._events.read_namespaced_event(name, ns)
+                count = (existing.series.count if existing.series else 1) + 1
+                await self._events.patch_namespaced_event(
+                    name, ns, {"series": {"count": count, "lastObservedTime": _micro_time(now)}}
+                )
+            self.emitted += 1
+        except Exception as exc:  # an Event must never break a reconcile
+            self.failures += 1
+            log.warning("event not written", extra={"reason": report.reason, "error": str(exc)})

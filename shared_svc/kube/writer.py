@@ -1,0 +1,136 @@
+"""Writes: server-side apply, guarded JSON patches and preconditioned deletes.
+
+Raw JSON in and out (the core speaks dicts). Every write passes one token bucket, so a
+bug or a fight can never turn into a flood of requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+FIELD_MANAGER = "shared-svc"
+APPLY = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+log = logging.getLogger(__name__)
+
+# kind -> (API base, plural). Only what shared-svc writes.
+_PATHS = {
+    "Service": ("/api/v1", "services"),
+    "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+}
+
+
+def object_path(kind: str, namespace: str, name: str | None = None) -> str:
+    base, plural = _PATHS[kind]
+    path = f"{base}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+async def raw_request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    content_type: str = "application/json",
+    query: list[tuple[str, str]] | None = None,
+    timeout: float = 30.0,
+) -> Any:
+    """One request; returns parsed JSON; raises ApiException on a non-2xx answer."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type  # the REST layer serializes the body as JSON
+    resp = await api.call_api(
+        path,
+        method,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=timeout,
+    )
+    try:
+        raw = await resp.read()
+        if not 200 <= resp.status <= 299:
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = raw.decode(errors="replace")
+            raise exc
+    finally:
+        resp.release()
+    return json.loads(raw) if raw else None
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._last: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def take(self) -> None:
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if self._last is not None:
+                self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+            self._last = now
+            if self._tokens < 1:
+                wait = (1 - self._tokens) / self._rate
+                await asyncio.sleep(wait)
+                self._last = loop.time()
+                self._tokens = 0
+            else:
+                self._tokens -= 1
+
+
+class Writer:
+    def __init__(self, api: ApiClient, *, rate: float = 10.0, burst: int = 100) -> None:
+        self._api = api
+        self._bucket = TokenBucket(rate, burst)
+        self.writes: Counter[str] = Counter()  # verb -> count, for /status and tests
+
+    async def _write(self, verb: str, method: str, path: str, **kw: Any) -> Any:
+        await self._bucket.take()
+        self.writes[verb] += 1
+        return await raw_request(self._api, method, path, **kw)
+
+    async def apply(self, obj: dict[str, Any]) -> Any:
+        meta = obj["metadata"]
+        return await self._write(
+            "apply",
+            "PATCH",
+            object_path(obj["kind"], meta["namespace"], meta["name"]),
+            body=obj,
+            content_type=APPLY,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        )
+
+    async def json_patch(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]]) -> Any:
+        return await self._write(
+            "patch",
+            "PATCH",
+            object_path(kind, namespace, name),
+            body=ops,
+            content_type=JSON_PATCH,
+            query=[("fieldManager", FIELD_MANAGER)],
+        )
+
+    async def delete(self, kind: str, namespace: str, name: str, preconditions: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
+        try:
+            await self._write("delete", "DELETE", object_path(kind, namespace, name), body=body)
+        except ApiException as exc:
+            if exc.status != 404:  # already gone is what we wanted
+                raise

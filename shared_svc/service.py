@@ -1,0 +1,159 @@
+"""The running service: API client, leader election, controllers and HTTP endpoints.
+
+Shutdown order (SIGTERM): the controllers stop taking new work and finish the reconcile
+in flight, then the Lease is released (a standby takes over at once), then the HTTP
+server closes and the API client is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+from kubernetes_asyncio import client, config as kube_config
+from kubernetes_asyncio.client import ApiClient
+
+from shared_svc.config import Config
+from shared_svc.controller import ServicesController
+from shared_svc.errors import UsageError
+from shared_svc.http import make_app
+from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.lease import LeaseElector
+from shared_svc.kube.writer import Writer
+from shared_svc.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+STALL_SECONDS = 120.0
+
+
+async def make_api_client(config: Config) -> ApiClient:
+    configuration = client.Configuration()
+    if config.kubeconfig:
+        if not os.path.exists(config.kubeconfig):
+            raise UsageError(f"kubeconfig {config.kubeconfig} does not exist")
+        try:
+            await kube_config.load_kube_config(config_file=config.kubeconfig, client_configuration=configuration)
+        except Exception as exc:
+            raise UsageError(f"kubeconfig {config.kubeconfig} cannot be used: {exc}") from exc
+    else:
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        except kube_config.ConfigException as exc:
+            raise UsageError(f"no kubeconfig given and not running in a cluster ({exc}); pass --kubeconfig") from exc
+    return ApiClient(configuration=configuration)
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.api: ApiClient | None = None
+        self.elector: LeaseElector | None = None
+        self.controller: ServicesController | None = None
+        self.upgrade: Any = None
+        self.writer: Writer | None = None
+        self.recorder: EventRecorder | None = None
+        self.port: int | None = None
+        self.started = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    def is_leader(self) -> bool:
+        return self.elector.is_leader if self.elector else True
+
+    def alive(self) -> bool:
+        beats = [c.heartbeat for c in (self.controller, self.upgrade) if c is not None and hasattr(c, "heartbeat")]
+        return all(time.monotonic() - b < STALL_SECONDS for b in beats)
+
+    def ready(self) -> bool:
+        return self.controller.caches_synced() if self.controller else True
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "identity": self.config.pod_name,
+            "leader": self.is_leader(),
+            "leaderElection": self.config.leader_election,
+            "leaseHolder": self.elector.holder if self.elector else self.config.pod_name,
+            "dryRun": self.config.dry_run,
+            "namespace": self.config.namespace,
+            "selectorMode": self.config.selector_mode,
+        }
+        if self.controller:
+            out.update(self.controller.status())
+        if self.upgrade is not None:
+            out["upgrade"] = self.upgrade.status()
+        return out
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cfg = self.config
+        self.api = api = await make_api_client(cfg)
+        try:
+            self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name, dry_run=cfg.dry_run)
+            self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
+            leader_gauge = self.metrics.leader.labels(cfg.lease_name)
+            if cfg.leader_election:
+                self.elector = LeaseElector(
+                    api,
+                    namespace=cfg.namespace,
+                    name=cfg.lease_name,
+                    identity=cfg.pod_name,
+                    lease_duration=cfg.lease_duration_seconds,
+                    renew_deadline=cfg.renew_deadline_seconds,
+                    retry_period=cfg.retry_period_seconds,
+                    on_change=lambda lead: self._on_leadership(lead),
+                )
+            else:
+                leader_gauge.set(1)
+            if cfg.services_controller:
+                self.controller = ServicesController(
+                    api, cfg, recorder=self.recorder, writer=self.writer, metrics=self.metrics, is_leader=self.is_leader
+                )
+            if cfg.upgrade_controller:
+                from shared_svc.upgrade.controller import UpgradeController
+
+                self.upgrade = UpgradeController(api, cfg, self.recorder, is_leader=self.is_leader)
+            app = make_app(alive=self.alive, ready=self.ready, status=self.status, registry=self.metrics.registry)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, cfg.bind_address, cfg.port)
+            await site.start()
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            self.port = sockets[0].getsockname()[1] if sockets else cfg.port
+            log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
+
+            work_stop = asyncio.Event()
+            lease_stop = asyncio.Event()
+            work: list[asyncio.Future[None]] = []
+            if self.controller:
+                work.append(asyncio.ensure_future(self.controller.run(work_stop)))
+            if self.upgrade is not None:
+                work.append(asyncio.ensure_future(self.upgrade.run(work_stop)))
+            lease_task = asyncio.ensure_future(self.elector.run(lease_stop)) if self.elector else None
+            self.started.set()
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([stopper, *work], return_when=asyncio.FIRST_COMPLETED)
+            for w in work:
+                if w.done() and w.exception():
+                    log.error("controller ended", exc_info=w.exception())
+            log.info("shutting down: finishing the reconcile in flight")
+            work_stop.set()
+            await asyncio.gather(*work, return_exceptions=True)
+            stopper.cancel()
+            lease_stop.set()
+            if lease_task:
+                await asyncio.gather(lease_task, return_exceptions=True)
+        finally:
+            if self._runner:
+                await self._runner.cleanup()
+            await api.close()
+            log.info("stopped")
+
+    def _on_leadership(self, lead: bool) -> None:
+        self.metrics.leader.labels(self.config.lease_name).set(1 if lead else 0)
+        if lead and self.controller:
+            self.controller.trigger()

@@ -1,0 +1,243 @@
+"""Harness for integration tests of the running service on the real test API server.
+
+The CRs are cluster-scoped and the API server is shared by the whole session, so every
+test that uses them starts from no ClusterPolicy/GPUCluster (``clean_crs``) and works
+in a namespace of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.config import Config
+from shared_svc.service import Service
+from shared_svc.testenv import ControlPlane
+
+CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
+COMMON = {"dcgm": "nvidia.com/gpu-operator.dcgm", "exporter": "nvidia.com/gpu-operator.dcgm-exporter"}
+
+
+def cp_body(name: str = "cluster-policy", **spec: Any) -> dict[str, Any]:
+    """A ClusterPolicy that passes the CRD (required keys present); ``spec`` overrides blocks."""
+    full: dict[str, Any] = {k: {} for k in CP_REQUIRED}
+    full.update({"daemonsets": {}, "dcgm": {}, "dcgmExporter": {}})
+    full.update(spec)
+    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": name}, "spec": full}
+
+
+def gc_body(**spec: Any) -> dict[str, Any]:
+    full: dict[str, Any] = {"draDriver": {}, "dcgm": {"enabled": True}, "dcgmExporter": {"enabled": True}}
+    full.update(spec)
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "gpu-cluster"}, "spec": full}
+
+
+class Kube:
+    """Thin admin helpers over one ApiClient."""
+
+    def __init__(self, api: ApiClient, namespace: str) -> None:
+        self.api = api
+        self.ns = namespace
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.events = client.EventsV1Api(api)
+
+    # --- CRs ---
+    async def create_cr(self, body: dict[str, Any]) -> dict[str, Any]:
+        group, version = body["apiVersion"].split("/")
+        plural = "clusterpolicies" if body["kind"] == "ClusterPolicy" else "gpuclusters"
+        created: dict[str, Any] = await self.custom.create_cluster_custom_object(group, version, plural, body)
+        return created
+
+    async def patch_cr(self, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        group, version, plural = _cr_gvp(kind)
+        out: dict[str, Any] = await self.custom.patch_cluster_custom_object(
+            group, version, plural, name, patch, _content_type="application/merge-patch+json"
+        )
+        return out
+
+    async def delete_cr(self, kind: str, name: str) -> None:
+        group, version, plural = _cr_gvp(kind)
+        with contextlib.suppress(ApiException):
+            await self.custom.delete_cluster_custom_object(group, version, plural, name)
+
+    async def clean_crs(self) -> None:
+        for kind in ("ClusterPolicy", "GPUCluster"):
+            group, version, plural = _cr_gvp(kind)
+            items = (await self.custom.list_cluster_custom_object(group, version, plural))["items"]
+            for item in items:
+                await self.delete_cr(kind, item["metadata"]["name"])
+
+    # --- namespaced ---
+    async def service(self, name: str) -> dict[str, Any] | None:
+        try:
+            svc = await self.core.read_namespaced_service(name, self.ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        out: dict[str, Any] = self.api.sanitize_for_serialization(svc)
+        return out
+
+    async def services(self) -> dict[str, dict[str, Any]]:
+        items = (await self.core.list_namespaced_service(self.ns)).items
+        return {s.metadata.name: self.api.sanitize_for_serialization(s) for s in items}
+
+    async def service_monitor(self, name: str) -> dict[str, Any] | None:
+        try:
+            out: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                "monitoring.coreos.com", "v1", self.ns, "servicemonitors", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return out
+
+    async def events_for(self, reason: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        ns = namespace or self.ns
+        items = (await self.events.list_namespaced_event(ns)).items
+        return [
+            self.api.sanitize_for_serialization(e)
+            for e in items
+            if e.reason == reason and e.reporting_controller == "nvidia.com/shared-svc"
+        ]
+
+    async def daemonset(
+        self,
+        app: str,
+        *,
+        common: bool,
+        desired: int = 1,
+        updated: int | None = None,
+        available: int | None = None,
+        on_delete: bool = False,
+    ) -> None:
+        """Creates or updates a DaemonSet and sets its status (no DaemonSet controller runs)."""
+        component = "exporter" if "exporter" in app else "dcgm"
+        labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": app, "namespace": self.ns},
+            "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "updateStrategy": {"type": "OnDelete" if on_delete else "RollingUpdate"},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]},
+                },
+            },
+        }
+        ds = await self.apps.patch_namespaced_daemon_set(
+            app, self.ns, body, field_manager="test", force=True, _content_type="application/apply-patch+yaml"
+        )
+        status = {
+            "status": {
+                "observedGeneration": ds.metadata.generation,
+                "desiredNumberScheduled": desired,
+                "currentNumberScheduled": desired,
+                "numberMisscheduled": 0,
+                "numberReady": available if available is not None else desired,
+                "updatedNumberScheduled": updated if updated is not None else desired,
+                "numberAvailable": available if available is not None else desired,
+            }
+        }
+        await self.apps.patch_namespaced_daemon_set_status(app, self.ns, status, _content_type="application/merge-patch+json")
+
+    async def pod(self, name: str, app: str, *, common: bool, ready: bool = True) -> None:
+        component = "exporter" if "exporter" in app else "dcgm"
+        labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
+        body = {
+            "metadata": {"name": name, "namespace": self.ns, "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]},
+        }
+        try:
+            await self.core.create_namespaced_pod(self.ns, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await self.core.patch_namespaced_pod(name, self.ns, {"metadata": {"labels": labels}})
+        if ready:
+            await self.core.patch_namespaced_pod_status(
+                name,
+                self.ns,
+                {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            )
+
+    async def delete_pod(self, name: str) -> None:
+        await self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+
+
+def _cr_gvp(kind: str) -> tuple[str, str, str]:
+    return ("nvidia.com", "v1", "clusterpolicies") if kind == "ClusterPolicy" else ("nvidia.com", "v1alpha1", "gpuclusters")
+
+
+def test_config(control_plane: ControlPlane, namespace: str, **overrides: Any) -> Config:
+    """Fast settings for tests: short coalescing, leader election off unless asked."""
+    base: dict[str, Any] = {
+        "namespace": namespace,
+        "kubeconfig": str(control_plane.kubeconfig),
+        "bind_address": "127.0.0.1",
+        "port": 0,
+        "pod_name": "shared-svc-test",
+        "leader_election": False,
+        "coalesce_seconds": 0.05,
+        "resync_seconds": 30.0,
+        "discovery_seconds": 1.0,
+        "backoff_max_seconds": 2.0,
+        "lease_duration_seconds": 3.0,
+        "renew_deadline_seconds": 2.0,
+        "retry_period_seconds": 0.5,
+    }
+    base.update(overrides)
+    return Config(**base)
+
+
+@contextlib.asynccontextmanager
+async def running(config: Config) -> AsyncIterator[Service]:
+    """Runs the service in this event loop until the block ends (then a graceful stop)."""
+    service = Service(config)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(service.run(stop))
+    started = asyncio.ensure_future(service.started.wait())
+    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()  # raises what stopped it
+    if started not in done:
+        raise AssertionError("service did not start within 30s")
+    try:
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=60)
+
+
+async def converged(service: Service) -> bool:
+    """The last reconcile succeeded and planned no writes."""
+    ctrl = service.controller
+    if ctrl is None or ctrl.last_plan is None or ctrl.reconciling:
+        return False
+    return ctrl.last_reconcile.get("result") == "success" and not ctrl.last_plan.writes and not ctrl._wake.is_set()
+
+
+def apiserver_write_count(cp: ControlPlane, resources: tuple[str, ...] = ("services", "servicemonitors", "events")) -> int:
+    """Write requests the API server itself counted (its /metrics), for the given resources."""
+    status, text = cp.request("GET", "/metrics")
+    assert status == 200, text
+    total = 0
+    for line in str(text).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY") and labels.get("resource") in resources:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
