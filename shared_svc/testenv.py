@@ -159,7 +159,9 @@ class ControlPlane:
             while True:
                 status, res = self.request("GET", f"/apis/{group}/{version}")
                 if status == 200 and any(r["name"] == plural for r in res.get("resources", [])):
-                    break
+                    # ...and its storage answers lists (it says 429 while initializing).
+                    if self.request("GET", f"/apis/{group}/{version}/{plural}?limit=1")[0] == 200:
+                        break
                 if time.monotonic() > deadline:
                     raise ControlPlaneError(f"{group}/{version} {plural} not served after {timeout}s")
                 time.sleep(0.2)

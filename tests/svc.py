@@ -181,7 +181,7 @@ def _cr_gvp(kind: str) -> tuple[str, str, str]:
     return ("nvidia.com", "v1", "clusterpolicies") if kind == "ClusterPolicy" else ("nvidia.com", "v1alpha1", "gpuclusters")
 
 
-def test_config(control_plane: ControlPlane, namespace: str, **overrides: Any) -> Config:
+def service_config(control_plane: ControlPlane, namespace: str, **overrides: Any) -> Config:
     """Fast settings for tests: short coalescing, leader election off unless asked."""
     base: dict[str, Any] = {
         "namespace": namespace,
@@ -219,6 +219,27 @@ async def running(config: Config) -> AsyncIterator[Service]:
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=60)
+
+
+async def settle(service: Service, timeout: float = 30.0, quiet: float = 0.4) -> None:
+    """Waits until the service has seen the latest changes and has nothing left to write.
+
+    Watch events arrive within milliseconds here, so "converged, and still converged
+    with no new write after a quiet period" is a reliable barrier.
+    """
+    ctrl = service.controller
+    assert ctrl is not None
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        await asyncio.sleep(0.05)
+        ctrl.trigger()
+        before = sum(ctrl._writer.writes.values())
+        rid = ctrl.last_reconcile.get("id")
+        await asyncio.sleep(quiet)
+        if await converged(service) and sum(ctrl._writer.writes.values()) == before and ctrl.last_reconcile.get("id") != rid:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not converged within {timeout}s: {ctrl.last_reconcile}")
 
 
 async def converged(service: Service) -> bool:
