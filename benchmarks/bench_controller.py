@@ -21,11 +21,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kubernetes_asyncio import client  # noqa: E402
+from kubernetes_asyncio import client
 
-from shared_svc import testenv  # noqa: E402
-from tests.kube import api_client, make_namespace  # noqa: E402
-from tests.svc import Kube, cp_body, running, service_config, settle  # noqa: E402
+from shared_svc import testenv
+from tests.kube import api_client, make_namespace
+from tests.svc import Kube, cp_body, running, service_config, settle
 
 NAME = "nvidia-dcgm-exporter"
 
@@ -43,7 +43,9 @@ class ServiceWatch:
 
         while True:
             w = watch.Watch()
-            async for ev in w.stream(self.kube.core.list_namespaced_service, self.kube.ns, timeout_seconds=300):
+            async for ev in w.stream(
+                self.kube.core.list_namespaced_service, self.kube.ns, timeout_seconds=300
+            ):
                 obj = ev["object"]
                 if obj.metadata.name == NAME:
                     self.seen.put_nowait((time.perf_counter(), obj.spec.internal_traffic_policy))
@@ -65,7 +67,9 @@ async def main(changes: int) -> None:
     try:
         api = await api_client(cp)
         kube = Kube(api, await make_namespace(api, "bench"))
-        await kube.create_cr(cp_body(dcgmExporter={"service": {"internalTrafficPolicy": "Cluster"}}))
+        await kube.create_cr(
+            cp_body(dcgmExporter={"service": {"internalTrafficPolicy": "Cluster"}})
+        )
         watcher = ServiceWatch(kube)
         watch_task = asyncio.ensure_future(watcher.run())
         controller_ms: list[float] = []
@@ -77,7 +81,11 @@ async def main(changes: int) -> None:
             policy = "Cluster"
             for _ in range(changes):
                 policy = "Local" if policy == "Cluster" else "Cluster"
-                await kube.patch_cr("ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"service": {"internalTrafficPolicy": policy}}}})
+                await kube.patch_cr(
+                    "ClusterPolicy",
+                    "cluster-policy",
+                    {"spec": {"dcgmExporter": {"service": {"internalTrafficPolicy": policy}}}},
+                )
                 start = time.perf_counter()
                 seen = await asyncio.wait_for(watcher.wait_for(policy), 30)
                 controller_ms.append((seen - start) * 1000)
@@ -86,14 +94,23 @@ async def main(changes: int) -> None:
 
         # The bare write: what the change costs without a controller (same watch, same server).
         svc_obj: dict[str, Any] = await kube.service(NAME) or {}
-        body = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME, "namespace": kube.ns},
-                "spec": {"internalTrafficPolicy": policy}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": NAME, "namespace": kube.ns},
+            "spec": {"internalTrafficPolicy": policy},
+        }
         for _ in range(changes):
             policy = "Local" if policy == "Cluster" else "Cluster"
             body["spec"]["internalTrafficPolicy"] = policy
             start = time.perf_counter()
             await client.CoreV1Api(api).patch_namespaced_service(
-                NAME, kube.ns, body, field_manager="bench", force=True, _content_type="application/apply-patch+yaml"
+                NAME,
+                kube.ns,
+                body,
+                field_manager="bench",
+                force=True,
+                _content_type="application/apply-patch+yaml",
             )
             seen = await asyncio.wait_for(watcher.wait_for(policy), 30)
             bare_ms.append((seen - start) * 1000)
@@ -115,6 +132,8 @@ async def main(changes: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--changes", type=int, default=60)
     asyncio.run(main(parser.parse_args().changes))

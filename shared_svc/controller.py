@@ -15,6 +15,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
 from shared_svc.kube.cache import Informer, Resource
 from shared_svc.kube.events import EventRecorder
@@ -104,7 +106,8 @@ class ServicesController:
         self._active_warnings: set[str] = set()
         # ConflictingWriter: what we applied last, and how often the same drift came back.
         self._applied: dict[tuple[str, str], dict[str, Any]] = {}
-        self._drift: dict[tuple[str, str, str], int] = {}
+        # (kind, name, field) -> monotonic times we re-applied an unchanged intent to it
+        self._corrections: dict[tuple[str, str, str], deque[float]] = {}
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
         self._failures = 0
 
@@ -112,8 +115,20 @@ class ServicesController:
     def _resources(self) -> dict[str, Resource]:
         ns = self._config.namespace
         return {
-            "clusterpolicies": Resource("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"),
-            "gpuclusters": Resource("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster", crd_name="gpuclusters.nvidia.com"),
+            "clusterpolicies": Resource(
+                "nvidia.com",
+                "v1",
+                "clusterpolicies",
+                "ClusterPolicy",
+                crd_name="clusterpolicies.nvidia.com",
+            ),
+            "gpuclusters": Resource(
+                "nvidia.com",
+                "v1alpha1",
+                "gpuclusters",
+                "GPUCluster",
+                crd_name="gpuclusters.nvidia.com",
+            ),
             "services": Resource("", "v1", "services", "Service", namespace=ns),
             "daemonsets": Resource("apps", "v1", "daemonsets", "DaemonSet", namespace=ns),
             "pods": Resource("", "v1", "pods", "Pod", namespace=ns),
@@ -142,8 +157,16 @@ class ServicesController:
 
     def cache_status(self) -> dict[str, Any]:
         out = {}
-        for name, inf in [*self._informers.items(), *([("servicemonitors", self._sm_informer)] if self._sm_informer else [])]:
-            out[name] = {"synced": inf.synced.is_set(), "served": inf.served, "objects": len(inf.items()), "lastError": inf.last_error}
+        for name, inf in [
+            *self._informers.items(),
+            *([("servicemonitors", self._sm_informer)] if self._sm_informer else []),
+        ]:
+            out[name] = {
+                "synced": inf.synced.is_set(),
+                "served": inf.served,
+                "objects": len(inf.items()),
+                "lastError": inf.last_error,
+            }
             self._metrics.cache_synced.labels(name).set(1 if inf.synced.is_set() else 0)
         return out
 
@@ -168,8 +191,12 @@ class ServicesController:
                 self._sm_stop = asyncio.Event()
                 self._sm_informer = self._informer(
                     Resource(
-                        "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor",
-                        namespace=self._config.namespace, crd_name="servicemonitors.monitoring.coreos.com",
+                        "monitoring.coreos.com",
+                        "v1",
+                        "servicemonitors",
+                        "ServiceMonitor",
+                        namespace=self._config.namespace,
+                        crd_name="servicemonitors.monitoring.coreos.com",
                     )
                 )
                 self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
@@ -182,10 +209,7 @@ class ServicesController:
                 log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
                 self.service_monitor_served = served
                 self.trigger()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self._config.discovery_seconds)
-            except TimeoutError:
-                pass
+            await sleep_or_stop(stop, self._config.discovery_seconds)
         self._sm_stop.set()
         if self._sm_task:
             await asyncio.gather(self._sm_task, return_exceptions=True)
@@ -208,7 +232,7 @@ class ServicesController:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             timeout = max(0.0, min(next_resync - loop.time(), 5.0 if delay is None else delay))
-            woke = await _wait_any(self._wake, stop, timeout)
+            woke = await wait_any(self._wake, stop, timeout)
             if stop.is_set():
                 break
             if not woke and loop.time() < next_resync and delay is None:
@@ -235,7 +259,7 @@ class ServicesController:
                 base = self._config.backoff_base_seconds * 2 ** min(self._failures, 30)
                 delay = min(self._config.backoff_max_seconds, base) * (0.5 + random.random() / 2)
                 self._wake.set()  # retry when the backoff expires
-                await _sleep_or_stop(stop, delay)
+                await sleep_or_stop(stop, delay)
                 delay = None
 
     def snapshot(self) -> World:
@@ -246,7 +270,9 @@ class ServicesController:
             daemonsets=i["daemonsets"].items(),
             pods=i["pods"].items(),
             services=i["services"].items(),
-            service_monitors=self._sm_informer.items() if self._sm_informer and self.service_monitor_served else (),
+            service_monitors=self._sm_informer.items()
+            if self._sm_informer and self.service_monitor_served
+            else (),
         )
 
     async def reconcile_once(self) -> bool:
@@ -257,7 +283,10 @@ class ServicesController:
         result, error, writes = "success", None, 0
         try:
             world = self.snapshot()
-            plan = make_plan(world, self._config.core_settings(service_monitor_served=self.service_monitor_served))
+            plan = make_plan(
+                world,
+                self._config.core_settings(service_monitor_served=self.service_monitor_served),
+            )
             self.last_plan = plan
             self._record_plan_metrics(plan)
             leader = self._is_leader()
@@ -266,7 +295,15 @@ class ServicesController:
             elif self._config.dry_run:
                 result = "dry-run"
                 for a in plan.writes:
-                    log.info("dry-run: would write", extra={"action": a.action, "kind": a.kind, "object": a.name, "reason": a.reason})
+                    log.info(
+                        "dry-run: would write",
+                        extra={
+                            "action": a.action,
+                            "kind": a.kind,
+                            "object": a.name,
+                            "reason": a.reason,
+                        },
+                    )
             else:
                 writes = await self._execute(plan, world)
                 await self._emit_occurrences(plan)
@@ -279,7 +316,9 @@ class ServicesController:
         finally:
             duration = time.monotonic() - started
             self.reconciling = False
-            self._metrics.reconcile_total.labels(CONTROLLER, "error" if result == "error" else "success").inc()
+            self._metrics.reconcile_total.labels(
+                CONTROLLER, "error" if result == "error" else "success"
+            ).inc()
             self._metrics.reconcile_time.labels(CONTROLLER).observe(duration)
             if result != "error":
                 self._metrics.last_success.set(time.time())
@@ -292,24 +331,39 @@ class ServicesController:
                 "durationSeconds": round(duration, 4),
             }
             if result != "standby":
-                log.info("reconciled", extra={"result": result, "writes": writes, "durationSeconds": round(duration, 4)})
+                log.info(
+                    "reconciled",
+                    extra={
+                        "result": result,
+                        "writes": writes,
+                        "durationSeconds": round(duration, 4),
+                    },
+                )
             reconcile_id.reset(token)
 
     def _record_plan_metrics(self, plan: Plan) -> None:
         m = self._metrics
         for kind in ("Service", "ServiceMonitor"):
-            m.managed_objects.labels(kind).set(sum(1 for o in plan.objects if o.get("kind") == kind))
+            m.managed_objects.labels(kind).set(
+                sum(1 for o in plan.objects if o.get("kind") == kind)
+            )
         m.conflicts.set(len(plan.conflicts))
         reasons: dict[str, int] = {}
         for p in plan.pending:
             reasons[p.reason] = reasons.get(p.reason, 0) + 1
-        for reason in {*reasons, *(s[0][0] for s in m.pending._metrics)}:  # zero reasons that went away
+        for reason in {
+            *reasons,
+            *(s[0][0] for s in m.pending._metrics),
+        }:  # zero reasons that went away
             m.pending.labels(reason).set(reasons.get(reason, 0))
         m.spec_errors.set(len(plan.errors))
 
     async def _execute(self, plan: Plan, world: World) -> int:
         """Runs the plan's actions in order; stops at the first failure (the order keeps coverage)."""
-        live = {(o["kind"], o["metadata"]["name"]): o for o in (*world.services, *world.service_monitors)}
+        live = {
+            (o["kind"], o["metadata"]["name"]): o
+            for o in (*world.services, *world.service_monitors)
+        }
         ns = self._config.namespace
         writes = 0
         done: set[tuple[str, str, str]] = set()
@@ -317,7 +371,6 @@ class ServicesController:
         for action in plan.actions:
             key = (action.kind, action.name)
             if action.action == "unchanged":
-                self._drift = {k: v for k, v in self._drift.items() if k[:2] != key}
                 continue
             if action.action not in ("create", "update", "delete"):
                 continue
@@ -331,13 +384,17 @@ class ServicesController:
             if not self._is_leader():
                 raise RuntimeError("lost leadership during reconcile")
             if action.action == "delete":
-                await self._writer.delete(action.kind, ns, action.name, dict(action.preconditions or {}))
+                await self._writer.delete(
+                    action.kind, ns, action.name, dict(action.preconditions or {})
+                )
                 self._metrics.writes.labels("delete", action.kind).inc()
                 writes += 1
                 self._applied.pop(key, None)
             else:
                 if action.json_patch:
-                    await self._writer.json_patch(action.kind, ns, action.name, list(action.json_patch))
+                    await self._writer.json_patch(
+                        action.kind, ns, action.name, list(action.json_patch)
+                    )
                     self._metrics.writes.labels("patch", action.kind).inc()
                     writes += 1
                 if action.apply is not None:
@@ -345,7 +402,15 @@ class ServicesController:
                     self._metrics.writes.labels("apply", action.kind).inc()
                     writes += 1
                     self._applied[key] = action.apply
-            log.info("wrote", extra={"action": action.action, "kind": action.kind, "object": action.name, "reason": action.reason})
+            log.info(
+                "wrote",
+                extra={
+                    "action": action.action,
+                    "kind": action.kind,
+                    "object": action.name,
+                    "reason": action.reason,
+                },
+            )
             done.add((action.kind, action.name, action.reason))
         written = {(k, n) for k, n, _ in done}
         for report in plan.reports:
@@ -354,16 +419,27 @@ class ServicesController:
         return writes
 
     async def _is_fight(self, action: Action, live: dict[str, Any] | None) -> bool:
-        """True when another writer keeps undoing the same intent: report once, back off."""
+        """True when another writer keeps undoing the same intent: report once, back off.
+
+        A fight is the same intent re-applied to the same field ``threshold`` times within
+        the window. Only a change of our own intent resets the count: a reconcile that finds
+        the object right between two strikes of the other writer proves nothing.
+        """
         key = (action.kind, action.name)
         if live is None or self._applied.get(key) != action.apply or not action.changed_fields:
-            # Our intent changed (or we never applied it here): a normal update.
-            self._drift = {k: v for k, v in self._drift.items() if k[:2] != key}
+            for k in [k for k in self._corrections if k[:2] == key]:
+                del self._corrections[k]
             return False
+        now = time.monotonic()
+        window = self._config.conflicting_writer_window_seconds
         fields = action.changed_fields
-        counts = [self._drift.get((*key, f), 0) + 1 for f in fields]
-        for f, c in zip(fields, counts, strict=True):
-            self._drift[(*key, f)] = c
+        counts = []
+        for f in fields:
+            times = self._corrections.setdefault((*key, f), deque())
+            times.append(now)
+            while times and now - times[0] > window:
+                times.popleft()
+            counts.append(len(times))
         worst = max(counts)
         if worst < self._config.conflicting_writer_threshold:
             return False
@@ -385,8 +461,11 @@ class ServicesController:
                 reason="ConflictingWriter",
                 action="Reconcile",
                 regarding=ObjectRef(
-                    api_version=live.get("apiVersion", "v1"), kind=action.kind, name=action.name,
-                    namespace=meta.get("namespace"), uid=meta.get("uid"),
+                    api_version=live.get("apiVersion", "v1"),
+                    kind=action.kind,
+                    name=action.name,
+                    namespace=meta.get("namespace"),
+                    uid=meta.get("uid"),
                 ),
                 note=(
                     f"field manager {', '.join(managers)} keeps changing {field} of {action.kind}/{action.name}; "
@@ -398,7 +477,7 @@ class ServicesController:
             )
         )
         for f in fields:
-            self._drift.pop((*key, f), None)
+            self._corrections.pop((*key, f), None)
         return True
 
     async def _emit_occurrences(self, plan: Plan) -> None:
@@ -425,7 +504,10 @@ class ServicesController:
                     "name": s.name,
                     "neededBy": list(s.needed_by),
                     "selector": s.selector,
-                    "gates": [{"stack": g.stack, "open": g.open, "failing": list(g.failing)} for g in s.gates],
+                    "gates": [
+                        {"stack": g.stack, "open": g.open, "failing": list(g.failing)}
+                        for g in s.gates
+                    ],
                 }
                 act = actions.get((s.kind, s.name))
                 if act:
@@ -443,7 +525,10 @@ class ServicesController:
             "errors": [asdict(e) for e in plan.errors] if plan else [],
             "notes": list(plan.notes) if plan else [],
             "contested": [
-                {**{k: v for k, v in c.items() if k != "until"}, "secondsLeft": max(0, round(c["until"] - now))}
+                {
+                    **{k: v for k, v in c.items() if k != "until"},
+                    "secondsLeft": max(0, round(c["until"] - now)),
+                }
                 for c in self.contested.values()
             ],
             "writes": dict(self._writer.writes),
@@ -452,23 +537,6 @@ class ServicesController:
 
 def _short(exc: Exception) -> str:
     if isinstance(exc, ApiException):
-        return f"{exc.status} {(exc.body or exc.reason or '')}"[:300]
+        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+        return f"{exc.status} {body or exc.reason or ''}"[:300]
     return str(exc)[:300]
-
-
-async def _wait_any(wake: asyncio.Event, stop: asyncio.Event, timeout: float) -> bool:
-    """Waits for ``wake`` or ``stop`` or the timeout; True if ``wake`` is set."""
-    waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
-    return wake.is_set()
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass

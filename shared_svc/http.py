@@ -19,14 +19,18 @@ def make_app(
 ) -> web.Application:
     async def livez(_: web.Request) -> web.Response:
         ok = alive()
-        return web.Response(text="ok\n" if ok else "reconcile loop stalled\n", status=200 if ok else 500)
+        return web.Response(
+            text="ok\n" if ok else "reconcile loop stalled\n", status=200 if ok else 500
+        )
 
     async def readyz(_: web.Request) -> web.Response:
         ok = ready()
         return web.Response(text="ok\n" if ok else "caches not synced\n", status=200 if ok else 503)
 
     async def status_view(_: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(status(), indent=2, default=str) + "\n", content_type="application/json")
+        return web.Response(
+            text=json.dumps(status(), indent=2, default=str) + "\n", content_type="application/json"
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)

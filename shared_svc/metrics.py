@@ -16,28 +16,76 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.reconcile_total = Counter(
-            "controller_runtime_reconcile_total", "Reconciles by controller and result.", ["controller", "result"], registry=r
+            "controller_runtime_reconcile_total",
+            "Reconciles by controller and result.",
+            ["controller", "result"],
+            registry=r,
         )
         self.reconcile_errors = Counter(
-            "controller_runtime_reconcile_errors_total", "Reconciles that failed.", ["controller"], registry=r
+            "controller_runtime_reconcile_errors_total",
+            "Reconciles that failed.",
+            ["controller"],
+            registry=r,
         )
         self.reconcile_time = Histogram(
-            "controller_runtime_reconcile_time_seconds", "Time per reconcile.", ["controller"], registry=r,
+            "controller_runtime_reconcile_time_seconds",
+            "Time per reconcile.",
+            ["controller"],
+            registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        self.workqueue_depth = Gauge("workqueue_depth", "Pending reconcile requests (0 or 1: coalesced).", ["name"], registry=r)
-        self.workqueue_retries = Counter("workqueue_retries_total", "Reconciles retried after a failure.", ["name"], registry=r)
-        self.leader = Gauge("leader_election_master_status", "1 if this replica leads.", ["name"], registry=r)
-        self.managed_objects = Gauge("shared_svc_managed_objects", "Objects managed, by kind.", ["kind"], registry=r)
-        self.conflicts = Gauge("shared_svc_config_conflicts", "Exporter config conflicts in the last plan.", registry=r)
-        self.pending = Gauge("shared_svc_pending", "Pending items in the last plan, by reason.", ["reason"], registry=r)
-        self.spec_errors = Gauge("shared_svc_spec_errors", "CRs whose spec cannot be understood.", registry=r)
-        self.writes = Counter("shared_svc_writes_total", "Write requests sent, by verb and kind.", ["verb", "kind"], registry=r)
-        self.events = Counter("shared_svc_events_total", "Events emitted, by type and reason.", ["type", "reason"], registry=r)
-        self.conflicting_writer = Counter(
-            "shared_svc_conflicting_writer_total", "Times another field manager was found fighting over a field.", registry=r
+        self.workqueue_depth = Gauge(
+            "workqueue_depth",
+            "Pending reconcile requests (0 or 1: coalesced).",
+            ["name"],
+            registry=r,
         )
-        self.cache_synced = Gauge("shared_svc_cache_synced", "1 when the cache of a resource is synced.", ["resource"], registry=r)
+        self.workqueue_retries = Counter(
+            "workqueue_retries_total", "Reconciles retried after a failure.", ["name"], registry=r
+        )
+        self.leader = Gauge(
+            "leader_election_master_status", "1 if this replica leads.", ["name"], registry=r
+        )
+        self.managed_objects = Gauge(
+            "shared_svc_managed_objects", "Objects managed, by kind.", ["kind"], registry=r
+        )
+        self.conflicts = Gauge(
+            "shared_svc_config_conflicts", "Exporter config conflicts in the last plan.", registry=r
+        )
+        self.pending = Gauge(
+            "shared_svc_pending",
+            "Pending items in the last plan, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.spec_errors = Gauge(
+            "shared_svc_spec_errors", "CRs whose spec cannot be understood.", registry=r
+        )
+        self.writes = Counter(
+            "shared_svc_writes_total",
+            "Write requests sent, by verb and kind.",
+            ["verb", "kind"],
+            registry=r,
+        )
+        self.events = Counter(
+            "shared_svc_events_total",
+            "Events emitted, by type and reason.",
+            ["type", "reason"],
+            registry=r,
+        )
+        self.conflicting_writer = Counter(
+            "shared_svc_conflicting_writer_total",
+            "Times another field manager was found fighting over a field.",
+            registry=r,
+        )
+        self.cache_synced = Gauge(
+            "shared_svc_cache_synced",
+            "1 when the cache of a resource is synced.",
+            ["resource"],
+            registry=r,
+        )
         self.last_success = Gauge(
-            "shared_svc_last_successful_reconcile_timestamp_seconds", "Unix time of the last successful reconcile.", registry=r
+            "shared_svc_last_successful_reconcile_timestamp_seconds",
+            "Unix time of the last successful reconcile.",
+            registry=r,
         )

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio import client, config as kube_config
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.config import Config
@@ -34,17 +35,21 @@ STALL_SECONDS = 120.0
 async def make_api_client(config: Config) -> ApiClient:
     configuration = client.Configuration()
     if config.kubeconfig:
-        if not os.path.exists(config.kubeconfig):
+        if not os.path.exists(config.kubeconfig):  # noqa: ASYNC240 (once, at start-up)
             raise UsageError(f"kubeconfig {config.kubeconfig} does not exist")
         try:
-            await kube_config.load_kube_config(config_file=config.kubeconfig, client_configuration=configuration)
+            await kube_config.load_kube_config(
+                config_file=config.kubeconfig, client_configuration=configuration
+            )
         except Exception as exc:
             raise UsageError(f"kubeconfig {config.kubeconfig} cannot be used: {exc}") from exc
     else:
         try:
-            kube_config.load_incluster_config(client_configuration=configuration)
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except kube_config.ConfigException as exc:
-            raise UsageError(f"no kubeconfig given and not running in a cluster ({exc}); pass --kubeconfig") from exc
+            raise UsageError(
+                f"no kubeconfig given and not running in a cluster ({exc}); pass --kubeconfig"
+            ) from exc
     return ApiClient(configuration=configuration)
 
 
@@ -66,7 +71,11 @@ class Service:
         return self.elector.is_leader if self.elector else True
 
     def alive(self) -> bool:
-        beats = [c.heartbeat for c in (self.controller, self.upgrade) if c is not None and hasattr(c, "heartbeat")]
+        beats = [
+            c.heartbeat
+            for c in (self.controller, self.upgrade)
+            if c is not None and hasattr(c, "heartbeat")
+        ]
         return all(time.monotonic() - b < STALL_SECONDS for b in beats)
 
     def ready(self) -> bool:
@@ -110,13 +119,29 @@ class Service:
                 leader_gauge.set(1)
             if cfg.services_controller:
                 self.controller = ServicesController(
-                    api, cfg, recorder=self.recorder, writer=self.writer, metrics=self.metrics, is_leader=self.is_leader
+                    api,
+                    cfg,
+                    recorder=self.recorder,
+                    writer=self.writer,
+                    metrics=self.metrics,
+                    is_leader=self.is_leader,
                 )
             if cfg.upgrade_controller:
                 from shared_svc.upgrade.controller import UpgradeController
 
-                self.upgrade = UpgradeController(api, cfg, self.recorder, is_leader=self.is_leader)
-            app = make_app(alive=self.alive, ready=self.ready, status=self.status, registry=self.metrics.registry)
+                self.upgrade = UpgradeController(
+                    api,
+                    cfg,
+                    self.recorder,
+                    is_leader=self.is_leader,
+                    registry=self.metrics.registry,
+                )
+            app = make_app(
+                alive=self.alive,
+                ready=self.ready,
+                status=self.status,
+                registry=self.metrics.registry,
+            )
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(self._runner, cfg.bind_address, cfg.port)
@@ -128,14 +153,16 @@ class Service:
 
             work_stop = asyncio.Event()
             lease_stop = asyncio.Event()
-            work: list[asyncio.Future[None]] = []
+            work: list[asyncio.Future[Any]] = []
             if self.controller:
                 work.append(asyncio.ensure_future(self.controller.run(work_stop)))
             if self.upgrade is not None:
                 work.append(asyncio.ensure_future(self.upgrade.run(work_stop)))
-            lease_task = asyncio.ensure_future(self.elector.run(lease_stop)) if self.elector else None
+            lease_task = (
+                asyncio.ensure_future(self.elector.run(lease_stop)) if self.elector else None
+            )
             self.started.set()
-            stopper = asyncio.ensure_future(stop.wait())
+            stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
             await asyncio.wait([stopper, *work], return_when=asyncio.FIRST_COMPLETED)
             for w in work:
                 if w.done() and w.exception():
@@ -155,5 +182,7 @@ class Service:
 
     def _on_leadership(self, lead: bool) -> None:
         self.metrics.leader.labels(self.config.lease_name).set(1 if lead else 0)
-        if lead and self.controller:
-            self.controller.trigger()
+        if lead:
+            for controller in (self.controller, self.upgrade):
+                if controller is not None:
+                    controller.trigger()

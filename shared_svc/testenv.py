@@ -56,10 +56,14 @@ def build_binaries() -> Path:
         return Path(override)
     script = TESTENV_DIR / "build.sh"
     if not script.exists():
-        raise ControlPlaneError(f"{script} not found: the test control plane needs a source checkout")
+        raise ControlPlaneError(
+            f"{script} not found: the test control plane needs a source checkout"
+        )
     proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
-        raise ControlPlaneError(f"testenv build failed (exit {proc.returncode}); see the output above")
+        raise ControlPlaneError(
+            f"testenv build failed (exit {proc.returncode}); see the output above"
+        )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
@@ -114,7 +118,9 @@ class ControlPlane:
         except ValueError:
             return status, raw.decode(errors="replace")
 
-    def apply_manifests(self, docs: Iterable[dict[str, Any]], *, field_manager: str = "testenv") -> None:
+    def apply_manifests(
+        self, docs: Iterable[dict[str, Any]], *, field_manager: str = "testenv"
+    ) -> None:
         """Server-side applies each manifest (any kind the server knows, cluster or namespaced)."""
         for doc in docs:
             path = self._path_for(doc)
@@ -125,7 +131,9 @@ class ControlPlane:
                 content_type="application/apply-patch+yaml",
             )
             if status >= 300:
-                raise ControlPlaneError(f"apply {doc.get('kind')}/{doc['metadata'].get('name')}: {status} {resp}")
+                raise ControlPlaneError(
+                    f"apply {doc.get('kind')}/{doc['metadata'].get('name')}: {status} {resp}"
+                )
 
     def install_crds(self, paths: Iterable[Path]) -> list[str]:
         names: list[str] = []
@@ -141,8 +149,17 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         for name in crd_names:
             while True:
-                status, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conds = {c["type"]: c["status"] for c in (crd or {}).get("status", {}).get("conditions", [])} if status == 200 else {}
+                status, crd = self.request(
+                    "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+                )
+                conds = (
+                    {
+                        c["type"]: c["status"]
+                        for c in (crd or {}).get("status", {}).get("conditions", [])
+                    }
+                    if status == 200
+                    else {}
+                )
                 if conds.get("Established") == "True":
                     break
                 if time.monotonic() > deadline:
@@ -151,27 +168,43 @@ class ControlPlane:
         # Discovery catches up a little after Established; wait until every group is served.
         groups = set()
         for name in crd_names:
-            _, crd = self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            _, crd = self.request(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            )
             for ver in crd["spec"]["versions"]:
                 if ver.get("served"):
                     groups.add((crd["spec"]["group"], ver["name"], crd["spec"]["names"]["plural"]))
         for group, version, plural in sorted(groups):
             while True:
                 status, res = self.request("GET", f"/apis/{group}/{version}")
-                if status == 200 and any(r["name"] == plural for r in res.get("resources", [])):
-                    # ...and its storage answers lists (it says 429 while initializing).
-                    if self.request("GET", f"/apis/{group}/{version}/{plural}?limit=1")[0] == 200:
-                        break
+                listed = status == 200 and any(
+                    r["name"] == plural for r in res.get("resources", [])
+                )
+                # ...and its storage answers lists (it says 429 while initializing).
+                if (
+                    listed
+                    and self.request("GET", f"/apis/{group}/{version}/{plural}?limit=1")[0] == 200
+                ):
+                    break
                 if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"{group}/{version} {plural} not served after {timeout}s")
+                    raise ControlPlaneError(
+                        f"{group}/{version} {plural} not served after {timeout}s"
+                    )
                 time.sleep(0.2)
 
     def uninstall_crds(self, crd_names: Iterable[str], timeout: float = 60.0) -> None:
         for name in crd_names:
-            self.request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            self.request(
+                "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            )
         deadline = time.monotonic() + timeout
         for name in crd_names:
-            while self.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")[0] != 404:
+            while (
+                self.request(
+                    "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+                )[0]
+                != 404
+            ):
                 if time.monotonic() > deadline:
                     raise ControlPlaneError(f"CRD {name} still present after {timeout}s")
                 time.sleep(0.2)
@@ -183,11 +216,17 @@ class ControlPlane:
 
     def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
         """A real bound token for a ServiceAccount, issued by the API server (TokenRequest)."""
-        self.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}}
+        )
         status, resp = self.request(
             "POST",
             f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
         )
         if status != 201:
             raise ControlPlaneError(f"token for {namespace}/{name}: {status} {resp}")
@@ -230,7 +269,9 @@ class ControlPlane:
                 ns = doc["metadata"].get("namespace")
                 if r["namespaced"]:
                     if not ns:
-                        raise ControlPlaneError(f"{kind}/{doc['metadata']['name']} needs a namespace")
+                        raise ControlPlaneError(
+                            f"{kind}/{doc['metadata']['name']} needs a namespace"
+                        )
                     return f"{base}/namespaces/{ns}/{r['name']}/{doc['metadata']['name']}"
                 return f"{base}/{r['name']}/{doc['metadata']['name']}"
         raise ControlPlaneError(f"{kind} not served in {api_version}")
@@ -242,7 +283,9 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for name, proc in self.processes.items():
                 if proc.poll() is not None:
-                    raise ControlPlaneError(f"{name} exited with {proc.returncode}; log: {self.workdir / (name + '.log')}\n{self._tail(name)}")
+                    raise ControlPlaneError(
+                        f"{name} exited with {proc.returncode}; log: {self.workdir / (name + '.log')}\n{self._tail(name)}"
+                    )
             try:
                 status, body = self.request("GET", "/readyz", timeout=5)
                 if status == 200:
@@ -251,7 +294,9 @@ class ControlPlane:
             except OSError as exc:
                 last = str(exc)
             time.sleep(0.25)
-        raise ControlPlaneError(f"kube-apiserver not ready after {timeout}s: {last}\n{self._tail('kube-apiserver')}")
+        raise ControlPlaneError(
+            f"kube-apiserver not ready after {timeout}s: {last}\n{self._tail('kube-apiserver')}"
+        )
 
     def _tail(self, name: str, lines: int = 20) -> str:
         log = self.workdir / f"{name}.log"
@@ -266,7 +311,9 @@ class ControlPlane:
         """(Re)starts kube-apiserver with the same flags and port; etcd keeps the data."""
         if "kube-apiserver" in self.processes:
             return
-        self.processes["kube-apiserver"] = _spawn(self._apiserver_args, self.workdir / "kube-apiserver.log")
+        self.processes["kube-apiserver"] = _spawn(
+            self._apiserver_args, self.workdir / "kube-apiserver.log"
+        )
         self.wait_ready()
 
     def stop(self) -> None:
@@ -284,7 +331,13 @@ class ControlPlane:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
@@ -300,7 +353,9 @@ def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> N
         proc.wait(timeout=timeout)
 
 
-def start(workdir: Path | None = None, *, crds: bool = True, upstream_crds: Path | None = None) -> ControlPlane:
+def start(
+    workdir: Path | None = None, *, crds: bool = True, upstream_crds: Path | None = None
+) -> ControlPlane:
     """Builds (cached) and starts etcd and kube-apiserver; installs the project's CRDs.
 
     Raises ControlPlaneError with the reason (and the process log tail) on failure; all
@@ -313,7 +368,10 @@ def start(workdir: Path | None = None, *, crds: bool = True, upstream_crds: Path
     (workdir / "certs").mkdir(exist_ok=True)
     sa_key = workdir / "sa.key"
     subprocess.run(
-        ["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["openssl", "genrsa", "-out", str(sa_key), "2048"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     admin_token = secrets.token_hex(16)
     (workdir / "tokens.csv").write_text(f'{admin_token},admin,admin-uid,"system:masters"\n')

@@ -19,7 +19,9 @@ _counter = itertools.count()
 async def api_client(control_plane: ControlPlane, kubeconfig: str | None = None) -> ApiClient:
     """An admin client (or the identity of ``kubeconfig``); the caller closes it."""
     configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(kubeconfig or control_plane.kubeconfig), client_configuration=configuration)
+    await config.load_kube_config(
+        config_file=str(kubeconfig or control_plane.kubeconfig), client_configuration=configuration
+    )
     return ApiClient(configuration=configuration)
 
 
@@ -37,7 +39,9 @@ async def make_namespace(api: ApiClient, name: str) -> str:
     return name
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.1) -> Any:
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 30.0, interval: float = 0.1
+) -> Any:
     """Polls ``check`` until it returns a truthy value; returns it, or fails with the last value."""
     deadline = asyncio.get_running_loop().time() + timeout
     last: Any = None

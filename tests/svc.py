@@ -22,7 +22,10 @@ from shared_svc.service import Service
 from shared_svc.testenv import ControlPlane
 
 CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
-COMMON = {"dcgm": "nvidia.com/gpu-operator.dcgm", "exporter": "nvidia.com/gpu-operator.dcgm-exporter"}
+COMMON = {
+    "dcgm": "nvidia.com/gpu-operator.dcgm",
+    "exporter": "nvidia.com/gpu-operator.dcgm-exporter",
+}
 
 
 def cp_body(name: str = "cluster-policy", **spec: Any) -> dict[str, Any]:
@@ -30,13 +33,27 @@ def cp_body(name: str = "cluster-policy", **spec: Any) -> dict[str, Any]:
     full: dict[str, Any] = {k: {} for k in CP_REQUIRED}
     full.update({"daemonsets": {}, "dcgm": {}, "dcgmExporter": {}})
     full.update(spec)
-    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": name}, "spec": full}
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": full,
+    }
 
 
 def gc_body(**spec: Any) -> dict[str, Any]:
-    full: dict[str, Any] = {"draDriver": {}, "dcgm": {"enabled": True}, "dcgmExporter": {"enabled": True}}
+    full: dict[str, Any] = {
+        "draDriver": {},
+        "dcgm": {"enabled": True},
+        "dcgmExporter": {"enabled": True},
+    }
     full.update(spec)
-    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "gpu-cluster"}, "spec": full}
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": full,
+    }
 
 
 class Kube:
@@ -54,7 +71,9 @@ class Kube:
     async def create_cr(self, body: dict[str, Any]) -> dict[str, Any]:
         group, version = body["apiVersion"].split("/")
         plural = "clusterpolicies" if body["kind"] == "ClusterPolicy" else "gpuclusters"
-        created: dict[str, Any] = await self.custom.create_cluster_custom_object(group, version, plural, body)
+        created: dict[str, Any] = await self.custom.create_cluster_custom_object(
+            group, version, plural, body
+        )
         return created
 
     async def patch_cr(self, kind: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -133,12 +152,19 @@ class Kube:
                 "updateStrategy": {"type": "OnDelete" if on_delete else "RollingUpdate"},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]},
+                    "spec": {
+                        "containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]
+                    },
                 },
             },
         }
         ds = await self.apps.patch_namespaced_daemon_set(
-            app, self.ns, body, field_manager="test", force=True, _content_type="application/apply-patch+yaml"
+            app,
+            self.ns,
+            body,
+            field_manager="test",
+            force=True,
+            _content_type="application/apply-patch+yaml",
         )
         status = {
             "status": {
@@ -151,7 +177,9 @@ class Kube:
                 "numberAvailable": available if available is not None else desired,
             }
         }
-        await self.apps.patch_namespaced_daemon_set_status(app, self.ns, status, _content_type="application/merge-patch+json")
+        await self.apps.patch_namespaced_daemon_set_status(
+            app, self.ns, status, _content_type="application/merge-patch+json"
+        )
 
     async def pod(self, name: str, app: str, *, common: bool, ready: bool = True) -> None:
         component = "exporter" if "exporter" in app else "dcgm"
@@ -170,7 +198,12 @@ class Kube:
             await self.core.patch_namespaced_pod_status(
                 name,
                 self.ns,
-                {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                {
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    }
+                },
             )
 
     async def delete_pod(self, name: str) -> None:
@@ -178,7 +211,11 @@ class Kube:
 
 
 def _cr_gvp(kind: str) -> tuple[str, str, str]:
-    return ("nvidia.com", "v1", "clusterpolicies") if kind == "ClusterPolicy" else ("nvidia.com", "v1alpha1", "gpuclusters")
+    return (
+        ("nvidia.com", "v1", "clusterpolicies")
+        if kind == "ClusterPolicy"
+        else ("nvidia.com", "v1alpha1", "gpuclusters")
+    )
 
 
 def service_config(control_plane: ControlPlane, namespace: str, **overrides: Any) -> Config:
@@ -236,7 +273,11 @@ async def settle(service: Service, timeout: float = 30.0, quiet: float = 0.4) ->
         before = sum(ctrl._writer.writes.values())
         rid = ctrl.last_reconcile.get("id")
         await asyncio.sleep(quiet)
-        if await converged(service) and sum(ctrl._writer.writes.values()) == before and ctrl.last_reconcile.get("id") != rid:
+        if (
+            await converged(service)
+            and sum(ctrl._writer.writes.values()) == before
+            and ctrl.last_reconcile.get("id") != rid
+        ):
             return
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"not converged within {timeout}s: {ctrl.last_reconcile}")
@@ -247,10 +288,16 @@ async def converged(service: Service) -> bool:
     ctrl = service.controller
     if ctrl is None or ctrl.last_plan is None or ctrl.reconciling:
         return False
-    return ctrl.last_reconcile.get("result") == "success" and not ctrl.last_plan.writes and not ctrl._wake.is_set()
+    return (
+        ctrl.last_reconcile.get("result") == "success"
+        and not ctrl.last_plan.writes
+        and not ctrl._wake.is_set()
+    )
 
 
-def apiserver_write_count(cp: ControlPlane, resources: tuple[str, ...] = ("services", "servicemonitors", "events")) -> int:
+def apiserver_write_count(
+    cp: ControlPlane, resources: tuple[str, ...] = ("services", "servicemonitors", "events")
+) -> int:
     """Write requests the API server itself counted (its /metrics), for the given resources."""
     status, text = cp.request("GET", "/metrics")
     assert status == 200, text
@@ -259,6 +306,9 @@ def apiserver_write_count(cp: ControlPlane, resources: tuple[str, ...] = ("servi
         if not line.startswith("apiserver_request_total{"):
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY") and labels.get("resource") in resources:
+        if (
+            labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+            and labels.get("resource") in resources
+        ):
             total += int(float(line.rsplit(" ", 1)[1]))
     return total

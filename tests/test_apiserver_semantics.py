@@ -37,8 +37,15 @@ async def ns(api: ApiClient) -> str:
 
 
 async def _make_owner(api: ApiClient, ns: str) -> dict[str, Any]:
-    cm = await client.CoreV1Api(api).create_namespaced_config_map(ns, {"metadata": {"name": unique("owner")}})
-    return {"apiVersion": "v1", "kind": "ConfigMap", "name": cm.metadata.name, "uid": cm.metadata.uid}
+    cm = await client.CoreV1Api(api).create_namespaced_config_map(
+        ns, {"metadata": {"name": unique("owner")}}
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": cm.metadata.name,
+        "uid": cm.metadata.uid,
+    }
 
 
 def _service(name: str, ns: str, **meta: Any) -> dict[str, Any]:
@@ -46,7 +53,10 @@ def _service(name: str, ns: str, **meta: Any) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": ns, **meta},
-        "spec": {"selector": {"app": name}, "ports": [{"name": "dcgm", "port": 5555, "protocol": "TCP"}]},
+        "spec": {
+            "selector": {"app": name},
+            "ports": [{"name": "dcgm", "port": 5555, "protocol": "TCP"}],
+        },
     }
 
 
@@ -62,26 +72,42 @@ async def test_created_service_gets_cluster_ip(api: ApiClient, ns: str) -> None:
 
 async def test_two_controller_owner_references_are_rejected(api: ApiClient, ns: str) -> None:
     o1, o2 = await _make_owner(api, ns), await _make_owner(api, ns)
-    body = _service("two-controllers", ns, ownerReferences=[{**o1, "controller": True}, {**o2, "controller": True}])
+    body = _service(
+        "two-controllers",
+        ns,
+        ownerReferences=[{**o1, "controller": True}, {**o2, "controller": True}],
+    )
     with pytest.raises(ApiException) as err:
         await client.CoreV1Api(api).create_namespaced_service(ns, body)
     assert err.value.status == 422
     assert "Only one reference can have Controller set to true" in err.value.body
 
 
-async def test_server_side_apply_keeps_cluster_ip_and_drops_unapplied_owner(api: ApiClient, ns: str) -> None:
+async def test_server_side_apply_keeps_cluster_ip_and_drops_unapplied_owner(
+    api: ApiClient, ns: str
+) -> None:
     core = client.CoreV1Api(api)
     o1, o2 = await _make_owner(api, ns), await _make_owner(api, ns)
     refs = [{**o, "controller": False, "blockOwnerDeletion": False} for o in (o1, o2)]
     first = await core.patch_namespaced_service(
-        "ssa", ns, _service("ssa", ns, ownerReferences=refs), field_manager="shared-svc", force=True, _content_type=SSA
+        "ssa",
+        ns,
+        _service("ssa", ns, ownerReferences=refs),
+        field_manager="shared-svc",
+        force=True,
+        _content_type=SSA,
     )
     cluster_ip = first.spec.cluster_ip
     assert cluster_ip
     assert {r.uid for r in first.metadata.owner_references} == {o1["uid"], o2["uid"]}
 
     second = await core.patch_namespaced_service(
-        "ssa", ns, _service("ssa", ns, ownerReferences=refs[:1]), field_manager="shared-svc", force=True, _content_type=SSA
+        "ssa",
+        ns,
+        _service("ssa", ns, ownerReferences=refs[:1]),
+        field_manager="shared-svc",
+        force=True,
+        _content_type=SSA,
     )
     assert [r.uid for r in second.metadata.owner_references] == [o1["uid"]]
     assert second.spec.cluster_ip == cluster_ip
@@ -89,7 +115,12 @@ async def test_server_side_apply_keeps_cluster_ip_and_drops_unapplied_owner(api:
 
     # Applying the same intent again is a no-op: the resourceVersion does not move.
     third = await core.patch_namespaced_service(
-        "ssa", ns, _service("ssa", ns, ownerReferences=refs[:1]), field_manager="shared-svc", force=True, _content_type=SSA
+        "ssa",
+        ns,
+        _service("ssa", ns, ownerReferences=refs[:1]),
+        field_manager="shared-svc",
+        force=True,
+        _content_type=SSA,
     )
     assert third.metadata.resource_version == second.metadata.resource_version
 
@@ -97,21 +128,36 @@ async def test_server_side_apply_keeps_cluster_ip_and_drops_unapplied_owner(api:
 async def test_apply_cannot_remove_what_another_manager_owns(api: ApiClient, ns: str) -> None:
     """Why adoption needs a guarded JSON patch: a label set by an Update survives our apply."""
     core = client.CoreV1Api(api)
-    await core.create_namespaced_service(ns, _service("foreign", ns, labels={"nvidia.com/gpu-operator.state": "state-dcgm"}))
+    await core.create_namespaced_service(
+        ns, _service("foreign", ns, labels={"nvidia.com/gpu-operator.state": "state-dcgm"})
+    )
     applied = await core.patch_namespaced_service(
-        "foreign", ns, _service("foreign", ns, labels={"app": "foreign"}), field_manager="shared-svc", force=True, _content_type=SSA
+        "foreign",
+        ns,
+        _service("foreign", ns, labels={"app": "foreign"}),
+        field_manager="shared-svc",
+        force=True,
+        _content_type=SSA,
     )
     assert applied.metadata.labels["nvidia.com/gpu-operator.state"] == "state-dcgm"
     patch = [
         {"op": "test", "path": "/metadata/uid", "value": applied.metadata.uid},
-        {"op": "replace", "path": "/metadata/resourceVersion", "value": applied.metadata.resource_version},
+        {
+            "op": "replace",
+            "path": "/metadata/resourceVersion",
+            "value": applied.metadata.resource_version,
+        },
         {"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu-operator.state"},
     ]
-    patched = await core.patch_namespaced_service("foreign", ns, patch, _content_type="application/json-patch+json")
+    patched = await core.patch_namespaced_service(
+        "foreign", ns, patch, _content_type="application/json-patch+json"
+    )
     assert "nvidia.com/gpu-operator.state" not in patched.metadata.labels
     # The same guarded patch with the now stale resourceVersion is refused with 409.
     with pytest.raises(ApiException) as err:
-        await core.patch_namespaced_service("foreign", ns, patch[:2], _content_type="application/json-patch+json")
+        await core.patch_namespaced_service(
+            "foreign", ns, patch[:2], _content_type="application/json-patch+json"
+        )
     assert err.value.status == 409
 
 
@@ -131,12 +177,16 @@ async def test_stale_resource_version_is_a_conflict(api: ApiClient, ns: str) -> 
 async def test_delete_with_preconditions(api: ApiClient, ns: str) -> None:
     core = client.CoreV1Api(api)
     svc = await core.create_namespaced_service(ns, _service("pre", ns))
-    wrong = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=svc.metadata.uid, resource_version="1"))
+    wrong = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=svc.metadata.uid, resource_version="1")
+    )
     with pytest.raises(ApiException) as err:
         await core.delete_namespaced_service("pre", ns, body=wrong)
     assert err.value.status == 409
     right = client.V1DeleteOptions(
-        preconditions=client.V1Preconditions(uid=svc.metadata.uid, resource_version=svc.metadata.resource_version)
+        preconditions=client.V1Preconditions(
+            uid=svc.metadata.uid, resource_version=svc.metadata.resource_version
+        )
     )
     await core.delete_namespaced_service("pre", ns, body=right)
     with pytest.raises(ApiException) as gone:
@@ -154,13 +204,23 @@ async def test_event_through_events_k8s_io_with_series(api: ApiClient, ns: str) 
         "reason": "ServiceConfigConflict",
         "note": "spec.type: ClusterPolicy/a wants NodePort, GPUCluster/gpu-cluster wins with ClusterIP",
         "type": "Warning",
-        "regarding": {"apiVersion": "v1", "kind": "Service", "name": "nvidia-dcgm-exporter", "namespace": ns},
+        "regarding": {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "name": "nvidia-dcgm-exporter",
+            "namespace": ns,
+        },
         "reportingController": "nvidia.com/shared-svc",
         "reportingInstance": "shared-svc-0",
     }
     created = await events.create_namespaced_event(ns, body)
     assert created.reason == "ServiceConfigConflict"
-    series = {"series": {"count": 2, "lastObservedTime": now.isoformat(timespec="microseconds").replace("+00:00", "Z")}}
+    series = {
+        "series": {
+            "count": 2,
+            "lastObservedTime": now.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        }
+    }
     patched = await events.patch_namespaced_event(created.metadata.name, ns, series)
     assert patched.series.count == 2
 
@@ -172,7 +232,12 @@ async def test_lease_create_and_renew(api: ApiClient, ns: str) -> None:
         ns,
         {
             "metadata": {"name": "shared-svc"},
-            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15, "acquireTime": now, "renewTime": now},
+            "spec": {
+                "holderIdentity": "a",
+                "leaseDurationSeconds": 15,
+                "acquireTime": now,
+                "renewTime": now,
+            },
         },
     )
     later = now + dt.timedelta(seconds=2)
@@ -193,7 +258,17 @@ def _sample_crs() -> list[dict[str, Any]]:
         "kind": "ClusterPolicy",
         "metadata": {"name": "cluster-policy"},
         "spec": {
-            **{k: {} for k in ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")},
+            **{
+                k: {}
+                for k in (
+                    "operator",
+                    "driver",
+                    "toolkit",
+                    "devicePlugin",
+                    "gfd",
+                    "nodeStatusExporter",
+                )
+            },
             "daemonsets": {"labels": {}, "annotations": {}, "updateStrategy": "RollingUpdate"},
             "dcgm": {"enabled": True},
             "dcgmExporter": {
@@ -222,7 +297,12 @@ def _sample_crs() -> list[dict[str, Any]]:
             "dcgmExporter": {
                 "enabled": True,
                 "service": {"type": "ClusterIP", "internalTrafficPolicy": "Cluster"},
-                "serviceMonitor": {"enabled": True, "interval": "15s", "honorLabels": False, "additionalLabels": {}},
+                "serviceMonitor": {
+                    "enabled": True,
+                    "interval": "15s",
+                    "honorLabels": False,
+                    "additionalLabels": {},
+                },
             },
         },
     }
@@ -231,7 +311,13 @@ def _sample_crs() -> list[dict[str, Any]]:
 
 def _check_crs_pass(cp: testenv.ControlPlane) -> None:
     for doc in _sample_crs():
-        status, resp = cp.request("POST", f"/apis/{doc['apiVersion']}/{doc['kind'].lower()}s".replace("clusterpolicys", "clusterpolicies"), doc)
+        status, resp = cp.request(
+            "POST",
+            f"/apis/{doc['apiVersion']}/{doc['kind'].lower()}s".replace(
+                "clusterpolicys", "clusterpolicies"
+            ),
+            doc,
+        )
         assert status == 201, resp
     bad = {**_sample_crs()[1], "metadata": {"name": "not-gpu-cluster"}}
     status, resp = cp.request("POST", "/apis/nvidia.com/v1alpha1/gpuclusters", bad)
@@ -282,8 +368,14 @@ def test_project_crds_cover_the_upstream_fields_we_read() -> None:
                     node = node["properties"][part]
                 assert node["type"] == typ, (fname, path)
         assert ours["spec"]["scope"] == theirs["spec"]["scope"] == "Cluster"
-        assert sorted(ours["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].get("required", [])) == sorted(
-            theirs["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].get("required", [])
+        assert sorted(
+            ours["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].get(
+                "required", []
+            )
+        ) == sorted(
+            theirs["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].get(
+                "required", []
+            )
         )
 
 

@@ -38,14 +38,19 @@ async def svc(control_plane: ControlPlane, kube: Kube) -> AsyncIterator[Service]
 
 
 def refs(obj: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    return [(r["kind"], r["uid"], bool(r.get("controller"))) for r in obj["metadata"].get("ownerReferences") or []]
+    return [
+        (r["kind"], r["uid"], bool(r.get("controller")))
+        for r in obj["metadata"].get("ownerReferences") or []
+    ]
 
 
 async def test_cluster_policy_exposes_only_the_legacy_names(kube: Kube, svc: Service) -> None:
     cp = await kube.create_cr(cp_body())
     await settle(svc)
     services = await kube.services()
-    assert set(services) == {"nvidia-dcgm", "nvidia-dcgm-exporter"}, "the legacy stack never exposes -dra names"
+    assert set(services) == {"nvidia-dcgm", "nvidia-dcgm-exporter"}, (
+        "the legacy stack never exposes -dra names"
+    )
     dcgm, exporter = services["nvidia-dcgm"], services["nvidia-dcgm-exporter"]
     assert dcgm["spec"]["internalTrafficPolicy"] == "Local"
     assert dcgm["spec"]["type"] == "ClusterIP"
@@ -62,17 +67,28 @@ async def test_cluster_policy_exposes_only_the_legacy_names(kube: Kube, svc: Ser
     assert {e["regarding"]["name"] for e in created} == {"nvidia-dcgm", "nvidia-dcgm-exporter"}
 
 
-async def test_gpu_cluster_exposes_both_names_and_moves_to_common_labels_after_rollout(kube: Kube, svc: Service) -> None:
+async def test_gpu_cluster_exposes_both_names_and_moves_to_common_labels_after_rollout(
+    kube: Kube, svc: Service
+) -> None:
     gc = await kube.create_cr(gc_body())
     await settle(svc)
     services = await kube.services()
-    assert set(services) == {"nvidia-dcgm", "nvidia-dcgm-dra", "nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra"}
+    assert set(services) == {
+        "nvidia-dcgm",
+        "nvidia-dcgm-dra",
+        "nvidia-dcgm-exporter",
+        "nvidia-dcgm-exporter-dra",
+    }
     for name in ("nvidia-dcgm", "nvidia-dcgm-dra"):
         assert services[name]["spec"]["internalTrafficPolicy"] == "Local", name
     # No labelled pods yet: the aliases start on the DRA app labels.
     assert services["nvidia-dcgm"]["spec"]["selector"] == {"app": "nvidia-dcgm-dra"}
-    assert services["nvidia-dcgm-exporter"]["spec"]["selector"] == {"app": "nvidia-dcgm-exporter-dra"}
-    assert services["nvidia-dcgm-exporter-dra"]["spec"]["selector"] == {"app": "nvidia-dcgm-exporter-dra"}
+    assert services["nvidia-dcgm-exporter"]["spec"]["selector"] == {
+        "app": "nvidia-dcgm-exporter-dra"
+    }
+    assert services["nvidia-dcgm-exporter-dra"]["spec"]["selector"] == {
+        "app": "nvidia-dcgm-exporter-dra"
+    }
     # Both exporter Services select the same pods: only the canonical one is scraped.
     assert services["nvidia-dcgm-exporter"]["metadata"]["annotations"][SCRAPE] == "true"
     assert services["nvidia-dcgm-exporter-dra"]["metadata"]["annotations"][SCRAPE] == "false"
@@ -88,7 +104,9 @@ async def test_gpu_cluster_exposes_both_names_and_moves_to_common_labels_after_r
     services = await kube.services()
     assert services["nvidia-dcgm"]["spec"]["selector"] == {COMMON["dcgm"]: "true"}
     assert services["nvidia-dcgm-exporter"]["spec"]["selector"] == {COMMON["exporter"]: "true"}
-    assert services["nvidia-dcgm-dra"]["spec"]["selector"] == {"app": "nvidia-dcgm-dra"}, "-dra names keep the DRA label"
+    assert services["nvidia-dcgm-dra"]["spec"]["selector"] == {"app": "nvidia-dcgm-dra"}, (
+        "-dra names keep the DRA label"
+    )
     assert {n: s["spec"]["clusterIP"] for n, s in services.items()} == ips
     migrated = await kube.events_for("SelectorMigrated")
     assert {e["regarding"]["name"] for e in migrated} == {"nvidia-dcgm", "nvidia-dcgm-exporter"}
@@ -122,7 +140,11 @@ async def test_selectors_follow_the_rollout_gate(kube: Kube, svc: Service) -> No
     assert await selector() == old
     pending = svc.status()["objects"]
     gates = next(o for o in pending if o["name"] == app)["gates"]
-    assert gates and not gates[0]["open"] and any("p2" in f or "common label" in f for f in gates[0]["failing"]), gates
+    assert (
+        gates
+        and not gates[0]["open"]
+        and any("p2" in f or "common label" in f for f in gates[0]["failing"])
+    ), gates
     # The straggler is replaced: every pod labelled.
     await kube.delete_pod("p2")
     await kube.pod("p3", app, common=True)
@@ -133,26 +155,43 @@ async def test_selectors_follow_the_rollout_gate(kube: Kube, svc: Service) -> No
     assert await selector() == old
 
 
-async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(kube: Kube, svc: Service) -> None:
+async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(
+    kube: Kube, svc: Service
+) -> None:
     gc = await kube.create_cr(gc_body(dcgm={"enabled": True}))
-    owner = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "name": "gpu-cluster", "uid": gc["metadata"]["uid"]}
+    owner = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "name": "gpu-cluster",
+        "uid": gc["metadata"]["uid"],
+    }
     before = {}
-    for name, port, pname in (("nvidia-dcgm-dra", 5555, "dcgm"), ("nvidia-dcgm-exporter-dra", 9400, "gpu-metrics")):
+    for name, port, pname in (
+        ("nvidia-dcgm-dra", 5555, "dcgm"),
+        ("nvidia-dcgm-exporter-dra", 9400, "gpu-metrics"),
+    ):
         body = {
             "metadata": {
                 "name": name,
                 "labels": {"app": name, "nvidia.com/gpu-operator.state": "state-dcgm"},
                 "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
             },
-            "spec": {"selector": {"app": name}, "ports": [{"name": pname, "port": port, "targetPort": port}]},
+            "spec": {
+                "selector": {"app": name},
+                "ports": [{"name": pname, "port": port, "targetPort": port}],
+            },
         }
-        created = await kube.core.create_namespaced_service(kube.ns, body, field_manager="gpu-operator")
+        created = await kube.core.create_namespaced_service(
+            kube.ns, body, field_manager="gpu-operator"
+        )
         before[name] = (created.metadata.uid, created.spec.cluster_ip)
     await settle(svc)
     for name, (uid, ip) in before.items():
         s = await kube.service(name)
         assert s is not None
-        assert (s["metadata"]["uid"], s["spec"]["clusterIP"]) == (uid, ip), "adopted, not re-created"
+        assert (s["metadata"]["uid"], s["spec"]["clusterIP"]) == (uid, ip), (
+            "adopted, not re-created"
+        )
         assert refs(s) == [("GPUCluster", gc["metadata"]["uid"], False)]
         assert "nvidia.com/gpu-operator.state" not in s["metadata"]["labels"]
         assert s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "shared-svc"
@@ -160,13 +199,22 @@ async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(kube: 
     assert {e["regarding"]["name"] for e in adopted} == set(before)
 
 
-async def test_unmanaged_service_with_foreign_owner_is_not_adopted(kube: Kube, svc: Service) -> None:
+async def test_unmanaged_service_with_foreign_owner_is_not_adopted(
+    kube: Kube, svc: Service
+) -> None:
     await kube.create_cr(cp_body(dcgmExporter={"enabled": False}))
     keeper = await kube.core.create_namespaced_config_map(kube.ns, {"metadata": {"name": "keeper"}})
     body = {
         "metadata": {
             "name": "nvidia-dcgm",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper", "uid": keeper.metadata.uid}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "keeper",
+                    "uid": keeper.metadata.uid,
+                }
+            ],
         },
         "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 1234}]},
     }
@@ -178,7 +226,9 @@ async def test_unmanaged_service_with_foreign_owner_is_not_adopted(kube: Kube, s
     assert await kube.events_for("ServiceNotAdopted")
 
 
-async def test_migration_between_stacks_keeps_stable_services_and_cluster_ips(kube: Kube, svc: Service) -> None:
+async def test_migration_between_stacks_keeps_stable_services_and_cluster_ips(
+    kube: Kube, svc: Service
+) -> None:
     deleted: list[str] = []
     seen_rv = {"rv": ""}
 
@@ -203,9 +253,14 @@ async def test_migration_between_stacks_keeps_stable_services_and_cluster_ips(ku
         await settle(svc)
         both = await kube.services()
         assert refs(both["nvidia-dcgm"]) == sorted(
-            [("ClusterPolicy", cp["metadata"]["uid"], False), ("GPUCluster", gc["metadata"]["uid"], False)]
+            [
+                ("ClusterPolicy", cp["metadata"]["uid"], False),
+                ("GPUCluster", gc["metadata"]["uid"], False),
+            ]
         )
-        assert both["nvidia-dcgm"]["spec"]["selector"] == {"app": "nvidia-dcgm"}, "legacy pods keep their name"
+        assert both["nvidia-dcgm"]["spec"]["selector"] == {"app": "nvidia-dcgm"}, (
+            "legacy pods keep their name"
+        )
         # Both stacks running, gate closed: the -dra exporter is scraped too, so no exporter goes unscraped.
         assert both["nvidia-dcgm-exporter-dra"]["metadata"]["annotations"][SCRAPE] == "true"
         assert any(p["reason"] == "SelectorMigrationPending" for p in svc.status()["pending"])
@@ -248,14 +303,26 @@ async def test_recreated_cr_with_new_uid_replaces_the_reference(kube: Kube, svc:
     await settle(svc)
     s = await kube.service("nvidia-dcgm")
     assert s is not None
-    assert refs(s) == sorted([("ClusterPolicy", new["metadata"]["uid"], False), ("GPUCluster", gc["metadata"]["uid"], False)])
+    assert refs(s) == sorted(
+        [
+            ("ClusterPolicy", new["metadata"]["uid"], False),
+            ("GPUCluster", gc["metadata"]["uid"], False),
+        ]
+    )
 
 
-async def test_deleted_cr_releases_and_deletes_but_foreign_owner_keeps(kube: Kube, svc: Service) -> None:
+async def test_deleted_cr_releases_and_deletes_but_foreign_owner_keeps(
+    kube: Kube, svc: Service
+) -> None:
     await kube.create_cr(cp_body())
     await settle(svc)
     keeper = await kube.core.create_namespaced_config_map(kube.ns, {"metadata": {"name": "keeper"}})
-    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keeper", "uid": keeper.metadata.uid}
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "keeper",
+        "uid": keeper.metadata.uid,
+    }
     exporter = await kube.service("nvidia-dcgm-exporter")
     assert exporter is not None
     await kube.core.patch_namespaced_service(
@@ -267,11 +334,17 @@ async def test_deleted_cr_releases_and_deletes_but_foreign_owner_keeps(kube: Kub
     await settle(svc)
     await kube.delete_cr("ClusterPolicy", "cluster-policy")
     await settle(svc)
-    assert await kube.service("nvidia-dcgm") is None, "no CR needs it and no foreign owner: deleted by the service"
+    assert await kube.service("nvidia-dcgm") is None, (
+        "no CR needs it and no foreign owner: deleted by the service"
+    )
     kept = await kube.service("nvidia-dcgm-exporter")
     assert kept is not None, "a foreign owner still holds it"
-    assert [(r["kind"], r["name"]) for r in kept["metadata"]["ownerReferences"]] == [("ConfigMap", "keeper")]
-    assert [e["regarding"]["name"] for e in await kube.events_for("ServiceDeleted")] == ["nvidia-dcgm"]
+    assert [(r["kind"], r["name"]) for r in kept["metadata"]["ownerReferences"]] == [
+        ("ConfigMap", "keeper")
+    ]
+    assert [e["regarding"]["name"] for e in await kube.events_for("ServiceDeleted")] == [
+        "nvidia-dcgm"
+    ]
 
 
 async def test_service_monitor_selects_only_the_canonical_service(kube: Kube, svc: Service) -> None:
@@ -286,18 +359,29 @@ async def test_service_monitor_selects_only_the_canonical_service(kube: Kube, sv
     exprs = sm["spec"]["selector"]["matchExpressions"]
     app_expr = next(e for e in exprs if e["key"] == "app")
     assert app_expr["operator"] == "In" and app_expr["values"] == ["nvidia-dcgm-exporter"]
-    assert sm["spec"]["endpoints"][0]["port"] == "gpu-metrics" and sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert (
+        sm["spec"]["endpoints"][0]["port"] == "gpu-metrics"
+        and sm["spec"]["endpoints"][0]["interval"] == "15s"
+    )
 
     # Someone else's ServiceMonitor scraping the same Service is reported, not fought.
     other = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": {"name": "my-dcgm", "namespace": kube.ns},
-        "spec": {"selector": {"matchLabels": {"app": "nvidia-dcgm-exporter"}}, "endpoints": [{"port": "gpu-metrics"}]},
+        "spec": {
+            "selector": {"matchLabels": {"app": "nvidia-dcgm-exporter"}},
+            "endpoints": [{"port": "gpu-metrics"}],
+        },
     }
-    await kube.custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", kube.ns, "servicemonitors", other)
+    await kube.custom.create_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", kube.ns, "servicemonitors", other
+    )
     await settle(svc)
-    assert any(p["reason"] == "DuplicateScrapeTarget" and "my-dcgm" in p["object"] for p in svc.status()["pending"])
+    assert any(
+        p["reason"] == "DuplicateScrapeTarget" and "my-dcgm" in p["object"]
+        for p in svc.status()["pending"]
+    )
     dup = await kube.events_for("DuplicateScrapeTarget")
     assert [e["regarding"]["name"] for e in dup] == ["my-dcgm"]
     assert await kube.service_monitor("my-dcgm") is not None
@@ -307,7 +391,9 @@ async def test_invalid_spec_keeps_ownership_and_reports(kube: Kube, svc: Service
     gc = await kube.create_cr(gc_body())
     await settle(svc)
     # The CRD accepts any string here; only shared-svc (and the Service API) can judge it.
-    await kube.patch_cr("GPUCluster", "gpu-cluster", {"spec": {"dcgmExporter": {"service": {"type": "Bogus"}}}})
+    await kube.patch_cr(
+        "GPUCluster", "gpu-cluster", {"spec": {"dcgmExporter": {"service": {"type": "Bogus"}}}}
+    )
     await settle(svc)
     errors = svc.status()["errors"]
     assert [(e["kind"], e["reason"]) for e in errors] == [("GPUCluster", "InvalidSpec")]

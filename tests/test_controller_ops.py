@@ -38,7 +38,12 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp,
+    ):
         return resp.status, await resp.text()
 
 
@@ -47,28 +52,62 @@ def metric(service: Service, name: str, **labels: str) -> float:
     return value or 0.0
 
 
-async def test_each_conflict_is_one_warning_event_and_in_status(control_plane: ControlPlane, kube: Kube) -> None:
+async def test_each_conflict_is_one_warning_event_and_in_status(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
     # The ClusterPolicy is older, so it wins; the GPUCluster loses both fields.
-    await kube.create_cr(cp_body(dcgmExporter={"service": {"type": "NodePort", "internalTrafficPolicy": "Local"}}))
+    await kube.create_cr(
+        cp_body(dcgmExporter={"service": {"type": "NodePort", "internalTrafficPolicy": "Local"}})
+    )
     await asyncio.sleep(1.1)  # creationTimestamp has second resolution
-    await kube.create_cr(gc_body(dcgmExporter={"enabled": True, "service": {"type": "ClusterIP", "internalTrafficPolicy": "Cluster"}}))
+    await kube.create_cr(
+        gc_body(
+            dcgmExporter={
+                "enabled": True,
+                "service": {"type": "ClusterIP", "internalTrafficPolicy": "Cluster"},
+            }
+        )
+    )
     config = service_config(control_plane, kube.ns, resync_seconds=0.3)
     async with running(config) as svc:
         await settle(svc)
         exporter = await kube.service("nvidia-dcgm-exporter")
         assert exporter is not None
-        assert exporter["spec"]["type"] == "NodePort" and exporter["spec"]["internalTrafficPolicy"] == "Local"
-        assert exporter["spec"]["ports"][0]["nodePort"], "the API server assigned a nodePort; we keep it"
+        assert (
+            exporter["spec"]["type"] == "NodePort"
+            and exporter["spec"]["internalTrafficPolicy"] == "Local"
+        )
+        assert exporter["spec"]["ports"][0]["nodePort"], (
+            "the API server assigned a nodePort; we keep it"
+        )
         # Many reconciles later (resync every 0.3 s) there is still one Event per conflict.
-        reconciles = metric(svc, "controller_runtime_reconcile_total", controller="shared-services", result="success")
+        reconciles = metric(
+            svc,
+            "controller_runtime_reconcile_total",
+            controller="shared-services",
+            result="success",
+        )
         await asyncio.sleep(2.5)
-        assert metric(svc, "controller_runtime_reconcile_total", controller="shared-services", result="success") >= reconciles + 5
+        assert (
+            metric(
+                svc,
+                "controller_runtime_reconcile_total",
+                controller="shared-services",
+                result="success",
+            )
+            >= reconciles + 5
+        )
         events = await kube.events_for("ServiceConfigConflict", namespace="default")
         fields = sorted(e["note"].split(":")[0] for e in events)
         assert len(events) == 2, [e["note"] for e in events]
-        assert all(e["regarding"]["kind"] == "GPUCluster" and e["type"] == "Warning" for e in events)
+        assert all(
+            e["regarding"]["kind"] == "GPUCluster" and e["type"] == "Warning" for e in events
+        )
         assert all(not e.get("series") for e in events), "not re-emitted on every reconcile"
-        assert any("spec.type" in e["note"] and "NodePort" in e["note"] and "ClusterIP" in e["note"] for e in events), fields
+        assert any(
+            "spec.type" in e["note"] and "NodePort" in e["note"] and "ClusterIP" in e["note"]
+            for e in events
+        ), fields
         status, body = await http_get(svc.port or 0, "/status")
         assert status == 200
         conflicts = json.loads(body)["conflicts"]
@@ -80,9 +119,16 @@ async def test_each_conflict_is_one_warning_event_and_in_status(control_plane: C
     await kube.events.delete_collection_namespaced_event("default")
 
 
-async def test_fighting_writer_is_reported_and_not_fought(control_plane: ControlPlane, kube: Kube) -> None:
+async def test_fighting_writer_is_reported_and_not_fought(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
     await kube.create_cr(cp_body(dcgmExporter={"enabled": False}))
-    config = service_config(control_plane, kube.ns, conflicting_writer_threshold=3, conflicting_writer_backoff_seconds=600)
+    config = service_config(
+        control_plane,
+        kube.ns,
+        conflicting_writer_threshold=3,
+        conflicting_writer_backoff_seconds=600,
+    )
     async with running(config) as svc:
         await settle(svc)
         assert svc.writer is not None
@@ -97,7 +143,9 @@ async def test_fighting_writer_is_reported_and_not_fought(control_plane: Control
                 if s.spec.selector != {"app": "legacy"}:
                     s.spec.selector = {"app": "legacy"}
                     try:
-                        await kube.core.replace_namespaced_service("nvidia-dcgm", kube.ns, s, field_manager="gpu-operator")
+                        await kube.core.replace_namespaced_service(
+                            "nvidia-dcgm", kube.ns, s, field_manager="gpu-operator"
+                        )
                         fights += 1
                     except Exception:
                         pass
@@ -133,11 +181,24 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         await settle(svc)
         await asyncio.sleep(0.5)
         writes_before = apiserver_write_count(control_plane)
-        reconciles = metric(svc, "controller_runtime_reconcile_total", controller="shared-services", result="success")
+        reconciles = metric(
+            svc,
+            "controller_runtime_reconcile_total",
+            controller="shared-services",
+            result="success",
+        )
         relists = {n: i.relists for n, i in svc.controller._informers.items()}  # type: ignore[union-attr]
         await asyncio.sleep(5)
         assert apiserver_write_count(control_plane) == writes_before
-        assert metric(svc, "controller_runtime_reconcile_total", controller="shared-services", result="success") >= reconciles + 10
+        assert (
+            metric(
+                svc,
+                "controller_runtime_reconcile_total",
+                controller="shared-services",
+                result="success",
+            )
+            >= reconciles + 10
+        )
         assert all(i.relists >= relists[n] + 5 for n, i in svc.controller._informers.items())  # type: ignore[union-attr]
 
 
@@ -156,13 +217,23 @@ async def test_http_endpoints(control_plane: ControlPlane, kube: Kube) -> None:
         assert names["nvidia-dcgm"]["selector"] == {"app": "nvidia-dcgm"}
         code, text = await http_get(port, "/metrics")
         assert code == 200
-        assert 'controller_runtime_reconcile_total{controller="shared-services",result="success"}' in text
+        assert (
+            'controller_runtime_reconcile_total{controller="shared-services",result="success"}'
+            in text
+        )
         assert 'shared_svc_managed_objects{kind="Service"} 2.0' in text
         assert 'leader_election_master_status{name="shared-svc"} 1.0' in text
 
 
-async def test_two_replicas_one_writer_and_handover(control_plane: ControlPlane, kube: Kube) -> None:
-    base = {"leader_election": True, "lease_duration_seconds": 3.0, "renew_deadline_seconds": 2.0, "retry_period_seconds": 0.5}
+async def test_two_replicas_one_writer_and_handover(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    base = {
+        "leader_election": True,
+        "lease_duration_seconds": 3.0,
+        "renew_deadline_seconds": 2.0,
+        "retry_period_seconds": 0.5,
+    }
     a = service_config(control_plane, kube.ns, pod_name="replica-a", **base)
     b = service_config(control_plane, kube.ns, pod_name="replica-b", **base)
     async with running(a) as ra, running(b) as rb:
@@ -187,8 +258,12 @@ async def test_two_replicas_one_writer_and_handover(control_plane: ControlPlane,
         killed_at = time.monotonic()
         await eventually(lambda: _true(standby.is_leader()), timeout=10, interval=0.05)
         handover = time.monotonic() - killed_at
-        assert handover <= base["lease_duration_seconds"] + 2 * base["retry_period_seconds"] + 1.0, handover
-        await kube.patch_cr("ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}})
+        assert (
+            handover <= base["lease_duration_seconds"] + 2 * base["retry_period_seconds"] + 1.0
+        ), handover
+        await kube.patch_cr(
+            "ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}}
+        )
         await settle(standby)
         assert await kube.service("nvidia-dcgm-exporter") is None
         assert sum(standby.writer.writes.values()) >= 1  # type: ignore[union-attr]
@@ -203,30 +278,59 @@ async def _true(value: bool) -> bool:
 
 
 async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kube: Kube) -> None:
-    cfg = service_config(control_plane, kube.ns, pod_name="graceful", leader_election=True, lease_duration_seconds=30.0,
-                         renew_deadline_seconds=20.0, retry_period_seconds=0.5)
+    cfg = service_config(
+        control_plane,
+        kube.ns,
+        pod_name="graceful",
+        leader_election=True,
+        lease_duration_seconds=30.0,
+        renew_deadline_seconds=20.0,
+        retry_period_seconds=0.5,
+    )
     async with running(cfg) as svc:
         await eventually(lambda: _true(svc.is_leader()), timeout=10)
     lease = await kube.api.call_api(
-        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/shared-svc", "GET",
-        auth_settings=["BearerToken"], response_types_map={200: "object"}, _return_http_data_only=True,
+        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/shared-svc",
+        "GET",
+        auth_settings=["BearerToken"],
+        response_types_map={200: "object"},
+        _return_http_data_only=True,
     )
     assert lease["spec"]["holderIdentity"] == ""
 
 
-async def test_sigterm_finishes_and_exits_zero(control_plane: ControlPlane, kube: Kube, tmp_path: Any) -> None:
+async def test_sigterm_finishes_and_exits_zero(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+) -> None:
     await kube.create_cr(cp_body())
     env = {**os.environ, "OPERATOR_NAMESPACE": kube.ns, "POD_NAME": "proc-1"}
     port = testenv.free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", str(control_plane.kubeconfig), "--port", str(port),
-         "--bind-address", "127.0.0.1", "--leader-election", "true"],
-        env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "log").open("w"),
+        [
+            sys.executable,
+            "-m",
+            "shared_svc",
+            "run",
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--port",
+            str(port),
+            "--bind-address",
+            "127.0.0.1",
+            "--leader-election",
+            "true",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "log").open("w"),
     )
     try:
+
         async def ready() -> bool:
             try:
-                return (await http_get(port, "/readyz"))[0] == 200 and json.loads((await http_get(port, "/status"))[1])["leader"]
+                return (await http_get(port, "/readyz"))[0] == 200 and json.loads(
+                    (await http_get(port, "/status"))[1]
+                )["leader"]
             except (OSError, aiohttp.ClientError):
                 return False
 
@@ -245,16 +349,26 @@ async def test_sigterm_finishes_and_exits_zero(control_plane: ControlPlane, kube
 
 def test_bad_configuration_is_one_line_exit_2() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "shared_svc", "run", "--port", "99999"], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "shared_svc", "run", "--port", "99999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "KUBECONFIG": "/nonexistent"},
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("shared-svc: error: invalid configuration: port:"), proc.stderr
     assert "Traceback" not in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", "/nonexistent"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert proc.returncode == 2 and "kubeconfig /nonexistent does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "kubeconfig /nonexistent does not exist" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
 
 
 async def test_apiserver_restart_recovers_and_deletes_nothing() -> None:
@@ -270,7 +384,9 @@ async def test_apiserver_restart_recovers_and_deletes_nothing() -> None:
             assert len(before) == 4
             await asyncio.get_running_loop().run_in_executor(None, cp.stop_apiserver)
             await asyncio.sleep(3)
-            assert svc.controller is not None and not svc.controller.caches_synced(), "no reconcile on stale data"
+            assert svc.controller is not None and not svc.controller.caches_synced(), (
+                "no reconcile on stale data"
+            )
             assert sum(svc.writer.writes.values()) == 4 if svc.writer else False  # type: ignore[union-attr]
             await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
             await api.close()
@@ -280,7 +396,11 @@ async def test_apiserver_restart_recovers_and_deletes_nothing() -> None:
             await eventually(lambda: _absent(k, "nvidia-dcgm-dra"), timeout=60)
             await settle(svc)
             after = {n: s["metadata"]["uid"] for n, s in (await k.services()).items()}
-            assert after == {n: u for n, u in before.items() if n in ("nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra")}
+            assert after == {
+                n: u
+                for n, u in before.items()
+                if n in ("nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra")
+            }
             assert svc.controller.status()["cachesSynced"] is True
         await api.close()
     finally:
@@ -296,7 +416,12 @@ async def test_service_monitor_api_installed_later() -> None:
     cp = await asyncio.get_running_loop().run_in_executor(None, lambda: testenv.start(crds=False))
     try:
         await asyncio.get_running_loop().run_in_executor(
-            None, cp.install_crds, [testenv.PROJECT_CRDS / "nvidia.com_clusterpolicies.yaml", testenv.PROJECT_CRDS / "nvidia.com_gpuclusters.yaml"]
+            None,
+            cp.install_crds,
+            [
+                testenv.PROJECT_CRDS / "nvidia.com_clusterpolicies.yaml",
+                testenv.PROJECT_CRDS / "nvidia.com_gpuclusters.yaml",
+            ],
         )
         api = await api_client(cp)
         k = Kube(api, await make_namespace(api, "later"))
@@ -308,7 +433,9 @@ async def test_service_monitor_api_installed_later() -> None:
             assert any("ServiceMonitor" in n for n in status["notes"])
             assert await k.service("nvidia-dcgm-exporter") is not None
             await asyncio.get_running_loop().run_in_executor(
-                None, cp.install_crds, [testenv.PROJECT_CRDS / "monitoring.coreos.com_servicemonitors.yaml"]
+                None,
+                cp.install_crds,
+                [testenv.PROJECT_CRDS / "monitoring.coreos.com_servicemonitors.yaml"],
             )
             await eventually(lambda: k.service_monitor("nvidia-dcgm-exporter"), timeout=30)
             assert svc.status()["serviceMonitorServed"] is True

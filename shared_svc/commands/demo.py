@@ -18,19 +18,28 @@ from typing import Any
 from shared_svc.errors import UsageError
 
 NS = "gpu-operator"
-COMMON = {"dcgm": "nvidia.com/gpu-operator.dcgm", "exporter": "nvidia.com/gpu-operator.dcgm-exporter"}
+COMMON = {
+    "dcgm": "nvidia.com/gpu-operator.dcgm",
+    "exporter": "nvidia.com/gpu-operator.dcgm-exporter",
+}
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("demo", help="walk through shared-svc on the embedded test control plane")
-    parser.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
+    parser = subparsers.add_parser(
+        "demo", help="walk through shared-svc on the embedded test control plane"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the control plane running at the end"
+    )
     parser.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from shared_svc import testenv
 
-    say("shared-svc demo: one API server (real kube-apiserver + etcd on 127.0.0.1), no kubelet, no controllers.")
+    say(
+        "shared-svc demo: one API server (real kube-apiserver + etcd on 127.0.0.1), no kubelet, no controllers."
+    )
     try:
         cp = testenv.start()
     except testenv.ControlPlaneError as exc:
@@ -40,7 +49,9 @@ def _demo(args: argparse.Namespace) -> int:
         asyncio.run(_walk(cp, log_file))
     finally:
         if args.keep:
-            say(f"\nControl plane left running; kubeconfig: {cp.kubeconfig} (stop it by killing its processes).")
+            say(
+                f"\nControl plane left running; kubeconfig: {cp.kubeconfig} (stop it by killing its processes)."
+            )
         else:
             cp.stop()
     return 0
@@ -69,21 +80,43 @@ async def _walk(cp: Any, log_file: Path) -> None:
     logging.getLogger().handlers[:] = [handler]
 
     configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=configuration)
+    await config.load_kube_config(
+        config_file=str(cp.kubeconfig), client_configuration=configuration
+    )
     api = client.ApiClient(configuration=configuration)
-    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    # Plain dict bodies throughout: the typed client models add nothing to a demo.
+    core: Any = client.CoreV1Api(api)
+    apps: Any = client.AppsV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
     await core.create_namespace({"metadata": {"name": NS}})
 
-    step(1, "The cluster as gpu-operator's ClusterPolicy stack leaves it today",
-         """A ClusterPolicy, the DCGM DaemonSets with their pods, and the two Services the
-         operator created with controller owner references (only one controller is allowed).""")
-    cp_obj = await custom.create_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", _cluster_policy())
-    owner = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
-             "uid": cp_obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-    for name, port, pname in (("nvidia-dcgm", 5555, "dcgm"), ("nvidia-dcgm-exporter", 9400, "gpu-metrics")):
+    step(
+        1,
+        "The cluster as gpu-operator's ClusterPolicy stack leaves it today",
+        """A ClusterPolicy, the DCGM DaemonSets with their pods, and the two Services the
+         operator created with controller owner references (only one controller is allowed).""",
+    )
+    cp_obj = await custom.create_cluster_custom_object(
+        "nvidia.com", "v1", "clusterpolicies", _cluster_policy()
+    )
+    owner = {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "name": "cluster-policy",
+        "uid": cp_obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    for name, port, pname in (
+        ("nvidia-dcgm", 5555, "dcgm"),
+        ("nvidia-dcgm-exporter", 9400, "gpu-metrics"),
+    ):
         body: dict[str, Any] = {
             "metadata": {"name": name, "labels": {"app": name}, "ownerReferences": [owner]},
-            "spec": {"selector": {"app": name}, "ports": [{"name": pname, "port": port, "targetPort": port}]},
+            "spec": {
+                "selector": {"app": name},
+                "ports": [{"name": pname, "port": port, "targetPort": port}],
+            },
         }
         if name == "nvidia-dcgm":
             body["spec"]["internalTrafficPolicy"] = "Local"
@@ -96,13 +129,25 @@ async def _walk(cp: Any, log_file: Path) -> None:
             await _pod(core, f"{app}-{node}", app, common=False)
     await _show(core)
 
-    step(2, "shared-svc starts and adopts them",
-         """Same objects, same clusterIPs; the owner reference becomes a non-controller one, so
+    step(
+        2,
+        "shared-svc starts and adopts them",
+        """Same objects, same clusterIPs; the owner reference becomes a non-controller one, so
          either stack can own the Service too. Selectors stay on app labels: the pods have no
-         common label yet, and switching now would drop endpoints.""")
-    cfg = Config(namespace=NS, kubeconfig=str(cp.kubeconfig), bind_address="127.0.0.1", port=0,
-                 pod_name="shared-svc-demo", leader_election=True, lease_duration_seconds=6,
-                 renew_deadline_seconds=4, retry_period_seconds=1, coalesce_seconds=0.1)
+         common label yet, and switching now would drop endpoints.""",
+    )
+    cfg = Config(
+        namespace=NS,
+        kubeconfig=str(cp.kubeconfig),
+        bind_address="127.0.0.1",
+        port=0,
+        pod_name="shared-svc-demo",
+        leader_election=True,
+        lease_duration_seconds=6,
+        renew_deadline_seconds=4,
+        retry_period_seconds=1,
+        coalesce_seconds=0.1,
+    )
     service = Service(cfg)
     stop = asyncio.Event()
     task = asyncio.ensure_future(service.run(stop))
@@ -111,9 +156,12 @@ async def _walk(cp: Any, log_file: Path) -> None:
         await _settle(service)
         await _show(core)
 
-        step(3, "gpu-operator rolls out pods carrying the common labels",
-             """Once the DaemonSet's rollout is complete and every pod carries
-             nvidia.com/gpu-operator.dcgm(-exporter)=true, the stable names move to the common label.""")
+        step(
+            3,
+            "gpu-operator rolls out pods carrying the common labels",
+            """Once the DaemonSet's rollout is complete and every pod carries
+             nvidia.com/gpu-operator.dcgm(-exporter)=true, the stable names move to the common label.""",
+        )
         for app in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
             await _daemonset(apps, app, common=True)
             for node in ("node-a", "node-b"):
@@ -121,11 +169,16 @@ async def _walk(cp: Any, log_file: Path) -> None:
         await _settle(service)
         await _show(core)
 
-        step(4, "Migration begins: a GPUCluster (DRA stack) is created",
-             """Both CRs now own the stable Services (sorted, non-controller references). The DRA
+        step(
+            4,
+            "Migration begins: a GPUCluster (DRA stack) is created",
+            """Both CRs now own the stable Services (sorted, non-controller references). The DRA
              stack also gets its -dra names. Its pods are not labelled yet, so the stable names keep
-             the legacy selector and the -dra exporter is scraped as well: no exporter goes unscraped.""")
-        await custom.create_cluster_custom_object("nvidia.com", "v1alpha1", "gpuclusters", _gpu_cluster())
+             the legacy selector and the -dra exporter is scraped as well: no exporter goes unscraped.""",
+        )
+        await custom.create_cluster_custom_object(
+            "nvidia.com", "v1alpha1", "gpuclusters", _gpu_cluster()
+        )
         for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
             await _daemonset(apps, app, common=False)
             for node in ("node-c",):
@@ -134,15 +187,23 @@ async def _walk(cp: Any, log_file: Path) -> None:
         await _show(core)
         _show_pending(service)
 
-        step(5, "The ClusterPolicy is deleted",
-             """Its references are removed; nvidia-dcgm and nvidia-dcgm-exporter stay, with the same
-             clusterIPs, now selecting the DRA pods. Consumers using the stable DNS names never noticed.""")
-        await custom.delete_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", "cluster-policy")
+        step(
+            5,
+            "The ClusterPolicy is deleted",
+            """Its references are removed; nvidia-dcgm and nvidia-dcgm-exporter stay, with the same
+             clusterIPs, now selecting the DRA pods. Consumers using the stable DNS names never noticed.""",
+        )
+        await custom.delete_cluster_custom_object(
+            "nvidia.com", "v1", "clusterpolicies", "cluster-policy"
+        )
         await _settle(service)
         await _show(core)
 
-        step(6, "The DRA pods roll out with the common labels",
-             "The stable names move to the common labels; the -dra names keep their own.")
+        step(
+            6,
+            "The DRA pods roll out with the common labels",
+            "The stable names move to the common labels; the -dra names keep their own.",
+        )
         for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
             await _daemonset(apps, app, common=True)
             await _pod(core, f"{app}-node-c", app, common=True)
@@ -150,16 +211,23 @@ async def _walk(cp: Any, log_file: Path) -> None:
         await _show(core)
 
         step(7, "What shared-svc reported", "Events (events.k8s.io/v1) and an excerpt of /status.")
-        events = client.EventsV1Api(api)
+        events: Any = client.EventsV1Api(api)
         rows = []
         for ns in (NS, "default"):
             for e in (await events.list_namespaced_event(ns)).items:
                 if e.reporting_controller == "nvidia.com/shared-svc":
-                    rows.append((e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70]))
+                    rows.append(
+                        (e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70])
+                    )
         _table(("TYPE", "REASON", "REGARDING", "NOTE"), sorted(rows, key=lambda r: r[1]))
         status = service.status()
-        excerpt = {k: status[k] for k in ("leader", "leaseHolder", "lastReconcile", "conflicts", "pending", "errors")}
-        excerpt["objects"] = [{k: o[k] for k in ("kind", "name", "neededBy", "selector")} for o in status["objects"]]
+        excerpt = {
+            k: status[k]
+            for k in ("leader", "leaseHolder", "lastReconcile", "conflicts", "pending", "errors")
+        }
+        excerpt["objects"] = [
+            {k: o[k] for k in ("kind", "name", "neededBy", "selector")} for o in status["objects"]
+        ]
         say(json.dumps(excerpt, indent=2))
         say(f"\nThe service's JSON logs: {shared_log(service)}")
     finally:
@@ -190,7 +258,8 @@ async def _show(core: Any) -> None:
     rows = []
     for s in sorted((await core.list_namespaced_service(NS)).items, key=lambda s: s.metadata.name):
         owners = ",".join(
-            f"{r.kind}/{r.name}{'(controller)' if r.controller else ''}" for r in s.metadata.owner_references or []
+            f"{r.kind}/{r.name}{'(controller)' if r.controller else ''}"
+            for r in s.metadata.owner_references or []
         )
         selector = ",".join(f"{k}={v}" for k, v in (s.spec.selector or {}).items())
         scrape = (s.metadata.annotations or {}).get("prometheus.io/scrape", "-")
@@ -219,15 +288,34 @@ async def _daemonset(apps: Any, app: str, *, common: bool) -> None:
         "metadata": {"name": app, "namespace": NS, "labels": labels},
         "spec": {
             "selector": {"matchLabels": {"app": app}},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]},
+            },
         },
     }
-    ds = await apps.patch_namespaced_daemon_set(app, NS, body, field_manager="demo", force=True,
-                                                _content_type="application/apply-patch+yaml")
-    status = {"status": {"observedGeneration": ds.metadata.generation, "desiredNumberScheduled": 2,
-                         "currentNumberScheduled": 2, "numberMisscheduled": 0, "numberReady": 2,
-                         "updatedNumberScheduled": 2, "numberAvailable": 2}}
-    await apps.patch_namespaced_daemon_set_status(app, NS, status, _content_type="application/merge-patch+json")
+    ds = await apps.patch_namespaced_daemon_set(
+        app,
+        NS,
+        body,
+        field_manager="demo",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+    status = {
+        "status": {
+            "observedGeneration": ds.metadata.generation,
+            "desiredNumberScheduled": 2,
+            "currentNumberScheduled": 2,
+            "numberMisscheduled": 0,
+            "numberReady": 2,
+            "updatedNumberScheduled": 2,
+            "numberAvailable": 2,
+        }
+    }
+    await apps.patch_namespaced_daemon_set_status(
+        app, NS, status, _content_type="application/merge-patch+json"
+    )
 
 
 async def _pod(core: Any, name: str, app: str, *, common: bool) -> None:
@@ -236,21 +324,45 @@ async def _pod(core: Any, name: str, app: str, *, common: bool) -> None:
     component = "exporter" if "exporter" in app else "dcgm"
     labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
     try:
-        await core.create_namespaced_pod(NS, {"metadata": {"name": name, "labels": labels},
-                                              "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]}})
+        await core.create_namespaced_pod(
+            NS,
+            {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]},
+            },
+        )
     except ApiException as exc:
         if exc.status != 409:
             raise
         await core.patch_namespaced_pod(name, NS, {"metadata": {"labels": labels}})
-    await core.patch_namespaced_pod_status(name, NS, {"status": {"phase": "Running",
-                                                                 "conditions": [{"type": "Ready", "status": "True"}]}})
+    await core.patch_namespaced_pod_status(
+        name,
+        NS,
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+    )
 
 
 def _cluster_policy() -> dict[str, Any]:
-    spec = {k: {} for k in ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter", "daemonsets")}
+    spec: dict[str, Any] = {
+        k: {}
+        for k in (
+            "operator",
+            "driver",
+            "toolkit",
+            "devicePlugin",
+            "gfd",
+            "nodeStatusExporter",
+            "daemonsets",
+        )
+    }
     spec["dcgm"] = {"enabled": True}
     spec["dcgmExporter"] = {"enabled": True, "service": {"internalTrafficPolicy": "Cluster"}}
-    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"}, "spec": spec}
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": spec,
+    }
 
 
 def _gpu_cluster() -> dict[str, Any]:

@@ -58,11 +58,15 @@ def register(subparsers: Any) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    overrides = {f: getattr(args, f) for _, (f, _) in FLAGS.items() if getattr(args, f, None) is not None}
+    overrides = {
+        f: getattr(args, f) for _, (f, _) in FLAGS.items() if getattr(args, f, None) is not None
+    }
     try:
         return Config(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
         raise UsageError(f"invalid configuration: {problems}") from exc
 
 

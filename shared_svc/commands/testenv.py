@@ -17,11 +17,15 @@ from typing import Any
 from shared_svc import testenv
 from shared_svc.errors import UsageError
 
-DEFAULT_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shared-svc" / "testenv-run"
+DEFAULT_DIR = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shared-svc" / "testenv-run"
+)
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("testenv", help="start/stop the embedded test control plane (etcd + kube-apiserver)")
+    parser = subparsers.add_parser(
+        "testenv", help="start/stop the embedded test control plane (etcd + kube-apiserver)"
+    )
     sub = parser.add_subparsers(dest="testenv_command", metavar="ACTION", required=True)
     for name, handler, text in (
         ("start", _start, "start in the background and print the kubeconfig path"),
@@ -29,7 +33,9 @@ def register(subparsers: Any) -> None:
         ("status", _status, "show whether it runs"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
+        p.add_argument(
+            "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
+        )
         p.set_defaults(handler=handler)
 
 
@@ -43,7 +49,9 @@ def _load(directory: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except ValueError as exc:
-        raise UsageError(f"{_state_file(directory)} is corrupt ({exc}); remove the directory") from exc
+        raise UsageError(
+            f"{_state_file(directory)} is corrupt ({exc}); remove the directory"
+        ) from exc
     return data
 
 
@@ -108,5 +116,9 @@ def _status(args: argparse.Namespace) -> int:
         print("not running")
         return 1
     alive = {name: _alive(pid) for name, pid in state["pids"].items()}
-    print(json.dumps({"url": state["url"], "kubeconfig": state["kubeconfig"], "running": alive}, indent=2))
+    print(
+        json.dumps(
+            {"url": state["url"], "kubeconfig": state["kubeconfig"], "running": alive}, indent=2
+        )
+    )
     return 0 if all(alive.values()) else 1

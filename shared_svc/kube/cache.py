@@ -26,6 +26,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.aio import sleep_or_stop
+
 log = logging.getLogger(__name__)
 
 K8sObject = dict[str, Any]
@@ -119,14 +121,16 @@ class Informer:
         if not self.resource.crd_name:
             return True
         try:
-            await client.ApiextensionsV1Api(self._api).read_custom_resource_definition(self.resource.crd_name)
+            await client.ApiextensionsV1Api(self._api).read_custom_resource_definition(
+                self.resource.crd_name
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return True
             raise
         return False
 
-    async def list(self) -> None:
+    async def relist(self) -> None:
         """A complete list replaces the cache; raises on failure (the cache keeps its contents)."""
         resp = None
         try:
@@ -137,18 +141,26 @@ class Informer:
                 if await self._crd_absent():
                     self._replace([], served=False, resource_version="")
                     return
-                raise NotServedYet(f"{self.resource.describe()} answers 404 but its CRD exists") from exc
+                raise NotServedYet(
+                    f"{self.resource.describe()} answers 404 but its CRD exists"
+                ) from exc
             raise
         finally:
             if resp is not None:
                 resp.release()
         items = data.get("items") or []
         # Lists return items without kind/apiVersion; the core wants whole objects.
-        api_version = f"{self.resource.group}/{self.resource.version}" if self.resource.group else self.resource.version
+        api_version = (
+            f"{self.resource.group}/{self.resource.version}"
+            if self.resource.group
+            else self.resource.version
+        )
         for item in items:
             item.setdefault("apiVersion", api_version)
             item.setdefault("kind", self.resource.kind)
-        self._replace(items, served=True, resource_version=data.get("metadata", {}).get("resourceVersion", ""))
+        self._replace(
+            items, served=True, resource_version=data.get("metadata", {}).get("resourceVersion", "")
+        )
 
     def _replace(self, items: list[K8sObject], *, served: bool, resource_version: str) -> None:
         new = {_key(i): i for i in items}
@@ -184,20 +196,20 @@ class Informer:
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         return "gone"
-                    raise ApiException(status=obj.get("code", 500), reason=obj.get("message", "watch error"))
+                    raise ApiException(
+                        status=obj.get("code", 500), reason=obj.get("message", "watch error")
+                    )
                 rv = obj.get("metadata", {}).get("resourceVersion")
                 if rv:
                     self.resource_version = rv
                 if etype == "BOOKMARK":
                     continue
                 key = _key(obj)
-                if etype == "DELETED":
-                    if self._items.pop(key, None) is not None:
-                        self._on_change()
-                elif etype in ("ADDED", "MODIFIED"):
-                    if self._items.get(key) != obj:
-                        self._items[key] = obj
-                        self._on_change()
+                if etype == "DELETED" and self._items.pop(key, None) is not None:
+                    self._on_change()
+                elif etype in ("ADDED", "MODIFIED") and self._items.get(key) != obj:
+                    self._items[key] = obj
+                    self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries."""
@@ -208,13 +220,15 @@ class Informer:
         while not stop.is_set():
             try:
                 if need_list or loop.time() >= next_resync:
-                    await self.list()
+                    await self.relist()
                     next_resync = loop.time() + self._resync
                     need_list = False
                 watch = asyncio.ensure_future(self.watch_once())
                 stopper = asyncio.ensure_future(stop.wait())
                 timer = asyncio.ensure_future(asyncio.sleep(max(0.0, next_resync - loop.time())))
-                done, _ = await asyncio.wait({watch, stopper, timer}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {watch, stopper, timer}, return_when=asyncio.FIRST_COMPLETED
+                )
                 for task in (watch, stopper, timer):
                     if task not in done:
                         task.cancel()
@@ -223,8 +237,8 @@ class Informer:
                     if outcome == "gone":
                         need_list = True
                     elif not self.served:
-                        # Not served: look again at resync time (a CRD installed later).
-                        await _sleep_or_stop(stop, min(self._resync, 30.0))
+                        # Not served: look again soon (a CRD installed later).
+                        await sleep_or_stop(stop, min(self._resync, 30.0))
                         need_list = True
                 failures = 0
                 self.last_error = None
@@ -233,22 +247,21 @@ class Informer:
             except Exception as exc:
                 failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                delay = min(self._backoff_max, 0.2 * 2 ** min(failures, 10)) * (0.5 + random.random() / 2)
+                delay = min(self._backoff_max, 0.2 * 2 ** min(failures, 10)) * (
+                    0.5 + random.random() / 2
+                )
                 log.warning(
                     "watch failed; will re-list",
-                    extra={"resource": self.resource.describe(), "error": self.last_error, "retry_in": round(delay, 2)},
+                    extra={
+                        "resource": self.resource.describe(),
+                        "error": self.last_error,
+                        "retry_in": round(delay, 2),
+                    },
                 )
                 # Events may have been missed: no reconcile until a complete re-list.
                 self.synced.clear()
                 need_list = True
-                await _sleep_or_stop(stop, delay)
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
+                await sleep_or_stop(stop, delay)
 
 
 async def gather_until(stop: asyncio.Event, coros: list[Awaitable[None]]) -> None:

@@ -15,15 +15,16 @@ import logging
 import re
 from typing import Any
 
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Report
 
 REPORTING_CONTROLLER = "nvidia.com/shared-svc"
 CLUSTER_EVENT_NAMESPACE = "default"
 NOTE_LIMIT = 1024
+EVENTS = "/apis/events.k8s.io/v1"
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,11 @@ def _micro_time(now: dt.datetime) -> str:
 
 
 def event_body(report: Report, reporting_instance: str, now: dt.datetime) -> dict[str, Any]:
-    note = report.note if len(report.note.encode()) <= NOTE_LIMIT else report.note.encode()[: NOTE_LIMIT - 3].decode(errors="ignore") + "..."
+    note = (
+        report.note
+        if len(report.note.encode()) <= NOTE_LIMIT
+        else report.note.encode()[: NOTE_LIMIT - 3].decode(errors="ignore") + "..."
+    )
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
@@ -62,8 +67,10 @@ def event_body(report: Report, reporting_instance: str, now: dt.datetime) -> dic
 class EventRecorder:
     """Emits :class:`Report` s as Events; a repeat of the same key patches the series."""
 
-    def __init__(self, api_client: ApiClient, *, reporting_instance: str, dry_run: bool = False) -> None:
-        self._events = client.EventsV1Api(api_client)
+    def __init__(
+        self, api_client: ApiClient, *, reporting_instance: str, dry_run: bool = False
+    ) -> None:
+        self._api = api_client
         self._instance = reporting_instance
         self._dry_run = dry_run
         self.emitted = 0  # Events created or series bumped (for /status and tests)
@@ -72,21 +79,30 @@ class EventRecorder:
     async def emit(self, report: Report) -> None:
         """Never raises: an Event that cannot be written is logged and counted."""
         if self._dry_run:
-            log.info("dry-run: would emit event", extra={"reason": report.reason, "note": report.note})
+            log.info(
+                "dry-run: would emit event", extra={"reason": report.reason, "note": report.note}
+            )
             return
         now = dt.datetime.now(dt.UTC)
         body = event_body(report, self._instance, now)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             try:
-                await self._events.create_namespaced_event(ns, body)
+                await raw_request(self._api, "POST", f"{EVENTS}/namespaces/{ns}/events", body=body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                existing = await self._events.read_namespaced_event(name, ns)
-                count = (existing.series.count if existing.series else 1) + 1
-                await self._events.patch_namespaced_event(
-                    name, ns, {"series": {"count": count, "lastObservedTime": _micro_time(now)}}
+                # The same occurrence was reported before (perhaps by a previous run): bump its series.
+                path = f"{EVENTS}/namespaces/{ns}/events/{name}"
+                existing = await raw_request(self._api, "GET", path)
+                count = int((existing.get("series") or {}).get("count") or 1) + 1
+                series = {"series": {"count": count, "lastObservedTime": _micro_time(now)}}
+                await raw_request(
+                    self._api,
+                    "PATCH",
+                    path,
+                    body=series,
+                    content_type="application/merge-patch+json",
                 )
             self.emitted += 1
         except Exception as exc:  # an Event must never break a reconcile

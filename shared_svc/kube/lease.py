@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.aio import sleep_or_stop
 from shared_svc.kube.writer import object_path, raw_request
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class LeaseElector:
             if self._on_change:
                 self._on_change(value)
 
-    def _spec(self, *, transitions: int, acquire: bool, old: dict[str, Any] | None) -> dict[str, Any]:
+    def _spec(
+        self, *, transitions: int, acquire: bool, old: dict[str, Any] | None
+    ) -> dict[str, Any]:
         now = _now()
         spec = {
             "holderIdentity": self.identity,
@@ -109,7 +112,9 @@ class LeaseElector:
             return False
         transitions = self.transitions if mine else self.transitions + 1
         lease["spec"] = self._spec(transitions=transitions, acquire=not mine, old=spec)
-        updated = await raw_request(self._api, "PUT", path, body=lease)  # resourceVersion guards the race
+        updated = await raw_request(
+            self._api, "PUT", path, body=lease
+        )  # resourceVersion guards the race
         new_spec = updated.get("spec") or {}
         self._observed = (new_spec.get("holderIdentity") or "", new_spec.get("renewTime") or "")
         self._observed_at = self._last_renew = loop.time()
@@ -130,14 +135,11 @@ class LeaseElector:
                     self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 if ok:
                     self._set_leader(True)
-                elif self.is_leader and loop.time() - self._last_renew > self._renew_deadline:
+                elif (self.is_leader and loop.time() - self._last_renew > self._renew_deadline) or (
+                    self.is_leader and self.holder not in (None, self.identity)
+                ):
                     self._set_leader(False)
-                elif self.is_leader and self.holder not in (None, self.identity):
-                    self._set_leader(False)
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=self._retry)
-                except TimeoutError:
-                    pass
+                await sleep_or_stop(stop, self._retry)
         finally:
             await self.release()
 
@@ -150,7 +152,9 @@ class LeaseElector:
             lease = await raw_request(self._api, "GET", path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
-            lease["spec"].update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()})
+            lease["spec"].update(
+                {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()}
+            )
             await raw_request(self._api, "PUT", path, body=lease)
             log.info("lease released", extra={"identity": self.identity})
         except Exception as exc:  # best effort: the lease expires anyway

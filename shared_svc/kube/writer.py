@@ -117,7 +117,9 @@ class Writer:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
 
-    async def json_patch(self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]]) -> Any:
+    async def json_patch(
+        self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> Any:
         return await self._write(
             "patch",
             "PATCH",
@@ -127,7 +129,9 @@ class Writer:
             query=[("fieldManager", FIELD_MANAGER)],
         )
 
-    async def delete(self, kind: str, namespace: str, name: str, preconditions: dict[str, str]) -> None:
+    async def delete(
+        self, kind: str, namespace: str, name: str, preconditions: dict[str, str]
+    ) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
         try:
             await self._write("delete", "DELETE", object_path(kind, namespace, name), body=body)
