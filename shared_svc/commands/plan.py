@@ -1,0 +1,173 @@
+"""``shared-svc plan``: what the reconciler would do with a set of manifests, offline.
+
+Reads ClusterPolicies, GPUClusters, DaemonSets, Pods, Services and ServiceMonitors from
+YAML or JSON files (``kubectl get -o yaml`` output included), runs the pure planner and
+prints the objects, actions, conflicts, pending migrations and spec errors. No API access.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared_svc.errors import UsageError
+from shared_svc.reconcile.model import K8sObject, Plan, Settings, World
+from shared_svc.reconcile.planner import plan
+
+_CLUSTER_SCOPED = {"ClusterPolicy": "cluster_policies", "GPUCluster": "gpu_clusters"}
+_NAMESPACED = {
+    "DaemonSet": "daemonsets",
+    "Pod": "pods",
+    "Service": "services",
+    "ServiceMonitor": "service_monitors",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="show the Services the reconciler would manage, offline, from manifests",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="YAML or JSON manifests (many documents, List kinds); '-' reads stdin; repeatable",
+    )
+    parser.add_argument(
+        "--namespace", default="gpu-operator", help="operator namespace (default: gpu-operator)"
+    )
+    parser.add_argument(
+        "--selector-mode", choices=("auto", "app"), default="auto", help="default: auto"
+    )
+    parser.add_argument(
+        "--no-adopt", action="store_true", help="never adopt same-named unmanaged objects"
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="default: yaml"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    world = load_world(args.files, args.namespace)
+    settings = Settings(
+        namespace=args.namespace,
+        selector_mode=args.selector_mode,
+        adopt=not args.no_adopt,
+        service_monitor_served=True,
+    )
+    sys.stdout.write(render(plan_output(plan(world, settings)), args.output))
+    return 0
+
+
+def render(output: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(output, indent=2, sort_keys=True) + "\n"
+    return yaml.safe_dump(output, sort_keys=True, default_flow_style=False)
+
+
+def plan_output(result: Plan) -> dict[str, Any]:
+    """The output contract of ``plan`` (docs/plan.md)."""
+    actions = []
+    for action in result.actions:
+        entry: dict[str, Any] = {
+            "action": action.action,
+            "kind": action.kind,
+            "name": action.name,
+            "reason": action.reason,
+        }
+        if action.action == "delete" and action.preconditions is not None:
+            entry["preconditions"] = dict(action.preconditions)
+        actions.append(entry)
+    return {
+        "objects": [dict(o) for o in result.objects],
+        "actions": actions,
+        "conflicts": [
+            {
+                "object": c.object,
+                "field": c.field,
+                "winner": asdict(c.winner),
+                "losers": [asdict(v) for v in c.losers],
+            }
+            for c in result.conflicts
+        ],
+        "pending": [asdict(p) for p in result.pending],
+        "errors": [asdict(e) for e in result.errors],
+    }
+
+
+def load_world(files: list[str], namespace: str) -> World:
+    buckets: dict[str, list[K8sObject]] = {
+        f: [] for f in (*_CLUSTER_SCOPED.values(), *_NAMESPACED.values())
+    }
+    for name in files:
+        for obj in _objects(name, _read(name)):
+            kind = obj["kind"]
+            if kind in _CLUSTER_SCOPED:
+                buckets[_CLUSTER_SCOPED[kind]].append(obj)
+            elif kind in _NAMESPACED and obj["metadata"].get("namespace", namespace) == namespace:
+                buckets[_NAMESPACED[kind]].append(obj)
+    return World(**{k: tuple(v) for k, v in buckets.items()})
+
+
+def _read(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"cannot read {name}: {reason}") from exc
+
+
+def _objects(name: str, text: str) -> Iterator[K8sObject]:
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise UsageError(f"{name}: invalid YAML{at}: {problem}") from exc
+    for number, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        yield from _flatten(name, number, document)
+
+
+def _flatten(name: str, number: int, document: Any) -> Iterator[K8sObject]:
+    where = f"{name}: document {number}"
+    if not isinstance(document, dict):
+        raise UsageError(f"{where} is not a mapping")
+    kind = document.get("kind")
+    if isinstance(kind, str) and kind.endswith("List") and "items" in document:
+        items = document["items"] or []
+        if not isinstance(items, list):
+            raise UsageError(f"{where}: items is not a list")
+        for item in items:
+            if not isinstance(item, dict):
+                raise UsageError(f"{where}: an item of {kind} is not a mapping")
+            yield _checked(where, item)
+        return
+    yield _checked(where, document)
+
+
+def _checked(where: str, obj: dict[str, Any]) -> K8sObject:
+    kind = obj.get("kind")
+    meta = obj.get("metadata")
+    if not isinstance(kind, str) or not kind:
+        raise UsageError(f"{where}: object without kind")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise UsageError(f"{where}: {kind} without metadata.name")
+    return obj

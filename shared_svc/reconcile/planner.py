@@ -1,0 +1,409 @@
+"""``plan(world, settings)``: the whole contract (sections 1-7, 9) as one pure function.
+
+Each rule lives in its own module; this one only joins them in the order the rules
+depend on each other: who counts and needs what, then selectors, then the shape of each
+object, then the writes that bring the live objects there, in a coverage-safe order.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+from shared_svc.reconcile.conflicts import Resolution, conflict_reports, cr_event_ref
+from shared_svc.reconcile.diff import (
+    Desired,
+    action_for_desired,
+    action_for_unneeded,
+    order_actions,
+)
+from shared_svc.reconcile.model import (
+    Action,
+    K8sObject,
+    ManagedKind,
+    ObjectRef,
+    ObjectStatus,
+    Pending,
+    Plan,
+    Report,
+    Settings,
+    SpecError,
+    World,
+)
+from shared_svc.reconcile.monitoring import (
+    ScrapeTarget,
+    duplicate_scrape_targets,
+    monitor_settings,
+    scrape_value,
+    service_monitor_body,
+)
+from shared_svc.reconcile.names import (
+    EXPORTER,
+    EXPORTER_DRA,
+    SCRAPE_ANNOTATION,
+    SERVICE_API,
+    SERVICE_MONITOR,
+    SERVICE_MONITOR_API,
+    SERVICE_NAMES,
+)
+from shared_svc.reconcile.needs import Needs, ObjectKey, compute_needs, counting_crs
+from shared_svc.reconcile.objects import (
+    annotations_of,
+    in_namespace,
+    labels_of,
+    meta,
+    name_of,
+    note,
+    stable_digest,
+)
+from shared_svc.reconcile.owners import adoptable, is_managed, kept_owner_refs, owner_refs_for
+from shared_svc.reconcile.selectors import (
+    SelectorChoice,
+    Workloads,
+    choose_selector,
+    index_workloads,
+    selects_dra_pods,
+)
+from shared_svc.reconcile.shapes import exporter_settings, service_body
+from shared_svc.reconcile.specs import CRSpec
+
+SERVICE_MONITOR_KEY: ObjectKey = ("ServiceMonitor", SERVICE_MONITOR)
+
+
+def live_objects(world: World, settings: Settings) -> dict[ObjectKey, K8sObject]:
+    """The live objects that carry one of our names, in the operator namespace."""
+    found: dict[ObjectKey, K8sObject] = {}
+    for svc in world.services:
+        if (
+            isinstance(svc, dict)
+            and in_namespace(svc, settings.namespace)
+            and name_of(svc) in SERVICE_NAMES
+        ):
+            found[("Service", name_of(svc))] = svc
+    if settings.service_monitor_served:
+        for sm in world.service_monitors:
+            if (
+                isinstance(sm, dict)
+                and in_namespace(sm, settings.namespace)
+                and name_of(sm) == SERVICE_MONITOR
+            ):
+                found[SERVICE_MONITOR_KEY] = sm
+    return found
+
+
+class _Planner:
+    """Holds the intermediate results of one plan; every method is pure."""
+
+    def __init__(self, world: World, settings: Settings) -> None:
+        self.world = world
+        self.settings = settings
+        self.crs = counting_crs(world)
+        self.live = live_objects(world, settings)
+        self.needs: Needs = compute_needs(self.crs, self.live)
+        self.workloads: Workloads = index_workloads(world, settings.namespace)
+        self.resolutions: list[Resolution] = []
+        self.reports: list[Report] = []
+        self.pending: list[Pending] = []
+        self.notes: list[str] = []
+        self.desired: dict[ObjectKey, Desired] = {}
+        self.choices: dict[str, SelectorChoice] = {}
+
+    def will_manage(self, key: ObjectKey) -> bool:
+        """Needed, and either absent, ours, or ours to adopt."""
+        live = self.live.get(key)
+        return bool(self.needs.needed_by(key)) and (
+            live is None or is_managed(live) or adoptable(live, self.settings.adopt)
+        )
+
+    def spec_errors(self) -> list[SpecError]:
+        errors = []
+        for cr in self.crs:
+            if cr.error is None:
+                continue
+            message = note(
+                f"spec not understood: {cr.error}. Its ownership is kept and its settings are "
+                "ignored until it is fixed"
+            )
+            errors.append(SpecError(cr.kind, cr.name, "InvalidSpec", message))
+            self.reports.append(
+                Report(
+                    "Warning",
+                    "InvalidSpec",
+                    "Reconcile",
+                    cr_event_ref(cr),
+                    message,
+                    key=f"InvalidSpec/{cr.label}/{stable_digest([cr.uid, cr.error])}",
+                )
+            )
+        return errors
+
+    def plan_services(self) -> None:
+        ns = self.settings.namespace
+        for name in SERVICE_NAMES:
+            if self.needs.needed_by(("Service", name)):
+                self.choices[name] = choose_selector(
+                    name, self.needs, self.workloads, self.settings
+                )
+        canonical = self.choices.get(EXPORTER)
+        covers_dra = (
+            canonical is not None
+            and self.will_manage(("Service", EXPORTER))
+            and selects_dra_pods(canonical, self.workloads)
+        )
+        for name, choice in self.choices.items():
+            key: ObjectKey = ("Service", name)
+            needing = self.needs.needed_by(key)
+            if choice.pending is not None:
+                self.pending.append(
+                    Pending(f"Service/{name}", "SelectorMigrationPending", choice.pending)
+                )
+                self.reports.append(
+                    self._service_report(
+                        "Warning",
+                        "SelectorMigrationPending",
+                        name,
+                        choice.pending,
+                        "/".join(f"{k}={v}" for k, v in sorted(choice.selector.items())),
+                    )
+                )
+            if name in (EXPORTER, EXPORTER_DRA):
+                service_type, policy = exporter_settings(name, needing, self.live.get(key))
+                self._collect(service_type, policy)
+                body = service_body(
+                    name,
+                    ns,
+                    choice.selector,
+                    owner_refs_for(needing),
+                    scrape=scrape_value(name, covers_dra),
+                    service_type=service_type.value,
+                    traffic_policy=policy.value,
+                )
+            else:
+                body = service_body(name, ns, choice.selector, owner_refs_for(needing))
+            self.desired[key] = Desired("Service", name, body)
+
+    def plan_service_monitor(self) -> None:
+        needing = self.needs.needed_by(SERVICE_MONITOR_KEY)
+        scraped = [
+            name
+            for name in (EXPORTER, EXPORTER_DRA)
+            if ("Service", name) in self.desired
+            and self.will_manage(("Service", name))
+            and annotations_of(self.desired[("Service", name)].body).get(SCRAPE_ANNOTATION)
+            == "true"
+        ]
+        if not needing:
+            return
+        if not self.settings.service_monitor_served:
+            who = ", ".join(cr.label for cr in needing)
+            self.notes.append(
+                f"ServiceMonitor {SERVICE_MONITOR} skipped: {SERVICE_MONITOR_API} ServiceMonitor is not "
+                f"served by the cluster (needed by {who})"
+            )
+            return
+        settings = monitor_settings(needing, self.live.get(SERVICE_MONITOR_KEY))
+        self._collect(*settings.resolutions)
+        self.reports.extend(settings.reports)
+        body = service_monitor_body(
+            self.settings.namespace, scraped, settings, owner_refs_for(needing)
+        )
+        self.desired[SERVICE_MONITOR_KEY] = Desired("ServiceMonitor", SERVICE_MONITOR, body)
+
+    def check_duplicate_scrapes(self) -> None:
+        if not self.settings.service_monitor_served:
+            return
+        targets = []
+        for name in (EXPORTER, EXPORTER_DRA):
+            key: ObjectKey = ("Service", name)
+            if key in self.desired and self.will_manage(key):
+                body = self.desired[key].body
+                targets.append(
+                    ScrapeTarget(name, labels_of(body), annotations_of(body).get(SCRAPE_ANNOTATION))
+                )
+            elif key in self.live and not (is_managed(self.live[key]) and key not in self.desired):
+                live = self.live[key]
+                targets.append(
+                    ScrapeTarget(name, labels_of(live), annotations_of(live).get(SCRAPE_ANNOTATION))
+                )
+        ours = self.desired.get(SERVICE_MONITOR_KEY)
+        ours_selects: frozenset[str] = frozenset()
+        if ours is not None and self.will_manage(SERVICE_MONITOR_KEY):
+            ours_selects = frozenset(ours.body["spec"]["selector"]["matchExpressions"][0]["values"])
+        adopted = self.will_manage(SERVICE_MONITOR_KEY)
+        monitors = [
+            sm
+            for sm in self.world.service_monitors
+            if isinstance(sm, dict)
+            and in_namespace(sm, self.settings.namespace)
+            and not is_managed(sm)
+            and not (adopted and name_of(sm) == SERVICE_MONITOR)
+        ]
+        pending, reports = duplicate_scrape_targets(
+            monitors, targets, ours_selects, self.settings.namespace
+        )
+        self.pending.extend(pending)
+        self.reports.extend(reports)
+
+    def _collect(self, *resolutions: Resolution) -> None:
+        for resolution in resolutions:
+            if resolution.conflict is not None:
+                self.resolutions.append(resolution)
+                self.reports.extend(conflict_reports(resolution))
+
+    def _service_report(
+        self, type_: str, reason: str, name: str, text: str, identity: str
+    ) -> Report:
+        live = self.live.get(("Service", name))
+        uid = meta(live).get("uid") if live is not None else None
+        return Report(
+            "Warning" if type_ == "Warning" else "Normal",
+            reason,
+            "Reconcile",
+            ObjectRef(SERVICE_API, "Service", name, self.settings.namespace, uid or None),
+            note(text),
+            key=f"{reason}/Service/{name}/{identity}",
+        )
+
+    def actions(self) -> list[tuple[Action, K8sObject | None]]:
+        pairs: list[tuple[Action, K8sObject | None]] = []
+        for key, desired in self.desired.items():
+            live = self.live.get(key)
+            action = action_for_desired(desired, live, self.settings.adopt)
+            pairs.append((action, live))
+            if action.action == "skip":
+                message = (
+                    f"{desired.kind} {desired.name} exists but is not managed by shared-svc and "
+                    + (
+                        "has owners other than ClusterPolicy/GPUCluster"
+                        if self.settings.adopt
+                        else "adoption is disabled"
+                    )
+                    + "; left untouched"
+                )
+                self.pending.append(
+                    Pending(f"{desired.kind}/{desired.name}", action.reason, message)
+                )
+                self.reports.append(
+                    self._object_report("Warning", action, live, message, "Reconcile")
+                )
+        for key, live in self.live.items():
+            if key in self.desired:
+                continue
+            kind: ManagedKind = "Service" if key[0] == "Service" else "ServiceMonitor"
+            unneeded = action_for_unneeded(kind, key[1], live)
+            if unneeded is not None:
+                pairs.append((unneeded, live))
+        for action, live in pairs:
+            self._announce(action, live)
+        return pairs
+
+    def _announce(self, action: Action, live: K8sObject | None) -> None:
+        """Normal reports for the writes worth an Event; sent after the write succeeds."""
+        verbs = {
+            "Created": "Create",
+            "Adopted": "Adopt",
+            "Deleted": "Delete",
+            "SelectorMigrated": "MigrateSelector",
+        }
+        verb = next((v for suffix, v in verbs.items() if action.reason.endswith(suffix)), None)
+        if verb is None or action.action in ("skip", "unchanged"):
+            return
+        if action.reason == "SelectorMigrated" and live is not None and action.apply is not None:
+            old, new = live.get("spec", {}).get("selector"), action.apply["spec"]["selector"]
+            text = f"Service {action.name}: selector {_selector_text(old)} -> {_selector_text(new)}"
+        else:
+            text = f"{action.kind} {action.name}: {action.reason}"
+            if action.apply is not None:
+                owners = ", ".join(
+                    f"{r['kind']}/{r['name']}" for r in action.apply["metadata"]["ownerReferences"]
+                )
+                text += f" (owners: {owners or 'none'})"
+        self.reports.append(self._object_report("Normal", action, live, text, verb))
+
+    def _object_report(
+        self, type_: str, action: Action, live: K8sObject | None, text: str, verb: str
+    ) -> Report:
+        uid = meta(live).get("uid") if live is not None else None
+        api = SERVICE_API if action.kind == "Service" else SERVICE_MONITOR_API
+        identity = stable_digest([uid, action.apply, action.json_patch])
+        return Report(
+            "Warning" if type_ == "Warning" else "Normal",
+            action.reason,
+            verb,
+            ObjectRef(api, action.kind, action.name, self.settings.namespace, uid or None),
+            note(text),
+            key=f"{action.reason}/{action.kind}/{action.name}/{identity}",
+            after_write=(action.kind, action.name) if type_ == "Normal" else None,
+        )
+
+    def manifest(self, desired: Desired) -> K8sObject:
+        """What the object will be: our intent plus the foreign references that are kept."""
+        body = copy.deepcopy(desired.body)
+        body["metadata"]["ownerReferences"] = kept_owner_refs(
+            self.live.get((desired.kind, desired.name)), desired.owners
+        )
+        return body
+
+    def status(self) -> tuple[ObjectStatus, ...]:
+        keys = set(self.needs.by_object) | {k for k, v in self.live.items() if is_managed(v)}
+        out = []
+        for kind, name in sorted(keys):
+            needed_by = tuple(cr.label for cr in self.needs.needed_by((kind, name)))
+            choice = self.choices.get(name) if kind == "Service" else None
+            out.append(
+                ObjectStatus(
+                    "Service" if kind == "Service" else "ServiceMonitor",
+                    name,
+                    needed_by,
+                    selector=dict(choice.selector) if choice else None,
+                    gates=choice.gates if choice else (),
+                )
+            )
+        return tuple(out)
+
+
+def _selector_text(selector: object) -> str:
+    if not isinstance(selector, Mapping):
+        return "(none)"
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def plan(world: World, settings: Settings) -> Plan:
+    """Desired Services and ServiceMonitor, the writes to get there, and what to report."""
+    planner = _Planner(world, settings)
+    errors = planner.spec_errors()
+    planner.plan_services()
+    planner.plan_service_monitor()
+    planner.check_duplicate_scrapes()
+    pairs = planner.actions()
+    ordered = order_actions(pairs)
+    objects = sorted(
+        (planner.manifest(d) for d in planner.desired.values() if _kept(d, ordered)),
+        key=lambda o: (o["kind"], o["metadata"]["name"]),
+    )
+    conflicts = sorted(
+        (r.conflict for r in planner.resolutions if r.conflict is not None),
+        key=lambda c: (c.object, c.field),
+    )
+    return Plan(
+        objects=tuple(objects),
+        actions=ordered,
+        conflicts=tuple(conflicts),
+        pending=tuple(sorted(planner.pending, key=lambda p: (p.object, p.reason))),
+        errors=tuple(errors),
+        reports=tuple(sorted(planner.reports, key=lambda r: r.key)),
+        status=planner.status(),
+        notes=tuple(planner.notes),
+    )
+
+
+def _kept(desired: Desired, actions: tuple[Action, ...]) -> bool:
+    return any(
+        a.kind == desired.kind
+        and a.name == desired.name
+        and a.action in ("create", "update", "unchanged")
+        for a in actions
+    )
+
+
+__all__ = ["CRSpec", "live_objects", "plan"]

@@ -1,0 +1,187 @@
+"""``shared-svc plan``: input handling, output contract, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared_svc.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+CP = {
+    "apiVersion": "nvidia.com/v1",
+    "kind": "ClusterPolicy",
+    "metadata": {
+        "name": "cluster-policy",
+        "uid": "u1",
+        "creationTimestamp": "2025-01-01T00:00:00Z",
+    },
+    "spec": {},
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_json_output_has_exactly_the_contract_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "-f", write(tmp_path, "cp.json", json.dumps(CP)), "-o", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert sorted(data) == ["actions", "conflicts", "errors", "objects", "pending"]
+    assert data["actions"][0] == {
+        "action": "create",
+        "kind": "Service",
+        "name": "nvidia-dcgm",
+        "reason": "ServiceCreated",
+    }
+    assert [o["metadata"]["name"] for o in data["objects"]] == [
+        "nvidia-dcgm",
+        "nvidia-dcgm-exporter",
+    ]
+
+
+def test_yaml_is_the_default_and_lists_are_flattened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = {"apiVersion": "v1", "kind": "ClusterPolicyList", "items": [CP]}
+    code, out, _ = run(capsys, "-f", write(tmp_path, "l.yaml", yaml.safe_dump(doc)))
+    assert code == 0
+    assert len(yaml.safe_load(out)["objects"]) == 2
+
+
+def test_stdin_and_several_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gc = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster", "uid": "u2"},
+        "spec": {"dcgm": {"enabled": True}},
+    }
+    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(gc)))
+    code, out, _ = run(
+        capsys, "-f", "-", "-f", write(tmp_path, "cp.yaml", yaml.safe_dump(CP)), "-o", "json"
+    )
+    assert code == 0
+    names = [o["metadata"]["name"] for o in json.loads(out)["objects"]]
+    assert names == ["nvidia-dcgm", "nvidia-dcgm-dra", "nvidia-dcgm-exporter"]
+
+
+def _svc(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "nvidia-dcgm-dra",
+            "namespace": namespace,
+            "uid": "s1",
+            "resourceVersion": "3",
+            "labels": {"app.kubernetes.io/managed-by": "shared-svc"},
+        },
+        "spec": {"selector": {"app": "nvidia-dcgm-dra"}},
+    }
+
+
+def test_namespace_filter_and_delete_preconditions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        "s.yaml",
+        yaml.safe_dump_all([_svc("other"), {"kind": "ConfigMap", "metadata": {"name": "x"}}]),
+    )
+    assert json.loads(run(capsys, "-f", path, "-o", "json")[1])["actions"] == []
+    _, out, _ = run(capsys, "-f", path, "--namespace", "other", "-o", "json")
+    assert json.loads(out)["actions"] == [
+        {
+            "action": "delete",
+            "kind": "Service",
+            "name": "nvidia-dcgm-dra",
+            "reason": "ServiceDeleted",
+            "preconditions": {"uid": "s1", "resourceVersion": "3"},
+        }
+    ]
+
+
+def test_flags_no_adopt_and_selector_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "nvidia-dcgm", "namespace": "gpu-operator"},
+        "spec": {},
+    }
+    path = write(tmp_path, "a.yaml", yaml.safe_dump_all([CP, live]))
+    data = json.loads(
+        run(capsys, "-f", path, "--no-adopt", "--selector-mode", "app", "-o", "json")[1]
+    )
+    assert data["pending"][0]["reason"] == "ServiceNotAdopted"
+    assert {
+        "action": "skip",
+        "kind": "Service",
+        "name": "nvidia-dcgm",
+        "reason": "ServiceNotAdopted",
+    } in data["actions"]
+
+
+def test_invalid_spec_is_an_error_entry_not_an_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "bad.yaml", yaml.safe_dump({**CP, "spec": 5}))
+    code, out, _ = run(capsys, "-f", path, "-o", "json")
+    assert code == 0
+    [error] = json.loads(out)["errors"]
+    assert (error["kind"], error["name"], error["reason"]) == (
+        "ClusterPolicy",
+        "cluster-policy",
+        "InvalidSpec",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("a: [1, 2", "invalid YAML"),
+        ("- 1\n- 2\n", "is not a mapping"),
+        ("kind: Service\nmetadata: {}\n", "without metadata.name"),
+        ("metadata: {name: x}\n", "without kind"),
+        ("kind: List\nitems: [5]\n", "not a mapping"),
+    ],
+)
+def test_unreadable_input_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, fragment: str
+) -> None:
+    code, out, err = run(capsys, "-f", write(tmp_path, "x.yaml", text))
+    assert code == 2 and out == ""
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "-f", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "cannot read" in err
+
+
+def test_output_is_deterministic_whatever_the_document_order(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    docs = yaml.safe_load((EXAMPLES / "migration-gate-closed.yaml").read_text())["items"]
+    forward = write(tmp_path, "f.yaml", yaml.safe_dump_all(docs))
+    backward = write(tmp_path, "b.yaml", yaml.safe_dump_all(list(reversed(docs))))
+    assert run(capsys, "-f", forward)[1] == run(capsys, "-f", backward)[1]
