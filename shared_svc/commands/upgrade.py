@@ -1,0 +1,306 @@
+"""``shared-svc upgrade``: opt DaemonSets in to parking, and show upgrading nodes.
+
+``prepare-daemonset NAMESPACE/NAME`` adds the required node affinity term
+``nvidia.com/<driver>-driver-upgrade.parked DoesNotExist`` to the DaemonSet's pod
+template once (to every required term: they are ORed), shows the change as a unified
+diff and writes it (``--dry-run``: asks the API server to validate it, writes nothing).
+It is the only change to a DaemonSet this tool ever makes, and it causes one rollout.
+
+``status`` prints each upgrading (or still parked) node: its state, what the controller
+freed there (from its record annotation) and what still holds the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from shared_svc.errors import UsageError
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_PROTECTED_KEY_PREFIX = "nvidia.com/gpu.deploy."
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "upgrade",
+        help="driver-upgrade consumers: opt a DaemonSet in to parking; show upgrading nodes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="upgrade_command", metavar="SUBCOMMAND")
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+    prepare = commands.add_parser(
+        "prepare-daemonset",
+        help="add the parked-label node affinity to a DaemonSet (once)",
+        description="Add the required node affinity term '<parked label> DoesNotExist' to a DaemonSet's pod template.",
+    )
+    prepare.add_argument("target", metavar="NAMESPACE/NAME", help="the DaemonSet")
+    prepare.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the diff and validate it server-side; write nothing",
+    )
+    _common(prepare)
+    prepare.set_defaults(handler=prepare_daemonset)
+
+    status = commands.add_parser(
+        "status", help="upgrading nodes: state, what was freed, what still blocks"
+    )
+    status.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="default: text"
+    )
+    _common(status)
+    status.set_defaults(handler=show_status)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)",
+    )
+    parser.add_argument(
+        "--driver-name",
+        metavar="NAME",
+        help="driver name of the upgrade labels (default: $SHARED_SVC_UPGRADE_DRIVER_NAME or gpu)",
+    )
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """The service's Config (environment included), with --kubeconfig/--driver-name on top."""
+    from pydantic import ValidationError
+
+    from shared_svc.config import Config
+
+    overrides: dict[str, Any] = {}
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
+    if not kubeconfig and (Path.home() / ".kube" / "config").exists():
+        kubeconfig = str(Path.home() / ".kube" / "config")
+    if kubeconfig:
+        overrides["kubeconfig"] = kubeconfig
+    if args.driver_name:
+        overrides["upgrade_driver_name"] = args.driver_name
+    try:
+        return Config(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise UsageError(f"invalid setting {where}: {first.get('msg')}") from None
+
+
+def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> T:
+    """Connect, run ``body(api, config)``, close; API trouble becomes one line, not a traceback."""
+    from aiohttp import ClientError
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.service import make_api_client
+
+    config = _config(args)
+
+    async def main() -> T:
+        api = await make_api_client(config)
+        try:
+            return await body(api, config)
+        finally:
+            await api.close()
+
+    try:
+        return asyncio.run(main())
+    except ApiException as exc:
+        raise UsageError(f"the API server refused: {exc.status} {_api_message(exc)}") from None
+    except (TimeoutError, ClientError, OSError) as exc:
+        raise UsageError(f"cannot reach the API server: {exc or type(exc).__name__}") from None
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body).get("message") or exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+# --- prepare-daemonset ---
+
+
+def parse_target(text: str) -> tuple[str, str]:
+    namespace, sep, name = text.partition("/")
+    if (
+        not sep
+        or not _NAME.match(namespace)
+        or not _NAME.match(name)
+        or len(namespace) > 63
+        or len(name) > 253
+    ):
+        raise UsageError(f"expected NAMESPACE/NAME of a DaemonSet, got {text!r}")
+    return namespace, name
+
+
+def _shown(daemonset: dict[str, Any]) -> str:
+    """The DaemonSet as a user reads it: no status, managed fields or server bookkeeping."""
+    meta = {
+        k: v
+        for k, v in daemonset.get("metadata", {}).items()
+        if k not in ("managedFields", "resourceVersion", "generation", "uid", "creationTimestamp")
+    }
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta,
+        "spec": daemonset.get("spec", {}),
+    }
+    return yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
+
+
+def diff_text(before: dict[str, Any], after: dict[str, Any], label: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            _shown(before).splitlines(keepends=True),
+            _shown(after).splitlines(keepends=True),
+            fromfile=f"{label} (live)",
+            tofile=f"{label} (prepared)",
+        )
+    )
+
+
+def prepare_daemonset(args: argparse.Namespace) -> int:
+    namespace, name = parse_target(args.target)
+
+    async def body(api: Any, config: Any) -> int:
+        from shared_svc.kube import upgrade_io
+        from shared_svc.upgrade.daemonsets import (
+            classify_daemonset,
+            parked_label_key,
+            with_parked_requirement,
+        )
+
+        if namespace == config.namespace:
+            raise UsageError(
+                f"{namespace} is the operator namespace: its DaemonSets are gpu-operator operands, never touched"
+            )
+        live = await upgrade_io.read_daemonset(api, namespace, name)
+        if live is None:
+            raise UsageError(f"DaemonSet {namespace}/{name} not found")
+        selector = (
+            live.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
+        )
+        operand_keys = sorted(
+            k
+            for k in selector
+            if k.startswith(_PROTECTED_KEY_PREFIX) and k != "nvidia.com/gpu.deploy.client"
+        )
+        if operand_keys:
+            raise UsageError(
+                f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_keys[0]}); not touched"
+            )
+        key = parked_label_key(config.upgrade_driver_name)
+        if classify_daemonset(live, key) == "declared":
+            print(
+                f"DaemonSet {namespace}/{name} already requires {key} DoesNotExist: nothing to do"
+            )
+            return 0
+        prepared = with_parked_requirement(live, key)
+        sys.stdout.write(diff_text(live, prepared, f"daemonset/{namespace}/{name}"))
+        required = prepared["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        await upgrade_io.patch_daemonset_required_affinity(
+            api, live, required, dry_run=args.dry_run
+        )
+        if args.dry_run:
+            print(
+                f"dry run: the API server accepted the change; DaemonSet {namespace}/{name} not changed"
+            )
+        else:
+            print(
+                f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key} (one rollout now)"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+# --- status ---
+
+
+async def gather_status(api: Any, config: Any, now: float) -> list[dict[str, Any]]:
+    """Plan every upgrading or parked node (without writing) and return its status."""
+    from shared_svc.kube import upgrade_io
+    from shared_svc.upgrade.planner import plan_node
+    from shared_svc.upgrade.settings import UpgradeSettings
+
+    settings = UpgradeSettings.from_config(config)
+    nodes: dict[str, Any] = {}
+    for resource in upgrade_io.node_resources(settings.driver_name):
+        assert resource.label_selector is not None
+        for node in await upgrade_io.list_nodes(api, resource.label_selector):
+            nodes[node["metadata"]["name"]] = node
+    daemonsets = await upgrade_io.list_daemonsets(api)
+    out = []
+    for name in sorted(nodes):
+        pods = await upgrade_io.pods_on_node(api, name)
+        out.append(plan_node(nodes[name], pods, daemonsets, settings, now).status.as_dict())
+    return out
+
+
+def _text(statuses: list[dict[str, Any]]) -> str:
+    if not statuses:
+        return "no node is upgrading or parked\n"
+    lines = []
+    for s in statuses:
+        lines.append(
+            f"{s['node']}: {s['state'] if s['state'] is not None else '(no state label)'} -> {s['phase']}"
+        )
+        if s["since"]:
+            parked = (
+                "set by shared-svc"
+                if s["parked_by_us"]
+                else ("present, not ours" if s["parked_label"] else "absent")
+            )
+            lines.append(
+                f"  since {s['since']}; parked label {parked}; freed at {s['freed_at'] or '-'}"
+            )
+        for title, key in (
+            ("evicted", "evicted"),
+            ("still on the node", "pending"),
+            ("eviction refused past the timeout", "blocked"),
+            ("declared DaemonSet pods still on the node", "daemonset_pods"),
+            ("detected, not declared (left running)", "detected"),
+            ("left to gpu-operator (gpu.deploy.client)", "operator_hook_pods"),
+            ("DaemonSets only partly declared", "partial_daemonsets"),
+        ):
+            if s[key]:
+                lines.append(f"  {title}: {', '.join(s[key])}")
+        if s["record_error"]:
+            lines.append(f"  record annotation unreadable: {s['record_error']}")
+    return "\n".join(lines) + "\n"
+
+
+def show_status(args: argparse.Namespace) -> int:
+    async def body(api: Any, config: Any) -> list[dict[str, Any]]:
+        return await gather_status(api, config, time.time())
+
+    statuses = _run(args, body)
+    sys.stdout.write(
+        json.dumps(statuses, indent=2) + "\n" if args.output == "json" else _text(statuses)
+    )
+    return 0

@@ -1,0 +1,237 @@
+"""API access of the driver-upgrade controller and its commands.
+
+The only code of ``shared_svc.upgrade`` that talks to the API server: caches of the
+upgrading nodes and of DaemonSets (``kube.cache.Informer``), pods of one node by field
+selector, evictions (``policy/v1``), deletes with a uid precondition, and node merge
+patches that touch only our own label and annotation keys, guarded by resourceVersion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Literal
+from urllib.parse import quote
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.kube.cache import Informer, Resource, gather_until
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.reconcile.model import K8sObject
+from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
+from shared_svc.upgrade.record import record_annotation_key
+from shared_svc.upgrade.states import state_label_key
+
+EvictOutcome = Literal["evicted", "blocked", "gone"]
+FIELD_MANAGER = "shared-svc-upgrade"
+
+
+class ForeignKeyError(ValueError):
+    """A node patch that would touch a key that is not ours (a bug: never sent)."""
+
+
+def check_own_keys(patch: NodePatch, driver_name: str) -> None:
+    """Defence in depth for the contract's "never writes the upgrade-state label ..."."""
+    labels = {key for key, _ in patch.labels}
+    annotations = {key for key, _ in patch.annotations}
+    if labels - {parked_label_key(driver_name)} or annotations - {
+        record_annotation_key(driver_name)
+    }:
+        raise ForeignKeyError(
+            f"refusing to patch keys that are not ours: {sorted(labels | annotations)}"
+        )
+
+
+def node_resources(driver_name: str) -> tuple[Resource, Resource]:
+    """Nodes in an upgrade (state label exists) and nodes we may have parked."""
+    return (
+        Resource("", "v1", "nodes", "Node", label_selector=state_label_key(driver_name)),
+        Resource("", "v1", "nodes", "Node", label_selector=parked_label_key(driver_name)),
+    )
+
+
+DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+
+
+def daemonset_path(namespace: str, name: str) -> str:
+    return f"/apis/apps/v1/namespaces/{quote(namespace)}/daemonsets/{quote(name)}"
+
+
+async def get_node(api: ApiClient, name: str) -> K8sObject | None:
+    try:
+        node: K8sObject = await raw_request(api, "GET", f"/api/v1/nodes/{quote(name)}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return node
+
+
+async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
+    data = await raw_request(api, "GET", "/api/v1/nodes", query=[("labelSelector", label_selector)])
+    return list(data.get("items") or [])
+
+
+async def pods_on_node(api: ApiClient, node: str) -> list[K8sObject]:
+    data = await raw_request(
+        api, "GET", "/api/v1/pods", query=[("fieldSelector", f"spec.nodeName={node}")]
+    )
+    return list(data.get("items") or [])
+
+
+async def list_daemonsets(api: ApiClient) -> list[K8sObject]:
+    data = await raw_request(api, "GET", "/apis/apps/v1/daemonsets")
+    return list(data.get("items") or [])
+
+
+async def read_daemonset(api: ApiClient, namespace: str, name: str) -> K8sObject | None:
+    try:
+        ds: K8sObject = await raw_request(api, "GET", daemonset_path(namespace, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return ds
+
+
+async def patch_daemonset_required_affinity(
+    api: ApiClient, daemonset: K8sObject, required: dict[str, Any], *, dry_run: bool
+) -> K8sObject:
+    """Replace only the template's required node affinity, guarded by resourceVersion."""
+    meta = daemonset["metadata"]
+    body = {
+        "metadata": {"resourceVersion": meta["resourceVersion"]},
+        "spec": {
+            "template": {
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+                    }
+                }
+            }
+        },
+    }
+    query = [("fieldManager", FIELD_MANAGER)] + ([("dryRun", "All")] if dry_run else [])
+    result: K8sObject = await raw_request(
+        api,
+        "PATCH",
+        daemonset_path(meta["namespace"], meta["name"]),
+        body=body,
+        content_type=MERGE_PATCH,
+        query=query,
+    )
+    return result
+
+
+class KubeUpgradeIO:
+    """What the controller reads and writes; a fake with the same methods runs the benchmark."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        driver_name: str,
+        *,
+        on_change: Callable[[], None],
+        resync_seconds: float = 120.0,
+    ) -> None:
+        self._api = api
+        self._driver = driver_name
+        state_nodes, parked_nodes = node_resources(driver_name)
+        self._node_informers = tuple(
+            Informer(api, resource, on_change=on_change, resync_seconds=resync_seconds)
+            for resource in (state_nodes, parked_nodes)
+        )
+        self._on_change = on_change
+        self._daemonsets = Informer(
+            api, DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
+        )
+        self._ds_snapshot: tuple[K8sObject, ...] | None = None
+
+    @property
+    def _informers(self) -> tuple[Informer, ...]:
+        return (*self._node_informers, self._daemonsets)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await gather_until(stop, [informer.run(stop) for informer in self._informers])
+
+    def synced(self) -> bool:
+        return all(informer.synced.is_set() for informer in self._informers)
+
+    def node_versions(self) -> dict[str, str]:
+        """Name -> resourceVersion of every node that is upgrading or parked."""
+        versions: dict[str, str] = {}
+        for informer in self._node_informers:
+            for node in informer.items():
+                meta = node.get("metadata", {})
+                versions[meta.get("name", "")] = meta.get("resourceVersion", "")
+        return versions
+
+    def _daemonsets_changed(self) -> None:
+        self._ds_snapshot = None
+        self._on_change()
+
+    def daemonset_objects(self) -> tuple[K8sObject, ...]:
+        """The same tuple until the DaemonSets change (the controller keys its index on it)."""
+        if self._ds_snapshot is None:
+            self._ds_snapshot = self._daemonsets.items()
+        return self._ds_snapshot
+
+    async def get_node(self, name: str) -> K8sObject | None:
+        return await get_node(self._api, name)
+
+    async def pods_on_node(self, name: str) -> list[K8sObject]:
+        return await pods_on_node(self._api, name)
+
+    async def patch_node(self, patch: NodePatch) -> None:
+        check_own_keys(patch, self._driver)
+        try:
+            await raw_request(
+                self._api,
+                "PATCH",
+                f"/api/v1/nodes/{quote(patch.node)}",
+                body=patch.body(),
+                content_type=MERGE_PATCH,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise NodeChanged(patch.node) from exc
+            raise
+
+    async def evict(self, action: PodAction) -> EvictOutcome:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": action.name, "namespace": action.namespace},
+            "deleteOptions": {"preconditions": {"uid": action.uid}},
+        }
+        try:
+            # The endpoint of CoreV1Api.create_namespaced_pod_eviction, with a raw body.
+            await raw_request(
+                self._api, "POST", _pod_path(action.namespace, action.name) + "/eviction", body=body
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                return "blocked"  # a PodDisruptionBudget says no (for now)
+            if exc.status in (404, 409):
+                return "gone"  # gone, or a successor with another uid: not ours to evict
+            raise
+        return "evicted"
+
+    async def delete_pod(self, action: PodAction) -> EvictOutcome:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": action.uid}}
+        try:
+            await raw_request(
+                self._api, "DELETE", _pod_path(action.namespace, action.name), body=body
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return "gone"
+            raise
+        return "evicted"

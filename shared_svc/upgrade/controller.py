@@ -1,0 +1,383 @@
+"""The driver-upgrade loop: per node, on each change and on a periodic resync,
+read node + pods -> ``plan_node`` -> writes -> Events.
+
+Nodes are independent: a work queue hands each node to one worker at a time (several
+nodes at once), a change that arrives while a node is being handled runs it once more
+afterwards, failures are retried per node with capped exponential backoff, and nothing
+escapes the loop. Only the leader writes; a follower (or dry-run) plans and reports
+status only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from shared_svc.config import Config
+from shared_svc.reconcile.model import K8sObject, Report
+from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
+from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
+from shared_svc.upgrade.planner import (
+    NodeChanged,
+    NodePatch,
+    NodePlan,
+    NodeStatus,
+    PodAction,
+    plan_node,
+)
+from shared_svc.upgrade.settings import UpgradeSettings
+
+log = logging.getLogger(__name__)
+
+# How long a node waits before its next try after a failure, at most (seconds).
+CONFLICT_RETRY_SECONDS = 0.05
+
+
+class Recorder(Protocol):
+    async def emit(self, report: Report) -> None: ...
+
+
+class UpgradeIO(Protocol):
+    """What ``shared_svc.kube.upgrade_io.KubeUpgradeIO`` provides (a fake runs the benchmark)."""
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+    def synced(self) -> bool: ...
+    def node_versions(self) -> dict[str, str]: ...
+    def daemonset_objects(self) -> tuple[K8sObject, ...]: ...
+    async def get_node(self, name: str) -> K8sObject | None: ...
+    async def pods_on_node(self, name: str) -> list[K8sObject]: ...
+    async def patch_node(self, patch: NodePatch) -> None: ...
+    async def evict(self, action: PodAction) -> str: ...
+    async def delete_pod(self, action: PodAction) -> str: ...
+
+
+class NodeQueue:
+    """A de-duplicating work queue of node names (controller-runtime's semantics)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()
+        self._dirty: set[str] = set()
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def add(self, name: str) -> None:
+        if name in self._active:
+            self._dirty.add(name)
+        elif name not in self._queued:
+            self._queued.add(name)
+            self._queue.put_nowait(name)
+
+    def add_after(self, name: str, delay: float) -> None:
+        """Add later; a pending earlier timer for the same node wins."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(0.0, delay)
+        current = self._timers.get(name)
+        if current is not None and current[0] <= due:
+            return
+        if current is not None:
+            current[1].cancel()
+        self._timers[name] = (due, loop.call_at(due, self._fire, name))
+
+    def _fire(self, name: str) -> None:
+        self._timers.pop(name, None)
+        self.add(name)
+
+    async def get(self) -> str:
+        name = await self._queue.get()
+        self._queued.discard(name)
+        self._active.add(name)
+        return name
+
+    def done(self, name: str) -> None:
+        self._active.discard(name)
+        if name in self._dirty:
+            self._dirty.discard(name)
+            self.add(name)
+
+    def close(self) -> None:
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+
+class UpgradeController:
+    """Started by the service runner when ``upgrade_controller`` is on."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        config: Config,
+        recorder: Recorder,
+        *,
+        is_leader: Callable[[], bool] | None = None,
+        registry: CollectorRegistry | None = None,
+        io: UpgradeIO | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = UpgradeSettings.from_config(config)
+        self._config = config
+        self._recorder = recorder
+        self._is_leader = is_leader or (lambda: True)
+        self._clock = clock
+        self.metrics = UpgradeMetrics(registry)
+        self._queue = NodeQueue()
+        self._changed = asyncio.Event()
+        if io is None:
+            from shared_svc.kube.upgrade_io import KubeUpgradeIO
+
+            io = KubeUpgradeIO(
+                api_client,
+                self.settings.driver_name,
+                on_change=self._changed.set,
+                resync_seconds=config.upgrade_resync_seconds,
+            )
+        self._io = io
+        self._seen: dict[str, str] = {}
+        self._statuses: dict[str, NodeStatus] = {}
+        self._errors: dict[str, str] = {}
+        self._failures: Counter[str] = Counter()
+        self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
+        self.reconciles = 0
+        self.heartbeat = time.monotonic()  # the runner's liveness check reads it
+        self._ds_snapshot: tuple[K8sObject, ...] | None = None
+        self._ds_index_cache: dict[str, DaemonSetRef] = {}
+
+    # --- the public face for the runner ---
+
+    def notify(self) -> None:
+        """Something changed (the IO's caches call this): look at the nodes again."""
+        self._changed.set()
+
+    def trigger(self) -> None:
+        """Look at every known node again now (e.g. on becoming leader)."""
+        for name in {*self._seen, *self._statuses}:
+            self._queue.add(name)
+
+    def status(self) -> dict[str, Any]:
+        phases: Counter[str] = Counter(s.phase for s in self._statuses.values())
+        return {
+            "enabled": True,
+            "driver": self.settings.driver_name,
+            "detection": self.settings.detection,
+            "dry_run": self._config.dry_run,
+            "writing": self._writing(),
+            "synced": self._io.synced(),
+            "phases": {phase: phases.get(phase, 0) for phase in PHASES},
+            "nodes": {name: self._statuses[name].as_dict() for name in sorted(self._statuses)},
+            "errors": dict(sorted(self._errors.items())),
+        }
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [
+            asyncio.create_task(self._guard("io", self._io.run, stop)),
+            asyncio.create_task(self._guard("scan", self._scan_loop, stop)),
+            asyncio.create_task(self._guard("resync", self._resync_loop, stop)),
+            asyncio.create_task(self._guard("heartbeat", self._beat_loop, stop)),
+        ]
+        tasks += [
+            asyncio.create_task(self._guard(f"worker-{i}", self._worker, stop))
+            for i in range(self._config.upgrade_workers)
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._queue.close()
+
+    # --- loops ---
+
+    async def _guard(
+        self, name: str, loop: Callable[[asyncio.Event], Any], stop: asyncio.Event
+    ) -> None:
+        """Never crash: a loop that fails is logged and started again after a pause."""
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                await loop(stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("upgrade controller loop failed; restarting it", extra={"loop": name})
+                await _sleep_or_stop(stop, delay)
+                delay = min(delay * 2, self._config.backoff_max_seconds)
+
+    def _writing(self) -> bool:
+        return not self._config.dry_run and self._is_leader()
+
+    async def _scan_loop(self, stop: asyncio.Event) -> None:
+        """Turn cache changes into node names: new or changed resourceVersion, or gone."""
+        while not stop.is_set():
+            await _wait_or_stop(stop, self._changed)
+            self._changed.clear()
+            if not self._io.synced():
+                await _sleep_or_stop(stop, 0.05)
+                self._changed.set()
+                continue
+            versions = self._io.node_versions()
+            for name, version in versions.items():
+                if self._seen.get(name) != version:
+                    self._queue.add(name)
+            for name in set(self._seen) - set(versions):
+                self._queue.add(name)  # label vanished (or node deleted): look once more
+            self._seen = versions
+            self.metrics.queue_depth.set(len(self._queue))
+
+    async def _beat_loop(self, stop: asyncio.Event) -> None:
+        """Liveness and the per-phase gauges (summed here, not on every reconcile: O(nodes))."""
+        while not stop.is_set():
+            self.heartbeat = time.monotonic()
+            self._publish()
+            await _sleep_or_stop(stop, 1.0)
+
+    async def _resync_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await _sleep_or_stop(stop, self._config.upgrade_resync_seconds)
+            self.trigger()
+
+    async def _worker(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            name = await self._queue.get()
+            started = time.perf_counter()
+            try:
+                requeue = await self.reconcile(name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(name, exc)
+            else:
+                self._failures.pop(name, None)
+                self._errors.pop(name, None)
+                self.metrics.reconcile_total.labels(result="ok").inc()
+                if requeue is not None:
+                    self._queue.add_after(name, requeue)
+            finally:
+                self.metrics.reconcile_time.observe(time.perf_counter() - started)
+                self._queue.done(name)
+                self.metrics.queue_depth.set(len(self._queue))
+
+    def _failed(self, name: str, exc: Exception) -> None:
+        if isinstance(exc, NodeChanged):
+            self.metrics.reconcile_total.labels(result="conflict").inc()
+            self._queue.add_after(name, CONFLICT_RETRY_SECONDS)
+            return
+        self._failures[name] += 1
+        n = self._failures[name]
+        delay = min(
+            self._config.backoff_max_seconds, self._config.backoff_base_seconds * 2 ** min(n, 30)
+        )
+        self._errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+        self.metrics.reconcile_total.labels(result="error").inc()
+        log.warning(
+            "upgrade reconcile failed; retrying",
+            extra={"node": name, "error": self._errors[name], "retry_in": round(delay, 3)},
+        )
+        self._queue.add_after(name, delay)
+
+    # --- one node ---
+
+    async def reconcile(self, name: str) -> float | None:
+        """Plan one node and carry the plan out. Returns when to look again, if sooner than a change."""
+        self.reconciles += 1
+        node = await self._io.get_node(name)
+        if node is None:
+            self._statuses.pop(name, None)
+            return None
+        pods = await self._io.pods_on_node(name)
+        objects = self._io.daemonset_objects()
+        plan = plan_node(
+            node, pods, objects, self.settings, now=self._clock(), ds_index=self._ds_index(objects)
+        )
+        self._statuses[name] = plan.status
+        if self._writing():
+            await self._carry_out(plan)
+            for report in plan.reports:
+                await self._recorder.emit(report)
+        else:
+            await self._show(plan)
+        return plan.requeue_after
+
+    def _ds_index(self, objects: tuple[K8sObject, ...]) -> dict[str, DaemonSetRef]:
+        """The DaemonSet index, rebuilt only when the cache hands out a new snapshot."""
+        if self._ds_snapshot is not objects:
+            self._ds_snapshot = objects
+            self._ds_index_cache = index_daemonsets(
+                objects, parked_label_key(self.settings.driver_name)
+            )
+        return self._ds_index_cache
+
+    async def _carry_out(self, plan: NodePlan) -> None:
+        if plan.patch is not None:
+            try:
+                await self._io.patch_node(plan.patch)
+            except NodeChanged:
+                self.metrics.node_patches.labels(outcome="conflict").inc()
+                raise
+            self.metrics.node_patches.labels(outcome="ok").inc()
+            if plan.status.phase in ("restoring", "aborting"):
+                self.metrics.restores.labels(
+                    cause="done" if plan.status.phase == "restoring" else "aborted"
+                ).inc()
+        for action in plan.pod_actions:
+            if action.verb == "evict":
+                outcome = await self._io.evict(action)
+                self.metrics.evictions.labels(outcome=outcome).inc()
+            else:
+                outcome = await self._io.delete_pod(action)
+                self.metrics.deletions.inc()
+            log.info(
+                "GPU consumer %s: %s",
+                action.verb,
+                outcome,
+                extra={"node": plan.node, "pod": action.key, "why": action.why},
+            )
+
+    async def _show(self, plan: NodePlan) -> None:
+        """Dry-run or follower: say once what would be written, and (dry-run) report it."""
+        for write in plan.writes:
+            what = (
+                f"{write.verb} pod {write.key}"
+                if isinstance(write, PodAction)
+                else f"patch node {write.body()}"
+            )
+            log.info("would %s", what, extra={"node": plan.node, "dry_run": self._config.dry_run})
+        if not self._config.dry_run:
+            return
+        for report in plan.reports:
+            if report.key not in self._dry_reported:
+                self._dry_reported.add(report.key)
+                await self._recorder.emit(report)
+
+    def _publish(self) -> None:
+        phases: Counter[str] = Counter(s.phase for s in self._statuses.values())
+        for phase in PHASES:
+            self.metrics.nodes.labels(phase=phase).set(phases.get(phase, 0))
+        self.metrics.pending_pods.set(sum(len(s.pending) for s in self._statuses.values()))
+        self.metrics.blocked_pods.set(sum(len(s.blocked) for s in self._statuses.values()))
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def _wait_or_stop(stop: asyncio.Event, event: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(event.wait())]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,137 @@
+"""DaemonSet consumers: parked per node by a label, never by patching the DaemonSet.
+
+A DaemonSet declares itself once (``shared-svc upgrade prepare-daemonset``) by requiring
+node affinity ``<parked label> DoesNotExist`` in its pod template. The DaemonSet
+controller then deletes its pod from a node as soon as the controller labels that node,
+and recreates it when the label goes. DaemonSets on gpu-operator's own hook (nodeSelector
+``nvidia.com/gpu.deploy.client: "true"``) are parked by the driver-manager; this
+controller only verifies and reports them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shared_svc.reconcile.model import K8sObject
+
+DaemonSetKind = Literal["declared", "partial", "operator-hook", "other"]
+
+CLIENT_HOOK_KEY = "nvidia.com/gpu.deploy.client"
+
+
+def parked_label_key(driver_name: str) -> str:
+    """``nvidia.com/gpu-driver-upgrade.parked`` for ``gpu``; the same pattern for others.
+
+    It follows gpu-operator's ``nvidia.com/<driver>-driver-upgrade.skip`` naming, so the
+    network operator's driver ``ofed`` gets ``nvidia.com/ofed-driver-upgrade.parked``.
+    """
+    return f"nvidia.com/{driver_name}-driver-upgrade.parked"
+
+
+def parked_requirement(parked_key: str) -> dict[str, Any]:
+    return {"key": parked_key, "operator": "DoesNotExist"}
+
+
+def _required_terms(template_spec: Mapping[str, Any]) -> list[Any]:
+    required = ((template_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+def _term_has(term: Mapping[str, Any], parked_key: str) -> bool:
+    return any(
+        expr.get("key") == parked_key and expr.get("operator") == "DoesNotExist"
+        for expr in term.get("matchExpressions") or ()
+    )
+
+
+def template_spec(daemonset: K8sObject) -> Mapping[str, Any]:
+    spec: Mapping[str, Any] = daemonset.get("spec", {}).get("template", {}).get("spec", {})
+    return spec
+
+
+def classify_daemonset(daemonset: K8sObject, parked_key: str) -> DaemonSetKind:
+    """declared: every required term (they are ORed) excludes parked nodes.
+
+    partial: some terms do, so the pod may stay on a parked node (reported, not trusted).
+    """
+    spec = template_spec(daemonset)
+    terms = _required_terms(spec)
+    with_key = sum(1 for term in terms if _term_has(term, parked_key))
+    if terms and with_key == len(terms):
+        return "declared"
+    if with_key:
+        return "partial"
+    if (spec.get("nodeSelector") or {}).get(CLIENT_HOOK_KEY) == "true":
+        return "operator-hook"
+    return "other"
+
+
+def with_parked_requirement(daemonset: K8sObject, parked_key: str) -> K8sObject:
+    """A copy whose pod template requires the parked label to be absent (idempotent).
+
+    Required terms are ORed, so the expression is added to every term that lacks it; a
+    template without required node affinity gets one term holding only the expression.
+    """
+    result = copy.deepcopy(daemonset)
+    spec = result.setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = list(required.get("nodeSelectorTerms") or [])
+    if not terms:
+        terms = [{}]
+    new_terms = []
+    for term in terms:
+        term = dict(term)
+        if not _term_has(term, parked_key):
+            term["matchExpressions"] = [
+                *(term.get("matchExpressions") or []),
+                parked_requirement(parked_key),
+            ]
+        new_terms.append(term)
+    required = {**required, "nodeSelectorTerms": new_terms}
+    spec["affinity"] = {
+        **affinity,
+        "nodeAffinity": {
+            **node_affinity,
+            "requiredDuringSchedulingIgnoredDuringExecution": required,
+        },
+    }
+    return result
+
+
+@dataclass(frozen=True)
+class DaemonSetRef:
+    namespace: str
+    name: str
+    uid: str
+    kind: DaemonSetKind
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def index_daemonsets(daemonsets: Iterable[K8sObject], parked_key: str) -> dict[str, DaemonSetRef]:
+    """Consumer-relevant DaemonSets by uid (the key their pods' ownerReferences carry)."""
+    index = {}
+    for ds in daemonsets:
+        kind = classify_daemonset(ds, parked_key)
+        if kind == "other":
+            continue
+        meta = ds.get("metadata", {})
+        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        index[uid] = DaemonSetRef(meta.get("namespace", ""), meta.get("name", ""), uid, kind)
+    return index
+
+
+def owning_daemonset(pod: K8sObject, index: Mapping[str, DaemonSetRef]) -> DaemonSetRef | None:
+    for ref in pod.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("kind") == "DaemonSet" and ref.get("uid") in index:
+            return index[ref["uid"]]
+    return None

@@ -1,0 +1,268 @@
+"""Builders of nodes, pods and DaemonSets shaped as the API server returns them.
+
+For the tests, the property tests and the benchmark: one place that knows the shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from shared_svc.reconcile.model import K8sObject
+from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.planner import NodePatch, PodAction
+from shared_svc.upgrade.states import state_label_key
+
+
+def node(
+    name: str = "node-1",
+    state: str | None = None,
+    *,
+    driver: str = "gpu",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    parked: bool = False,
+    resource_version: str = "1",
+) -> K8sObject:
+    all_labels = dict(labels or {})
+    if state is not None:
+        all_labels[state_label_key(driver)] = state
+    if parked:
+        all_labels[parked_label_key(driver)] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": resource_version,
+            "labels": all_labels,
+            "annotations": dict(annotations or {}),
+        },
+    }
+
+
+def pod(
+    name: str,
+    *,
+    namespace: str = "ml",
+    node_name: str = "node-1",
+    labels: dict[str, str] | None = None,
+    runtime_class: str | None = None,
+    env: dict[str, str] | None = None,
+    host_paths: tuple[str, ...] = (),
+    resources: dict[str, Any] | None = None,
+    node_selector: dict[str, str] | None = None,
+    owner_kind: str | None = None,
+    owner_uid: str | None = None,
+    phase: str = "Running",
+    annotations: dict[str, str] | None = None,
+    resource_claims: bool = False,
+    terminating: bool = False,
+    uid: str | None = None,
+) -> K8sObject:
+    container: dict[str, Any] = {"name": "main", "image": "registry.example/app:1"}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if resources:
+        container["resources"] = resources
+    spec: dict[str, Any] = {"nodeName": node_name, "containers": [container]}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    if host_paths:
+        spec["volumes"] = [
+            {"name": f"v{i}", "hostPath": {"path": p}} for i, p in enumerate(host_paths)
+        ]
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if resource_claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{namespace}-{name}",
+        "labels": dict(labels or {}),
+        "annotations": dict(annotations or {}),
+    }
+    if owner_kind:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": owner_kind,
+                "name": f"{owner_kind.lower()}-x",
+                "uid": owner_uid or "owner",
+                "controller": True,
+            }
+        ]
+    if terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def declared_pod(name: str, **kw: Any) -> K8sObject:
+    labels = {"nvidia.com/gpu-driver-upgrade.consumer": "true", **kw.pop("labels", {})}
+    return pod(name, labels=labels, **kw)
+
+
+def daemonset(
+    name: str,
+    *,
+    namespace: str = "monitoring",
+    declared: bool = False,
+    terms: list[dict[str, Any]] | None = None,
+    node_selector: dict[str, str] | None = None,
+    driver: str = "gpu",
+) -> K8sObject:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.example/exporter:1"}]
+    }
+    all_terms = [dict(t) for t in terms or []]
+    if declared:
+        expr = {"key": parked_label_key(driver), "operator": "DoesNotExist"}
+        all_terms = [
+            {**t, "matchExpressions": [*t.get("matchExpressions", []), expr]} for t in all_terms
+        ] or [{"matchExpressions": [expr]}]
+    if all_terms:
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": all_terms}
+            }
+        }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-ds-{namespace}-{name}",
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }
+
+
+def daemonset_pod(ds: K8sObject, node_name: str = "node-1", **kw: Any) -> K8sObject:
+    meta = ds["metadata"]
+    return pod(
+        f"{meta['name']}-{node_name}",
+        namespace=meta["namespace"],
+        node_name=node_name,
+        owner_kind="DaemonSet",
+        owner_uid=meta["uid"],
+        **kw,
+    )
+
+
+def apply_patch(node_obj: K8sObject, patch: NodePatch) -> K8sObject:
+    """What the API server does with our merge patch (null removes a key)."""
+    result = copy.deepcopy(node_obj)
+    meta = result["metadata"]
+    for field, changes in (("labels", patch.labels), ("annotations", patch.annotations)):
+        target = meta.setdefault(field, {})
+        for key, value in changes:
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+    meta["resourceVersion"] = str(int(meta.get("resourceVersion", "0")) + 1)
+    return result
+
+
+def apply_pod_action(
+    pods: list[K8sObject], action: PodAction, blocked: frozenset[str] = frozenset()
+) -> list[K8sObject]:
+    """An accepted eviction or delete marks the pod terminating (no kubelet finishes it)."""
+    result = []
+    for p in pods:
+        meta = p["metadata"]
+        hit = (
+            meta["namespace"] == action.namespace
+            and meta["name"] == action.name
+            and meta["uid"] == action.uid
+        )
+        if hit and (action.verb == "delete" or action.key not in blocked):
+            p = copy.deepcopy(p)
+            p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        result.append(p)
+    return result
+
+
+class FakeUpgradeIO:
+    """An in-process stand-in for ``KubeUpgradeIO``: nodes, pods and DaemonSets in dicts."""
+
+    def __init__(
+        self,
+        nodes: list[K8sObject],
+        pods: list[K8sObject],
+        daemonsets: Sequence[K8sObject] = (),
+        *,
+        blocked: frozenset[str] = frozenset(),
+    ) -> None:
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self.pods: dict[str, list[K8sObject]] = {}
+        self.node_of: dict[str, str] = {}  # pod key -> node name
+        for p in pods:
+            self.pods.setdefault(p["spec"]["nodeName"], []).append(p)
+            self.node_of[f"{p['metadata']['namespace']}/{p['metadata']['name']}"] = p["spec"][
+                "nodeName"
+            ]
+        self.daemonsets = tuple(daemonsets)
+        self.blocked = blocked
+        self.writes: list[NodePatch | PodAction] = []
+        self.on_change: Callable[[], None] | None = None
+        self.fail_next: list[Exception] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+
+    def synced(self) -> bool:
+        return True
+
+    def node_versions(self) -> dict[str, str]:
+        return {name: n["metadata"]["resourceVersion"] for name, n in self.nodes.items()}
+
+    def daemonset_objects(self) -> tuple[K8sObject, ...]:
+        return self.daemonsets
+
+    def set_node(self, node_obj: K8sObject) -> None:
+        self.nodes[node_obj["metadata"]["name"]] = node_obj
+        if self.on_change:
+            self.on_change()
+
+    async def get_node(self, name: str) -> K8sObject | None:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        return self.nodes.get(name)
+
+    async def pods_on_node(self, name: str) -> list[K8sObject]:
+        return list(self.pods.get(name, []))
+
+    async def patch_node(self, patch: NodePatch) -> None:
+        self.writes.append(patch)
+        self.nodes[patch.node] = apply_patch(self.nodes[patch.node], patch)
+
+    async def _pod_action(self, action: PodAction) -> str:
+        self.writes.append(action)
+        name = self.node_of.get(action.key)
+        if name is not None:
+            self.pods[name] = apply_pod_action(self.pods[name], action, self.blocked)
+        return "blocked" if action.verb == "evict" and action.key in self.blocked else "evicted"
+
+    async def evict(self, action: PodAction) -> str:
+        return await self._pod_action(action)
+
+    async def delete_pod(self, action: PodAction) -> str:
+        return await self._pod_action(action)

@@ -1,0 +1,170 @@
+"""Our node annotation: what this controller changed on the node, so restore is exact.
+
+The record lives on the node itself (never only in memory), is written in the same
+merge patch as the parked label, and is the only input the planner needs to undo its
+changes after a restart. Format (JSON, keys sorted, times RFC 3339 UTC to the second)::
+
+    {"version": 1,
+     "since": "2026-08-21T10:00:00Z",        # first freeing plan of this upgrade
+     "parkedLabel": true,                     # we set the parked label (so we remove it)
+     "freedAt": "2026-08-21T10:00:40Z",       # every consumer gone; null while freeing
+     "pods": [                                # every pod we asked to leave, by identity
+       {"namespace": "ml", "name": "triton-0", "uid": "...",
+        "firstAttempt": "2026-08-21T10:00:00Z",   # eviction clock: survives restarts
+        "blocked": false,                        # Warning already reported
+        "deleted": false}],                      # deleted after the timeout (opt-in)
+     "detectedReported": ["ml/vst-0"]}        # report mode: consumers already reported
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+RECORD_VERSION = 1
+# Our own domain: gpu-operator and k8s-operator-libs never read or write it.
+RECORD_DOMAIN = "shared-svc.nvidia.com"
+
+
+def record_annotation_key(driver_name: str) -> str:
+    """``shared-svc.nvidia.com/gpu-driver-upgrade-freed`` for the default driver ``gpu``.
+
+    One record per driver name, so a gpu and an ofed controller can share a node.
+    """
+    return f"{RECORD_DOMAIN}/{driver_name}-driver-upgrade-freed"
+
+
+class RecordError(ValueError):
+    """The annotation is not a record this version understands."""
+
+
+def format_time(seconds: float) -> str:
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: Any) -> float:
+    if not isinstance(text, str):
+        raise RecordError(f"expected an RFC 3339 time, got {text!r}")
+    try:
+        parsed = datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise RecordError(f"bad time {text!r}") from exc
+    return parsed.timestamp()
+
+
+def _second(seconds: float) -> float:
+    """Times are kept at whole seconds so that encode(decode(text)) == text."""
+    return float(int(seconds))
+
+
+@dataclass(frozen=True)
+class FreedPod:
+    namespace: str
+    name: str
+    uid: str
+    first_attempt: float
+    blocked: bool = False
+    deleted: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Record:
+    since: float
+    parked_label: bool
+    pods: tuple[FreedPod, ...] = ()
+    freed_at: float | None = None
+    detected_reported: tuple[str, ...] = field(default=())
+
+    @staticmethod
+    def new(now: float, *, parked_label: bool) -> Record:
+        return Record(since=_second(now), parked_label=parked_label)
+
+    def pod(self, key: str) -> FreedPod | None:
+        for pod in self.pods:
+            if pod.key == key:
+                return pod
+        return None
+
+    def with_pod(self, pod: FreedPod) -> Record:
+        """Add or replace (same namespace/name) one pod entry, keeping the order canonical."""
+        others = [p for p in self.pods if p.key != pod.key]
+        pod = replace(pod, first_attempt=_second(pod.first_attempt))
+        return replace(self, pods=tuple(sorted([*others, pod], key=lambda p: p.key)))
+
+
+def encode(record: Record) -> str:
+    body = {
+        "version": RECORD_VERSION,
+        "since": format_time(record.since),
+        "parkedLabel": record.parked_label,
+        "freedAt": None if record.freed_at is None else format_time(record.freed_at),
+        "pods": [
+            {
+                "namespace": p.namespace,
+                "name": p.name,
+                "uid": p.uid,
+                "firstAttempt": format_time(p.first_attempt),
+                "blocked": p.blocked,
+                "deleted": p.deleted,
+            }
+            for p in sorted(record.pods, key=lambda p: p.key)
+        ],
+        "detectedReported": sorted(set(record.detected_reported)),
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{what}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise RecordError(f"{what}: expected true or false, got {value!r}")
+    return value
+
+
+def decode(text: str) -> Record:
+    """Parse the annotation; raises ``RecordError`` for anything not written by ``encode``."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not JSON: {exc.msg}") from exc
+    if not isinstance(body, dict):
+        raise RecordError("not a JSON object")
+    if body.get("version") != RECORD_VERSION:
+        raise RecordError(f"unknown record version {body.get('version')!r}")
+    pods_raw = body.get("pods", [])
+    reported = body.get("detectedReported", [])
+    if not isinstance(pods_raw, list) or not isinstance(reported, list):
+        raise RecordError("pods and detectedReported must be lists")
+    pods = []
+    for raw in pods_raw:
+        if not isinstance(raw, dict):
+            raise RecordError("pod entries must be objects")
+        pods.append(
+            FreedPod(
+                namespace=_str(raw.get("namespace"), "pod namespace"),
+                name=_str(raw.get("name"), "pod name"),
+                uid=_str(raw.get("uid"), "pod uid"),
+                first_attempt=parse_time(raw.get("firstAttempt")),
+                blocked=_bool(raw.get("blocked", False), "blocked"),
+                deleted=_bool(raw.get("deleted", False), "deleted"),
+            )
+        )
+    freed_at = body.get("freedAt")
+    return Record(
+        since=parse_time(body.get("since")),
+        parked_label=_bool(body.get("parkedLabel"), "parkedLabel"),
+        pods=tuple(sorted(pods, key=lambda p: p.key)),
+        freed_at=None if freed_at is None else parse_time(freed_at),
+        detected_reported=tuple(sorted({_str(k, "detectedReported") for k in reported})),
+    )

@@ -1,0 +1,404 @@
+"""The driver-upgrade controller against the real kube-apiserver (no kubelet, no controllers).
+
+What the API server does without a kubelet (observed, kube-apiserver v1.36):
+- An accepted eviction of a pod bound to a node (``spec.nodeName``) does not remove it:
+  the pod gets ``deletionTimestamp`` and a 30 s grace period and stays, because only the
+  kubelet finishes a graceful delete. A plain delete behaves the same. With
+  ``gracePeriodSeconds: 0`` the pod is removed at once.
+- A PodDisruptionBudget with no status yet refuses evictions with 429 ("still being
+  processed"); once its status says ``disruptionsAllowed: 0`` a Running *and Ready* pod
+  is refused with 429, while a pod that is not Ready may still be evicted
+  (unhealthyPodEvictionPolicy IfHealthyBudget).
+- A merge patch carrying a stale ``metadata.resourceVersion`` gets 409.
+
+So these tests play the kubelet (finish terminating pods with grace 0) and the
+DaemonSet controller (remove a declared DaemonSet's pod from a parked node) themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc import testenv
+from shared_svc.config import Config
+from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.upgrade_io import pods_on_node
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.upgrade import examples as ex
+from shared_svc.upgrade.controller import UpgradeController
+from tests.kube import api_client, eventually, make_namespace, unique
+
+pytestmark = pytest.mark.apiserver
+
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+PARKED = "nvidia.com/gpu-driver-upgrade.parked"
+RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
+OPERATOR_NS = "gpu-operator"
+
+
+@pytest.fixture
+async def api(control_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
+    c = await api_client(control_plane)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture
+async def ns(api: ApiClient) -> str:
+    await make_namespace(api, OPERATOR_NS)
+    try:  # pods naming a RuntimeClass are refused unless it exists
+        body = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
+        await raw_request(api, "POST", "/apis/node.k8s.io/v1/runtimeclasses", body=body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return await make_namespace(api, unique("upg"))
+
+
+@pytest.fixture
+async def nodes(api: ApiClient) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Creates nodes; deletes them afterwards so later controllers never see them."""
+    made: list[str] = []
+
+    async def make(state: str | None = None, **kw: Any) -> str:
+        name = unique("gpu-node")
+        body = ex.node(name, state=state, **kw)
+        for key in ("uid", "resourceVersion"):
+            del body["metadata"][key]
+        await raw_request(api, "POST", "/api/v1/nodes", body=body)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        with contextlib.suppress(ApiException):
+            await raw_request(api, "DELETE", f"/api/v1/nodes/{name}")
+
+
+def settings(**kw: Any) -> Config:
+    base: dict[str, Any] = {
+        "upgrade_controller": True,
+        "namespace": OPERATOR_NS,
+        "upgrade_detection": "evict",
+        "upgrade_poll_seconds": 0.2,
+        "upgrade_resync_seconds": 1.0,
+        "upgrade_eviction_timeout_seconds": 300.0,
+        "backoff_base_seconds": 0.05,
+        "backoff_max_seconds": 1.0,
+    }
+    return Config(**{**base, **kw})
+
+
+class Running:
+    """A controller instance running in the background; ``stop()`` ends it like SIGTERM."""
+
+    def __init__(self, api: ApiClient, config: Config) -> None:
+        self.recorder = EventRecorder(api, reporting_instance=unique("test-upgrade"))
+        self.controller = UpgradeController(api, config, self.recorder)
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.controller.run(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.wait_for(self._task, 20)
+
+
+@pytest.fixture
+async def start(api: ApiClient) -> AsyncIterator[Callable[..., Running]]:
+    running: list[Running] = []
+
+    def make(**kw: Any) -> Running:
+        r = Running(api, settings(**kw))
+        running.append(r)
+        return r
+
+    yield make
+    for r in running:
+        await r.stop()
+
+
+# --- helpers: the test plays kubelet and DaemonSet controller ---
+
+
+async def create(api: ApiClient, obj: dict[str, Any], *, ready: bool = True) -> dict[str, Any]:
+    meta = obj["metadata"]
+    meta.pop("uid", None)
+    meta.pop("resourceVersion", None)
+    meta.pop("deletionTimestamp", None)
+    if meta.get("ownerReferences"):
+        for ref in meta["ownerReferences"]:
+            ref["name"] = ref.get("name", "x")
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods"
+    created: dict[str, Any] = await raw_request(api, "POST", path, body=obj)
+    if ready:
+        status = {
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        }
+        await raw_request(
+            api, "PATCH", f"{path}/{meta['name']}/status", body=status, content_type=MERGE_PATCH
+        )
+    return created
+
+
+async def pod_state(api: ApiClient, namespace: str, name: str) -> str:
+    try:
+        pod = await raw_request(api, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return "gone"
+        raise
+    return "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
+
+
+async def kubelet_finishes(api: ApiClient, node: str) -> None:
+    for pod in await pods_on_node(api, node):
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            try:
+                await raw_request(api, "DELETE", path, body={"gracePeriodSeconds": 0})
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+async def get_node(api: ApiClient, name: str) -> dict[str, Any]:
+    node: dict[str, Any] = await raw_request(api, "GET", f"/api/v1/nodes/{name}")
+    return node
+
+
+async def set_state(api: ApiClient, node: str, state: str | None) -> None:
+    await raw_request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        body={"metadata": {"labels": {STATE: state}}},
+        content_type=MERGE_PATCH,
+    )
+
+
+async def labels(api: ApiClient, node: str) -> dict[str, str]:
+    return dict((await get_node(api, node))["metadata"].get("labels") or {})
+
+
+async def events(api: ApiClient, node: str) -> list[dict[str, Any]]:
+    data = await raw_request(api, "GET", "/apis/events.k8s.io/v1/namespaces/default/events")
+    return [e for e in data.get("items", []) if e.get("regarding", {}).get("name") == node]
+
+
+async def reasons(api: ApiClient, node: str) -> set[str]:
+    return {e["reason"] for e in await events(api, node)}
+
+
+async def has_reason(api: ApiClient, node: str, reason: str) -> bool:
+    return reason in await reasons(api, node)
+
+
+# --- the scenarios ---
+
+
+async def test_whole_upgrade_sequence_frees_and_restores(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    node = await nodes(state="upgrade-done")
+    ds = ex.daemonset("dcgm-standalone", namespace=ns, declared=True)
+    ds["metadata"].pop("uid")
+    ds["metadata"].pop("resourceVersion")
+    ds_live = await raw_request(api, "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", body=ds)
+    ds_pod = ex.daemonset_pod(ds_live, node_name=node)
+    ds_pod["metadata"]["ownerReferences"][0]["name"] = ds_live["metadata"]["name"]
+    await create(api, ds_pod)
+    await create(api, ex.declared_pod("triton", namespace=ns, node_name=node))
+    await create(api, ex.pod("vst", namespace=ns, node_name=node, runtime_class="nvidia"))
+    await create(
+        api,
+        ex.pod(
+            "trainer",
+            namespace=ns,
+            node_name=node,
+            runtime_class="nvidia",
+            resources={"limits": {"nvidia.com/gpu": "1"}},
+        ),
+    )
+    await create(api, ex.pod("dcgm", namespace=OPERATOR_NS, node_name=node, runtime_class="nvidia"))
+    await create(api, ex.pod("web", namespace=ns, node_name=node))
+    start()
+
+    await set_state(api, node, "upgrade-required")
+    await asyncio.sleep(1.5)  # a resync and several polls: upgrade-required frees nothing
+    assert PARKED not in await labels(api, node)
+    assert await pod_state(api, ns, "triton") == "running"
+
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "triton", "terminating"), 20)
+    await eventually(lambda: pod_state_is(api, ns, "vst", "terminating"), 20)
+    assert (await labels(api, node))[PARKED] == "true"
+    assert RECORD in (await get_node(api, node))["metadata"]["annotations"]
+
+    await kubelet_finishes(api, node)  # the kubelet ends the evicted pods
+    await asyncio.sleep(1.0)
+    assert not await has_reason(api, node, "GPUConsumersFreed")  # the DaemonSet pod still holds it
+    ds_pod_name = ds_pod["metadata"]["name"]
+    await raw_request(
+        api, "DELETE", f"/api/v1/namespaces/{ns}/pods/{ds_pod_name}", body={"gracePeriodSeconds": 0}
+    )
+    await eventually(lambda: has_reason(api, node, "GPUConsumersFreed"), 20)
+
+    for state in (
+        "wait-for-jobs-required",
+        "pod-deletion-required",
+        "pod-restart-required",
+        "validation-required",
+        "uncordon-required",
+    ):
+        await set_state(api, node, state)
+        await asyncio.sleep(0.3)
+        assert (await labels(api, node))[PARKED] == "true"
+
+    await set_state(api, node, "upgrade-done")
+    await eventually(lambda: not_parked(api, node), 20)
+    await eventually(lambda: has_reason(api, node, "GPUConsumersRestored"), 20)
+    assert RECORD not in ((await get_node(api, node))["metadata"].get("annotations") or {})
+    # Never touched: GPU-requesting pods, operator operands, unrelated pods.
+    assert await pod_state(api, ns, "trainer") == "running"
+    assert await pod_state(api, OPERATOR_NS, "dcgm") == "running"
+    assert await pod_state(api, ns, "web") == "running"
+    assert (await labels(api, node))[STATE] == "upgrade-done"
+
+
+async def pod_state_is(api: ApiClient, namespace: str, name: str, want: str) -> bool:
+    return await pod_state(api, namespace, name) == want
+
+
+async def not_parked(api: ApiClient, node: str) -> bool:
+    return PARKED not in await labels(api, node)
+
+
+async def test_two_nodes_at_once(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    a, b = await nodes(), await nodes()
+    await create(api, ex.declared_pod("a1", namespace=ns, node_name=a))
+    await create(api, ex.declared_pod("b1", namespace=ns, node_name=b))
+    running = start()
+    await set_state(api, a, "pod-deletion-required")
+    await set_state(api, b, "drain-required")
+    await eventually(lambda: pod_state_is(api, ns, "a1", "terminating"), 20)
+    await eventually(lambda: pod_state_is(api, ns, "b1", "terminating"), 20)
+    status = running.controller.status()["nodes"]
+    assert status[a]["phase"] == status[b]["phase"] == "freeing"
+    await set_state(api, a, "upgrade-done")
+    await eventually(lambda: not_parked(api, a), 20)
+    assert (await labels(api, b))[PARKED] == "true"  # each node on its own
+
+
+async def _blocked_pod(api: ApiClient, ns: str, node: str, name: str) -> None:
+    await create(api, ex.declared_pod(name, namespace=ns, node_name=node, labels={"app": name}))
+    pdb = {
+        "metadata": {"name": name},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": name}}},
+    }
+    path = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
+    await raw_request(api, "POST", path, body=pdb)
+    status = {
+        "status": {
+            "disruptionsAllowed": 0,
+            "currentHealthy": 1,
+            "desiredHealthy": 1,
+            "expectedPods": 1,
+            "observedGeneration": 1,
+        }
+    }
+    await raw_request(api, "PATCH", f"{path}/{name}/status", body=status, content_type=MERGE_PATCH)
+
+
+async def test_pdb_blocks_eviction_warns_and_deletes_only_if_configured(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    node = await nodes()
+    await _blocked_pod(api, ns, node, "guarded")
+    running = start(upgrade_eviction_timeout_seconds=1.0)
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: has_reason(api, node, "GPUConsumerEvictionBlocked"), 20)
+    warning = next(
+        e for e in await events(api, node) if e["reason"] == "GPUConsumerEvictionBlocked"
+    )
+    assert warning["type"] == "Warning" and f"{ns}/guarded" in warning["note"]
+    await asyncio.sleep(1.0)
+    assert await pod_state(api, ns, "guarded") == "running"  # refused, and not deleted
+    assert running.controller.status()["nodes"][node]["blocked"] == [f"{ns}/guarded"]
+    await running.stop()
+
+    # Same node, a controller configured to delete after the timeout: the clock is in the record.
+    start(upgrade_eviction_timeout_seconds=1.0, upgrade_delete_after_timeout=True)
+    await eventually(lambda: pod_state_is(api, ns, "guarded", "terminating"), 20)
+
+
+async def test_restart_in_the_middle_restores_exactly(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    ours = await nodes()
+    theirs = await nodes(parked=True)  # an admin parked it before: not ours to unpark
+    await create(api, ex.declared_pod("x", namespace=ns, node_name=ours))
+    first = start()
+    await set_state(api, ours, "pod-restart-required")
+    await set_state(api, theirs, "pod-restart-required")
+    await eventually(lambda: pod_state_is(api, ns, "x", "terminating"), 20)
+    await eventually(lambda: has_record(api, theirs), 20)
+    await first.stop()
+
+    await set_state(api, ours, "upgrade-done")
+    await set_state(api, theirs, "upgrade-done")
+    start()  # a new instance knows only what the nodes say
+    await eventually(lambda: not_parked(api, ours), 20)
+    await eventually(lambda: no_record(api, theirs), 20)
+    assert (await labels(api, theirs))[PARKED] == "true"
+
+
+async def has_record(api: ApiClient, node: str) -> bool:
+    return RECORD in ((await get_node(api, node))["metadata"].get("annotations") or {})
+
+
+async def no_record(api: ApiClient, node: str) -> bool:
+    return not await has_record(api, node)
+
+
+async def test_label_vanishing_mid_upgrade_restores(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    node = await nodes()
+    start()
+    await set_state(api, node, "pod-restart-required")
+    await eventually(lambda: has_record(api, node), 20)
+    await set_state(api, node, None)  # gpu-operator's autoUpgrade turned off
+    await eventually(lambda: not_parked(api, node), 20)
+    await eventually(lambda: has_reason(api, node, "UpgradeAborted"), 20)
+    assert not await has_record(api, node)
+
+
+async def test_dry_run_writes_nothing(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    node = await nodes(state="cordon-required")
+    await create(api, ex.declared_pod("d", namespace=ns, node_name=node))
+    running = start(dry_run=True)
+    await eventually(lambda: pending(running, node, [f"{ns}/d"]), 20)
+    await asyncio.sleep(0.5)
+    assert PARKED not in await labels(api, node)
+    assert await pod_state(api, ns, "d") == "running"
+
+
+async def pending(running: Running, node: str, want: list[str]) -> bool:
+    return bool(running.controller.status()["nodes"].get(node, {}).get("pending") == want)

@@ -1,0 +1,305 @@
+"""The planner, state by state: free, keep, restore, nothing, abort; timeouts; restarts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from shared_svc.upgrade import examples as ex
+from shared_svc.upgrade import record, states
+from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade.settings import UpgradeSettings
+
+PARKED = "nvidia.com/gpu-driver-upgrade.parked"
+RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
+S = UpgradeSettings()
+T0 = 1_700_000_000.0
+
+
+def plan(node, pods=(), daemonsets=(), settings=S, now=T0) -> NodePlan:
+    return plan_node(node, list(pods), list(daemonsets), settings, now)
+
+
+def step(node, pods, plan_: NodePlan, blocked=frozenset()):
+    if plan_.patch is not None:
+        node = ex.apply_patch(node, plan_.patch)
+    for action in plan_.pod_actions:
+        pods = ex.apply_pod_action(pods, action, blocked)
+    return node, pods
+
+
+def at_state(node, state):
+    node = json.loads(json.dumps(node))
+    key = states.state_label_key("gpu")
+    if state is None:
+        node["metadata"]["labels"].pop(key, None)
+    else:
+        node["metadata"]["labels"][key] = state
+    return node
+
+
+def evicted(plan_: NodePlan) -> set[str]:
+    return {a.key for a in plan_.pod_actions if a.verb == "evict"}
+
+
+def reasons(plan_: NodePlan) -> list[str]:
+    return [r.reason for r in plan_.reports]
+
+
+@pytest.mark.parametrize("state", sorted(states.FREE_STATES))
+def test_free_states_evict_declared_park_and_record(state: str) -> None:
+    node = ex.node(state=state)
+    pods = [ex.declared_pod("triton"), ex.pod("web")]
+    p = plan(node, pods)
+    assert evicted(p) == {"ml/triton"}
+    assert p.patch is not None and dict(p.patch.labels) == {PARKED: "true"}
+    rec = record.decode(dict(p.patch.annotations)[RECORD])
+    assert rec.parked_label and [x.key for x in rec.pods] == ["ml/triton"]
+    assert rec.pods[0].first_attempt == T0
+    assert p.status.phase == "freeing" and p.status.pending == ("ml/triton",)
+    assert p.patch.resource_version == "1"
+
+
+@pytest.mark.parametrize(
+    "state", sorted(states.KEEP_STATES | states.NOTHING_STATES | {"node-maintenance-required"})
+)
+def test_other_states_never_free(state: str) -> None:
+    p = plan(ex.node(state=state), [ex.declared_pod("triton")])
+    assert p.writes == () and p.reports == ()
+
+
+@pytest.mark.parametrize(
+    "state", sorted(states.KEEP_STATES | {"upgrade-required", "node-maintenance-required"})
+)
+def test_keep_and_nothing_states_keep_what_was_freed(state: str) -> None:
+    node, pods = ex.node(state="pod-restart-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    node = at_state(node, state)
+    p = plan(node, pods, now=T0 + 10_000)
+    assert p.writes == ()
+    assert p.status.phase in ("parked", "waiting") and p.status.parked_by_us
+
+
+def test_keep_state_puts_back_a_parked_label_someone_removed() -> None:
+    node, pods = ex.node(state="drain-required"), []
+    node, _ = step(node, pods, plan(node, pods))
+    node = at_state(node, "validation-required")
+    del node["metadata"]["labels"][PARKED]
+    p = plan(node)
+    assert (
+        p.patch is not None
+        and dict(p.patch.labels) == {PARKED: "true"}
+        and p.patch.annotations == ()
+    )
+
+
+def test_upgrade_done_restores_exactly_and_clears_the_record() -> None:
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    node = at_state(node, "upgrade-done")
+    p = plan(node, [], now=T0 + 100)
+    assert p.patch is not None
+    assert dict(p.patch.labels) == {PARKED: None} and dict(p.patch.annotations) == {RECORD: None}
+    assert reasons(p) == ["GPUConsumersRestored"] and "ml/triton" in p.reports[0].note
+    restored, _ = step(node, [], p)
+    assert (
+        PARKED not in restored["metadata"]["labels"]
+        and RECORD not in restored["metadata"]["annotations"]
+    )
+    assert plan(restored, []).writes == ()
+
+
+def test_restore_leaves_a_parked_label_we_did_not_set() -> None:
+    node = ex.node(state="cordon-required", parked=True)
+    p = plan(node)
+    assert p.patch is not None and p.patch.labels == ()
+    assert record.decode(dict(p.patch.annotations)[RECORD]).parked_label is False
+    node, _ = step(node, [], p)
+    p = plan(at_state(node, "upgrade-done"))
+    assert (
+        p.patch is not None and p.patch.labels == () and dict(p.patch.annotations) == {RECORD: None}
+    )
+
+
+def test_upgrade_done_without_record_does_nothing() -> None:
+    assert plan(ex.node(state="upgrade-done", parked=True)).writes == ()
+
+
+def test_label_vanished_is_an_abort_that_restores() -> None:
+    node, pods = ex.node(state="pod-deletion-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    p = plan(at_state(node, None), pods)
+    assert reasons(p) == ["UpgradeAborted"] and p.reports[0].type == "Warning"
+    assert p.patch is not None and dict(p.patch.labels) == {PARKED: None}
+    assert p.status.mode == "abort" and p.pod_actions == ()
+
+
+def test_no_label_no_record_nothing() -> None:
+    assert plan(ex.node(state=None), [ex.declared_pod("a")]).writes == ()
+
+
+def test_record_survives_restart_and_second_plan_writes_nothing() -> None:
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    # A new process plans from the node alone: same answer, nothing left to write.
+    again = plan(node, pods, now=T0 + 1)
+    assert again.writes == () and again.reports == ()
+    assert again.status.pending == ("ml/triton",)  # terminating, waiting to go
+
+
+def test_freed_is_reported_once_when_every_consumer_is_gone() -> None:
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    p = plan(node, [], now=T0 + 3)  # the pod is gone
+    assert reasons(p) == ["GPUConsumersFreed"] and p.status.phase == "freed"
+    node, _ = step(node, [], p)
+    assert record.decode(node["metadata"]["annotations"][RECORD]).freed_at == T0 + 3
+    assert plan(node, [], now=T0 + 4).writes == ()
+    assert plan(node, [], now=T0 + 4).reports == ()
+
+
+def test_declared_daemonset_pods_hold_the_node_until_gone() -> None:
+    ds = ex.daemonset("dcgm-exporter", declared=True)
+    node = ex.node(state="pod-restart-required")
+    dspod = ex.daemonset_pod(ds)
+    p = plan(node, [dspod], [ds])
+    assert p.pod_actions == ()  # DaemonSet pods are never evicted: the label parks them
+    assert (
+        p.status.daemonset_pods == ("monitoring/dcgm-exporter-node-1",)
+        and p.status.phase == "freeing"
+    )
+    assert p.requeue_after == S.poll_seconds
+    node, _ = step(node, [dspod], p)
+    assert reasons(plan(node, [], [ds])) == ["GPUConsumersFreed"]
+
+
+def test_operator_hook_daemonsets_are_only_reported() -> None:
+    ds = ex.daemonset("standalone", node_selector={"nvidia.com/gpu.deploy.client": "true"})
+    p = plan(ex.node(state="pod-restart-required"), [ex.daemonset_pod(ds)], [ds])
+    assert p.pod_actions == () and p.status.operator_hook_pods == ("monitoring/standalone-node-1",)
+    assert p.status.phase == "freed"
+
+
+def test_detected_report_mode_reports_once_and_evicts_nothing() -> None:
+    node, pods = ex.node(state="cordon-required"), [ex.pod("vst", runtime_class="nvidia")]
+    p = plan(node, pods)
+    assert p.pod_actions == () and reasons(p) == ["GPUConsumersDetected", "GPUConsumersFreed"]
+    assert "ml/vst" in p.reports[0].note and p.status.detected == ("ml/vst",)
+    node, pods = step(node, pods, p)
+    assert plan(node, pods, now=T0 + 5).writes == ()
+
+
+def test_detected_evict_mode_evicts() -> None:
+    p = plan(
+        ex.node(state="cordon-required"),
+        [ex.pod("vst", runtime_class="nvidia")],
+        settings=replace(S, detection="evict"),
+    )
+    assert evicted(p) == {"ml/vst"}
+
+
+def test_detection_off_ignores_undeclared() -> None:
+    p = plan(
+        ex.node(state="cordon-required"),
+        [ex.pod("vst", runtime_class="nvidia")],
+        settings=replace(S, detection="off"),
+    )
+    assert p.pod_actions == () and p.status.detected == ()
+
+
+def test_refused_eviction_is_retried_then_reported_after_the_timeout() -> None:
+    settings = replace(S, eviction_timeout_seconds=60)
+    blocked = frozenset({"ml/triton"})
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods, settings=settings), blocked)
+    p = plan(node, pods, settings=settings, now=T0 + 30)
+    assert evicted(p) == {"ml/triton"} and p.patch is None and p.reports == ()
+    assert p.requeue_after == pytest.approx(5.0)
+    p = plan(node, pods, settings=replace(settings, poll_seconds=100), now=T0 + 30)
+    assert p.requeue_after == pytest.approx(30.0)  # wake up exactly at the timeout
+    p = plan(node, pods, settings=settings, now=T0 + 60)
+    assert reasons(p) == ["GPUConsumerEvictionBlocked"] and p.reports[0].type == "Warning"
+    assert [a.verb for a in p.pod_actions] == ["evict"]  # no delete unless configured
+    assert p.status.blocked == ("ml/triton",)
+    node, pods = step(node, pods, p, blocked)
+    later = plan(node, pods, settings=settings, now=T0 + 90)
+    assert later.reports == () and later.patch is None  # reported once
+
+
+def test_timeout_clock_survives_restart_through_the_record() -> None:
+    settings = replace(S, eviction_timeout_seconds=60, delete_after_timeout=True)
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods, settings=settings), frozenset({"ml/triton"}))
+    # A fresh planner 61 s later knows the first attempt from the annotation alone.
+    p = plan(node, pods, settings=settings, now=T0 + 61)
+    assert [(a.verb, a.uid) for a in p.pod_actions] == [("delete", "uid-ml-triton")]
+    assert reasons(p) == ["GPUConsumerEvictionBlocked"]
+    rec = record.decode(dict(p.patch.annotations)[RECORD]) if p.patch else None
+    assert rec is not None and rec.pods[0].blocked and rec.pods[0].deleted
+
+
+def test_successor_pod_with_new_uid_restarts_the_clock() -> None:
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("db-0")]
+    node, _ = step(node, pods, plan(node, pods))
+    successor = [ex.declared_pod("db-0", uid="uid-new")]
+    p = plan(node, successor, now=T0 + 1000)
+    assert [(a.verb, a.uid) for a in p.pod_actions] == [("evict", "uid-new")] and p.reports == ()
+
+
+def test_invalid_record_is_replaced_and_the_label_not_claimed() -> None:
+    node = ex.node(state="cordon-required", parked=True, annotations={RECORD: "{oops"})
+    p = plan(node)
+    assert "UpgradeRecordInvalid" in reasons(p) and p.status.record_error
+    assert (
+        record.decode(dict(p.patch.annotations)[RECORD]).parked_label is False if p.patch else False
+    )
+    done = plan(ex.node(state="upgrade-done", parked=True, annotations={RECORD: "[]"}))
+    assert (
+        done.patch is not None
+        and done.patch.labels == ()
+        and dict(done.patch.annotations) == {RECORD: None}
+    )
+    # In a keep state an unreadable record is left alone and not reported again and again.
+    assert plan(ex.node(state="validation-required", annotations={RECORD: "x"})).writes == ()
+
+
+def test_other_driver_names_use_their_own_keys() -> None:
+    settings = replace(S, driver_name="ofed")
+    node = ex.node(state="cordon-required", driver="ofed")
+    p = plan(node, settings=settings)
+    assert p.patch is not None
+    assert dict(p.patch.labels) == {"nvidia.com/ofed-driver-upgrade.parked": "true"}
+    assert [k for k, _ in p.patch.annotations] == [
+        "shared-svc.nvidia.com/ofed-driver-upgrade-freed"
+    ]
+    assert (
+        plan(ex.node(state="cordon-required"), settings=settings).writes == ()
+    )  # gpu label: not ours
+
+
+def test_reports_regard_the_node_with_stable_keys() -> None:
+    node = ex.node(state="cordon-required")
+    p1, p2 = (
+        plan(node, [ex.pod("v", runtime_class="nvidia")]),
+        plan(node, [ex.pod("v", runtime_class="nvidia")], now=T0 + 1),
+    )
+    ref = p1.reports[0].regarding
+    assert (ref.api_version, ref.kind, ref.name, ref.uid) == ("v1", "Node", "node-1", "uid-node-1")
+    assert p1.reports[0].key == p2.reports[0].key
+
+
+def test_patch_body_touches_only_our_keys_and_carries_resource_version() -> None:
+    p = plan(ex.node(state="cordon-required", resource_version="42"))
+    assert p.patch is not None
+    body = p.patch.body()
+    assert body["metadata"]["resourceVersion"] == "42"
+    assert set(body["metadata"]["labels"]) == {PARKED} and set(body["metadata"]["annotations"]) == {
+        RECORD
+    }
+
+
+def test_status_is_json_serialisable() -> None:
+    p = plan(ex.node(state="cordon-required"), [ex.declared_pod("a")])
+    json.dumps(p.status.as_dict())
