@@ -79,7 +79,10 @@ class Service:
         return all(time.monotonic() - b < STALL_SECONDS for b in beats)
 
     def ready(self) -> bool:
-        return self.controller.caches_synced() if self.controller else True
+        """Caches synced, for every controller that runs (a standby is ready too)."""
+        services_ready = self.controller.caches_synced() if self.controller else True
+        upgrade_ready = bool(self.upgrade.status()["synced"]) if self.upgrade is not None else True
+        return services_ready and upgrade_ready
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -442,3 +442,19 @@ async def test_service_monitor_api_installed_later() -> None:
         await api.close()
     finally:
         cp.stop()
+
+
+async def test_upgrade_controller_runs_inside_the_service(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    config = service_config(control_plane, kube.ns, upgrade_controller=True)
+    async with running(config) as svc:
+        await eventually(lambda: _true(svc.ready()), timeout=30)
+        status = json.loads((await http_get(svc.port or 0, "/status"))[1])
+        assert status["upgrade"]["enabled"] is True and status["upgrade"]["driver"] == "gpu"
+        assert status["upgrade"]["synced"] is True
+        _, text = await http_get(svc.port or 0, "/metrics")
+        assert "shared_svc_upgrade_nodes" in text, "upgrade metrics share the service's registry"
+        assert "controller_runtime_reconcile_total" in text
+    async with running(service_config(control_plane, kube.ns)) as svc:
+        assert "upgrade" not in svc.status(), "off by default"

@@ -11,7 +11,6 @@ status only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from shared_svc.aio import sleep_or_stop
 from shared_svc.config import Config
 from shared_svc.reconcile.model import K8sObject, Report
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
@@ -212,7 +212,7 @@ class UpgradeController:
                 raise
             except Exception:
                 log.exception("upgrade controller loop failed; restarting it", extra={"loop": name})
-                await _sleep_or_stop(stop, delay)
+                await sleep_or_stop(stop, delay)
                 delay = min(delay * 2, self._config.backoff_max_seconds)
 
     def _writing(self) -> bool:
@@ -224,7 +224,7 @@ class UpgradeController:
             await _wait_or_stop(stop, self._changed)
             self._changed.clear()
             if not self._io.synced():
-                await _sleep_or_stop(stop, 0.05)
+                await sleep_or_stop(stop, 0.05)
                 self._changed.set()
                 continue
             versions = self._io.node_versions()
@@ -241,11 +241,11 @@ class UpgradeController:
         while not stop.is_set():
             self.heartbeat = time.monotonic()
             self._publish()
-            await _sleep_or_stop(stop, 1.0)
+            await sleep_or_stop(stop, 1.0)
 
     async def _resync_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _sleep_or_stop(stop, self._config.upgrade_resync_seconds)
+            await sleep_or_stop(stop, self._config.upgrade_resync_seconds)
             self.trigger()
 
     async def _worker(self, stop: asyncio.Event) -> None:
@@ -367,11 +367,6 @@ class UpgradeController:
             self.metrics.nodes.labels(phase=phase).set(phases.get(phase, 0))
         self.metrics.pending_pods.set(sum(len(s.pending) for s in self._statuses.values()))
         self.metrics.blocked_pods.set(sum(len(s.blocked) for s in self._statuses.values()))
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
 async def _wait_or_stop(stop: asyncio.Event, event: asyncio.Event) -> None:
