@@ -65,8 +65,15 @@ def _service_spec_changes(want: dict[str, Any], live: dict[str, Any]) -> list[st
     changed = []
     if want["selector"] != live.get("selector"):
         changed.append("spec.selector")
+    # Ports are a list map keyed by (port, protocol): compare ours only; a port another
+    # manager added survives our apply and is not ours to compare.
     live_ports = live.get("ports")
-    if not isinstance(live_ports, list) or [_normal_port(p) for p in live_ports] != want["ports"]:
+    by_key: dict[tuple[Any, Any], Any] = {}
+    for port in live_ports if isinstance(live_ports, list) else []:
+        if isinstance(port, dict):
+            normal = _normal_port(port)
+            by_key.setdefault((normal["port"], normal["protocol"]), normal)
+    if any(by_key.get((p["port"], p["protocol"])) != p for p in want["ports"]):
         changed.append("spec.ports")
     # A field we leave unset is the API server's or another manager's: not compared here
     # (the intent hash tells whether we set it before).

@@ -136,14 +136,23 @@ def service_monitor_body(
             "namespaceSelector": {"matchNames": [namespace]},
             "selector": {
                 "matchLabels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
-                "matchExpressions": [
-                    {"key": APP_LABEL, "operator": "In", "values": sorted(scraped)}
-                ],
+                "matchExpressions": [_scraped_expression(scraped)],
             },
             "endpoints": [endpoint],
         },
     }
     return with_intent_hash(body)
+
+
+def _scraped_expression(scraped: Sequence[str]) -> dict[str, Any]:
+    """``app In [...]``; with nothing to scrape, a valid expression that selects nothing.
+
+    ``In`` with no values is an invalid label selector (prometheus-operator rejects the whole
+    ServiceMonitor); ``managed-by DoesNotExist`` contradicts the ``matchLabels`` beside it.
+    """
+    if scraped:
+        return {"key": APP_LABEL, "operator": "In", "values": sorted(scraped)}
+    return {"key": MANAGED_BY_LABEL, "operator": "DoesNotExist"}
 
 
 def label_selector_matches(selector: Any, obj_labels: Mapping[str, str]) -> bool:
@@ -155,11 +164,16 @@ def label_selector_matches(selector: Any, obj_labels: Mapping[str, str]) -> bool
         return False
     if any(obj_labels.get(k) != v for k, v in match_labels.items()):
         return False
-    for expr in selector.get("matchExpressions") or []:
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        return False
+    for expr in expressions:
         if not isinstance(expr, dict):
             return False
         key, op = expr.get("key"), expr.get("operator")
         values = expr.get("values") or []
+        if not isinstance(values, list):
+            return False
         present = isinstance(key, str) and key in obj_labels
         value = obj_labels.get(key) if isinstance(key, str) else None
         if op == "In" and not (present and value in values):
@@ -176,13 +190,20 @@ def label_selector_matches(selector: Any, obj_labels: Mapping[str, str]) -> bool
 
 
 def _watches_namespace(monitor: K8sObject, namespace: str) -> bool:
+    """prometheus-operator's reading: ``any``, else ``matchNames``, else its own namespace.
+
+    Neither ``any: true`` nor a non-empty ``matchNames`` (``{}``, ``{any: false}``,
+    ``{matchNames: []}``) means the ServiceMonitor's own namespace.
+    """
     selector = spec(monitor).get("namespaceSelector")
-    if not isinstance(selector, dict) or not selector:
-        return bool(meta(monitor).get("namespace", namespace) == namespace)
+    if not isinstance(selector, dict):
+        selector = {}
     if selector.get("any") is True:
         return True
     names = selector.get("matchNames")
-    return isinstance(names, list) and namespace in names
+    if isinstance(names, list) and names:
+        return namespace in names
+    return bool(meta(monitor).get("namespace", namespace) == namespace)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from shared_svc.reconcile.objects import (
     meta,
     name_of,
     note,
+    spec,
     stable_digest,
 )
 from shared_svc.reconcile.owners import adoptable, is_managed, kept_owner_refs, owner_refs_for
@@ -107,6 +108,8 @@ class _Planner:
         self.notes: list[str] = []
         self.desired: dict[ObjectKey, Desired] = {}
         self.choices: dict[str, SelectorChoice] = {}
+        # The exporter Services our ServiceMonitor selects (scrape "true" after the plan).
+        self.scraped: tuple[str, ...] = ()
 
     def will_manage(self, key: ObjectKey) -> bool:
         """Needed, and either absent, ours, or ours to adopt."""
@@ -194,6 +197,7 @@ class _Planner:
         ]
         if not needing:
             return
+        self.scraped = tuple(sorted(scraped))
         if not self.settings.service_monitor_served:
             who = ", ".join(cr.label for cr in needing)
             self.notes.append(
@@ -228,7 +232,7 @@ class _Planner:
         ours = self.desired.get(SERVICE_MONITOR_KEY)
         ours_selects: frozenset[str] = frozenset()
         if ours is not None and self.will_manage(SERVICE_MONITOR_KEY):
-            ours_selects = frozenset(ours.body["spec"]["selector"]["matchExpressions"][0]["values"])
+            ours_selects = frozenset(self.scraped)
         adopted = self.will_manage(SERVICE_MONITOR_KEY)
         monitors = [
             sm
@@ -309,7 +313,7 @@ class _Planner:
         if verb is None or action.action in ("skip", "unchanged"):
             return
         if action.reason == "SelectorMigrated" and live is not None and action.apply is not None:
-            old, new = live.get("spec", {}).get("selector"), action.apply["spec"]["selector"]
+            old, new = spec(live).get("selector"), action.apply["spec"]["selector"]
             text = f"Service {action.name}: selector {_selector_text(old)} -> {_selector_text(new)}"
         else:
             text = f"{action.kind} {action.name}: {action.reason}"

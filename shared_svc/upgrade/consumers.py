@@ -69,11 +69,16 @@ def owned_by_daemonset(meta: Mapping[str, Any]) -> bool:
     return any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or ())
 
 
+def is_finished(pod: K8sObject) -> bool:
+    """Phase Succeeded or Failed: its containers are gone, it holds no GPU."""
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
 def exclusion(pod: K8sObject, settings: UpgradeSettings) -> str | None:
     """The rule that puts the pod out of reach, or None."""
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
-    if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+    if is_finished(pod):
         return "finished"
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
         return "mirror pod"

@@ -172,6 +172,8 @@ def _free(
     for pod in pods:
         key = consumers.pod_key(pod)
         owner = daemonsets.owning_daemonset(pod, ds_index)
+        if owner is not None and consumers.is_finished(pod):
+            owner = None  # a Succeeded/Failed pod holds no GPU; the DaemonSet controller removes it
         if owner is not None and owner.kind == "declared":
             ds_pods.append(key)
         elif owner is not None and owner.kind == "operator-hook":

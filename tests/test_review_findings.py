@@ -1,0 +1,168 @@
+"""Second-review findings on the reconcile core: each test names the contract rule it holds."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from shared_svc.reconcile.model import Plan, Settings
+from shared_svc.reconcile.monitoring import label_selector_matches
+from shared_svc.reconcile.planner import plan
+from tests.worlds import (
+    action_of,
+    cluster_policy,
+    find,
+    foreign_ref,
+    gc_spec,
+    gpu_cluster,
+    manifest,
+    service,
+    service_monitor,
+    settled,
+    stack,
+    with_objects,
+    world,
+)
+
+SM_ON = {"enabled": True}
+
+
+def duplicates(result: Plan) -> list[str]:
+    return sorted(p.object for p in result.pending if p.reason == "DuplicateScrapeTarget")
+
+
+# Section 7: "A ServiceMonitor in the namespace ... that selects ... an exporter Service with
+# scrape "false", is reported as DuplicateScrapeTarget". prometheus-operator reads a
+# namespaceSelector with any=false and no matchNames (or an empty matchNames list) as "the
+# ServiceMonitor's own namespace", exactly like an empty namespaceSelector.
+@pytest.mark.parametrize(
+    "namespace_selector",
+    [{"any": False}, {"matchNames": []}, {"any": False, "matchNames": None}, {}],
+)
+def test_duplicate_scrape_target_namespace_selector_defaults_to_own_namespace(
+    namespace_selector: dict[str, Any],
+) -> None:
+    leftover = service_monitor("dra-exporter", match_labels={"app": "nvidia-dcgm-exporter-dra"})
+    leftover["spec"]["namespaceSelector"] = namespace_selector
+    w = world(gpu_cluster(), stack("GPUCluster"), leftover)
+    result = plan(w, Settings())
+    assert (
+        manifest(result, "Service", "nvidia-dcgm-exporter-dra")["metadata"]["annotations"][
+            "prometheus.io/scrape"
+        ]
+        == "false"
+    )
+    assert duplicates(result) == ["ServiceMonitor/dra-exporter"]
+
+
+def test_duplicate_scrape_target_other_namespace_only_is_not_reported() -> None:
+    leftover = service_monitor("dra-exporter", match_labels={"app": "nvidia-dcgm-exporter-dra"})
+    leftover["spec"]["namespaceSelector"] = {"matchNames": ["elsewhere"]}
+    result = plan(world(gpu_cluster(), stack("GPUCluster"), leftover), Settings())
+    assert duplicates(result) == []
+
+
+# The core is total over partial dicts (objects.py): an odd selector in somebody else's
+# ServiceMonitor must not stop the reconcile of the whole namespace.
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchExpressions": 1},
+        {"matchExpressions": [{"key": "app", "operator": "In", "values": 5}]},
+        {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": True}]},
+        {"matchLabels": {"app": "nvidia-dcgm-exporter"}, "matchExpressions": {"a": 1}},
+    ],
+)
+def test_odd_unmanaged_service_monitor_selector_never_raises(selector: dict[str, Any]) -> None:
+    odd = service_monitor("odd")
+    odd["spec"]["selector"] = selector
+    result = plan(world(gpu_cluster(), stack("GPUCluster"), odd), Settings())
+    assert duplicates(result) == []
+    assert label_selector_matches(selector, {"app": "nvidia-dcgm-exporter"}) is False
+
+
+# Sections 3/5 and the core's promise to take partial objects: a managed Service whose spec
+# is not an object gets its selector set (SelectorMigrated) instead of crashing the plan.
+@pytest.mark.parametrize("odd_spec", [None, "x", 1, []])
+def test_selector_migrated_report_with_odd_live_spec_never_raises(odd_spec: Any) -> None:
+    w = settled(world(cluster_policy()))
+    svc = copy.deepcopy(find(w, "Service", "nvidia-dcgm"))
+    assert svc is not None
+    svc["spec"] = odd_spec
+    result = plan(with_objects(w, svc), Settings())
+    action = action_of(result, "Service", "nvidia-dcgm")
+    assert (action.action, action.reason) == ("update", "SelectorMigrated")
+    assert any(r.reason == "SelectorMigrated" for r in result.reports)
+
+
+# Section 7: the ServiceMonitor "selects ... exactly the exporter Services that will carry
+# prometheus.io/scrape "true" after the plan". When none of them is ours (the canonical one
+# is not adopted), that is the empty set, written as a selector prometheus-operator accepts:
+# `In` with an empty value list is an invalid label selector (LabelSelectorAsSelector fails)
+# and prometheus-operator rejects the whole ServiceMonitor.
+@pytest.mark.parametrize("adopt", [True, False])
+def test_service_monitor_with_nothing_to_select_has_a_valid_selector(adopt: bool) -> None:
+    cp = cluster_policy(spec={"dcgmExporter": {"serviceMonitor": SM_ON}})
+    foreign = service(
+        "nvidia-dcgm-exporter",
+        owners=[foreign_ref()] if adopt else [],
+        annotations={"prometheus.io/scrape": "true"},
+    )
+    result = plan(world(cp, stack("ClusterPolicy"), foreign), Settings(adopt=adopt))
+    assert action_of(result, "Service", "nvidia-dcgm-exporter").action == "skip"
+    sm = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter")
+    selector = sm["spec"]["selector"]
+    for expr in selector.get("matchExpressions", []):
+        if expr["operator"] in ("In", "NotIn"):
+            assert expr["values"], "In/NotIn with no values is an invalid label selector"
+        else:
+            assert "values" not in expr or not expr["values"]
+    # It selects none of the exporter Services, ours or not, whatever labels they carry.
+    for labels in (
+        {"app": "nvidia-dcgm-exporter"},
+        {"app": "nvidia-dcgm-exporter", "app.kubernetes.io/managed-by": "shared-svc"},
+        {"app": "nvidia-dcgm-exporter-dra", "app.kubernetes.io/managed-by": "shared-svc"},
+        {"app.kubernetes.io/managed-by": "shared-svc"},
+    ):
+        assert not label_selector_matches(selector, labels)
+    # And a settled world stays settled: the same plan again writes nothing new.
+    after = settled(world(cp, stack("ClusterPolicy"), foreign), Settings(adopt=adopt))
+    assert plan(after, Settings(adopt=adopt)).writes == ()
+
+
+def test_service_monitor_with_nothing_to_select_reports_no_duplicates() -> None:
+    cp = cluster_policy(spec={"dcgmExporter": {"serviceMonitor": SM_ON}})
+    foreign = service("nvidia-dcgm-exporter", owners=[foreign_ref()])
+    other = service_monitor("other", match_labels={"app": "nvidia-dcgm-exporter"})
+    result = plan(world(cp, stack("ClusterPolicy"), foreign, other), Settings())
+    assert duplicates(result) == []
+
+
+# Section 5: "Fields set only by the server or other managers are not ours to compare."
+# Service ports are a list map keyed by (port, protocol): a port another manager added
+# survives our apply, so comparing it would make every reconcile write, forever.
+def test_port_added_by_another_manager_is_not_ours_to_compare() -> None:
+    w = settled(world(cluster_policy(), gpu_cluster(spec=gc_spec())))
+    for name in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
+        svc = copy.deepcopy(find(w, "Service", name))
+        assert svc is not None
+        svc["spec"]["ports"].append(
+            {"name": "extra", "port": 9999, "targetPort": 9999, "protocol": "TCP"}
+        )
+        assert plan(with_objects(w, svc), Settings()).writes == ()
+
+
+def test_our_port_changed_by_another_manager_is_still_repaired() -> None:
+    w = settled(world(cluster_policy()))
+    svc = copy.deepcopy(find(w, "Service", "nvidia-dcgm"))
+    assert svc is not None
+    svc["spec"]["ports"][0]["targetPort"] = 6666
+    action = action_of(plan(with_objects(w, svc), Settings()), "Service", "nvidia-dcgm")
+    assert action.action == "update" and "spec.ports" in action.changed_fields
+    svc["spec"]["ports"] = [
+        {"name": "other", "port": 1234, "targetPort": 1234, "protocol": "TCP"}
+    ]  # ours is gone
+    action = action_of(plan(with_objects(w, svc), Settings()), "Service", "nvidia-dcgm")
+    assert action.action == "update" and "spec.ports" in action.changed_fields
