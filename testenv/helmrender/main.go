@@ -1,0 +1,134 @@
+// Command helmrender renders a Helm chart directory the way `helm template` does,
+// using Helm's own chart loader, values coalescing, template engine and manifest
+// sorter (helm.sh/helm/v3), without a cluster, a repository or a download.
+//
+//	helmrender [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR
+//
+// Output: the rendered manifests in install order, each as
+// "---\n# Source: <chart>/templates/<file>\n<yaml>\n" (helm template's format).
+// NOTES.txt and partials are not printed; hooks are printed after the manifests.
+// Errors (a missing chart, bad values, a schema violation, a template error) go to
+// stderr with exit status 1; bad usage exits 2.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/releaseutil"
+	"helm.sh/helm/v3/pkg/strvals"
+)
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// mergeMaps is helm's pkg/cli/values mergeMaps: b's keys win, maps merge deeply.
+func mergeMaps(a, b map[string]interface{}) map[string]interface{} {
+	out := make(map[string]interface{}, len(a))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		if v, ok := v.(map[string]interface{}); ok {
+			if bv, ok := out[k]; ok {
+				if bv, ok := bv.(map[string]interface{}); ok {
+					out[k] = mergeMaps(bv, v)
+					continue
+				}
+			}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func run() error {
+	name := flag.String("name", "release-name", "release name")
+	namespace := flag.String("namespace", "default", "release namespace")
+	kubeVersion := flag.String("kube-version", "", "Kubernetes version of .Capabilities (default: the client-go version built in)")
+	var files, sets multi
+	flag.Var(&files, "f", "values file (repeatable; later files win)")
+	flag.Var(&sets, "set", "value key=val (repeatable; after the files, later wins)")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: helmrender [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() != 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	chrt, err := loader.Load(flag.Arg(0))
+	if err != nil {
+		return fmt.Errorf("loading chart %s: %w", flag.Arg(0), err)
+	}
+	vals := map[string]interface{}{}
+	for _, f := range files {
+		current, err := chartutil.ReadValuesFile(f)
+		if err != nil {
+			return fmt.Errorf("values file %s: %w", f, err)
+		}
+		vals = mergeMaps(vals, current.AsMap())
+	}
+	for _, s := range sets {
+		if err := strvals.ParseInto(s, vals); err != nil {
+			return fmt.Errorf("--set %s: %w", s, err)
+		}
+	}
+	if err := chartutil.ProcessDependenciesWithMerge(chrt, vals); err != nil {
+		return fmt.Errorf("dependencies: %w", err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	if *kubeVersion != "" {
+		kv, err := chartutil.ParseKubeVersion(*kubeVersion)
+		if err != nil {
+			return fmt.Errorf("--kube-version %s: %w", *kubeVersion, err)
+		}
+		caps.KubeVersion = *kv
+	}
+	if chrt.Metadata.KubeVersion != "" && !chartutil.IsCompatibleRange(chrt.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		return fmt.Errorf("chart requires kubeVersion %s, which is incompatible with Kubernetes %s", chrt.Metadata.KubeVersion, caps.KubeVersion.String())
+	}
+	options := chartutil.ReleaseOptions{Name: *name, Namespace: *namespace, Revision: 1, IsInstall: true}
+	top, err := chartutil.ToRenderValues(chrt, vals, options, caps)
+	if err != nil {
+		return fmt.Errorf("values: %w", err)
+	}
+	rendered, err := engine.Render(chrt, top)
+	if err != nil {
+		return fmt.Errorf("rendering: %w", err)
+	}
+	for k := range rendered {
+		if strings.HasSuffix(k, "NOTES.txt") || strings.HasPrefix(path.Base(k), "_") {
+			delete(rendered, k)
+		}
+	}
+	hooks, manifests, err := releaseutil.SortManifests(rendered, caps.APIVersions, releaseutil.InstallOrder)
+	if err != nil {
+		return fmt.Errorf("sorting manifests: %w", err)
+	}
+	var b strings.Builder
+	for _, m := range manifests {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", m.Name, m.Content)
+	}
+	for _, h := range hooks {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", h.Path, h.Manifest)
+	}
+	_, err = os.Stdout.WriteString(b.String())
+	return err
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "helmrender:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,489 @@
+"""The Helm chart, rendered by Helm's own engine (``testenv/helmrender``, built from the
+helm.sh/helm/v3 Go module by ``testenv/build.sh``; no download at test time).
+
+Also the rendering helpers used by ``test_deploy_rbac.py`` and ``test_config_doc.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared_svc import testenv
+from shared_svc.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deploy" / "chart" / "shared-svc"
+MANIFESTS = REPO / "deploy" / "manifests"
+# Plain manifest -> the --set flags it was rendered with (deploy/render.sh).
+PLAIN = {
+    "shared-svc.yaml": (),
+    "shared-svc-upgrade.yaml": ("controllers.upgrade=true",),
+}
+UPGRADE_ON = ("controllers.upgrade=true",)
+
+Doc = dict[str, Any]
+
+
+class RenderError(Exception):
+    """helmrender refused the chart or the values; the message is its stderr."""
+
+
+@functools.cache
+def helmrender() -> Path:
+    binary = testenv.build_binaries() / "helmrender"
+    if not binary.exists():
+        raise AssertionError(
+            f"{binary} missing: testenv/build.sh builds it (SHARED_SVC_TESTENV_BIN set?)"
+        )
+    return binary
+
+
+def render(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> str:
+    """The chart's manifests as `helm template` prints them, with ``--set`` values."""
+    args = [str(helmrender()), "--name", name, "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run(
+        [*args, str(CHART)], capture_output=True, text=True, check=False, timeout=60
+    )
+    if proc.returncode != 0:
+        raise RenderError(proc.stderr.strip())
+    return proc.stdout
+
+
+def render_docs(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> list[Doc]:
+    return [d for d in yaml.safe_load_all(render(*sets, name=name, namespace=namespace)) if d]
+
+
+def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
+    return [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = find(docs, kind, name)
+    assert len(found) == 1, (
+        f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    )
+    return found[0]
+
+
+def container_env(docs: list[Doc]) -> dict[str, Any]:
+    """Env of the shared-svc container: name -> value (or the valueFrom dict)."""
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def rules(doc: Doc) -> set[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    """(apiGroup, resource, verbs, resourceNames) for each group x resource of a role."""
+    out = set()
+    for rule in doc.get("rules") or []:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                out.add(
+                    (
+                        group,
+                        resource,
+                        tuple(sorted(rule["verbs"])),
+                        tuple(sorted(rule.get("resourceNames", []))),
+                    )
+                )
+    return out
+
+
+def rbac_docs(docs: list[Doc]) -> list[Doc]:
+    kinds = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+    return [d for d in docs if d["kind"] in kinds]
+
+
+def strip_header(text: str) -> str:
+    """A plain manifest without its leading comment lines (deploy/render.sh's header)."""
+    lines = text.splitlines(keepends=True)
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "".join(lines)
+
+
+# --- the plain manifests are the chart ---
+@pytest.mark.parametrize("filename", sorted(PLAIN))
+def test_plain_manifests_are_the_rendered_chart(filename: str) -> None:
+    plain = strip_header((MANIFESTS / filename).read_text())
+    assert plain == render(*PLAIN[filename]), (
+        f"deploy/manifests/{filename} is stale: run deploy/render.sh"
+    )
+    assert all(
+        d["metadata"].get("namespace") in (None, "gpu-operator", "default")
+        for d in yaml.safe_load_all(plain)
+        if d
+    )
+
+
+# --- least privilege ---
+SERVICES_ROLE = {
+    ("", "services", ("create", "delete", "list", "patch", "watch"), ()),
+    (
+        "monitoring.coreos.com",
+        "servicemonitors",
+        ("create", "delete", "list", "patch", "watch"),
+        (),
+    ),
+    ("apps", "daemonsets", ("list", "watch"), ()),
+    ("", "pods", ("list", "watch"), ()),
+    ("coordination.k8s.io", "leases", ("create",), ()),
+    ("coordination.k8s.io", "leases", ("get", "update"), ("shared-svc",)),
+    ("events.k8s.io", "events", ("create", "get", "patch"), ()),
+}
+EVENTS_ONLY = {("events.k8s.io", "events", ("create", "get", "patch"), ())}
+CR_READER = {
+    ("nvidia.com", "clusterpolicies", ("get", "list", "watch"), ()),
+    ("nvidia.com", "gpuclusters", ("get", "list", "watch"), ()),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("get",),
+        (
+            "clusterpolicies.nvidia.com",
+            "gpuclusters.nvidia.com",
+            "servicemonitors.monitoring.coreos.com",
+        ),
+    ),
+}
+UPGRADE = {
+    ("", "nodes", ("get", "list", "patch", "watch"), ()),
+    ("", "pods", ("delete", "list"), ()),
+    ("", "pods/eviction", ("create",), ()),
+    ("apps", "daemonsets", ("list", "watch"), ()),
+}
+
+
+def role_table(docs: list[Doc]) -> dict[tuple[str, str, str], set[Any]]:
+    return {
+        (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")): rules(d)
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+    }
+
+
+def test_rbac_is_exactly_what_the_services_controller_calls() -> None:
+    assert role_table(render_docs()) == {
+        ("Role", "shared-svc", "gpu-operator"): SERVICES_ROLE,
+        ("Role", "shared-svc-cluster-events", "default"): EVENTS_ONLY,
+        ("ClusterRole", "shared-svc", ""): CR_READER,
+    }
+
+
+def test_upgrade_controller_adds_its_cluster_role_only_when_on() -> None:
+    off, on = render_docs(), render_docs(*UPGRADE_ON)
+    off_rules = set().union(*role_table(off).values())
+    assert not {r for r in off_rules if r[1] in ("nodes", "pods/eviction")}
+    assert not any(r[2] and "delete" in r[2] and r[1] == "pods" for r in off_rules)
+    assert not find(off, "ClusterRole", "shared-svc-upgrade") and not find(
+        off, "ClusterRoleBinding", "shared-svc-upgrade"
+    )
+    assert role_table(on) == {
+        **role_table(off),
+        ("ClusterRole", "shared-svc-upgrade", ""): UPGRADE,
+    }
+    binding = one(on, "ClusterRoleBinding", "shared-svc-upgrade")
+    assert binding["roleRef"]["name"] == "shared-svc-upgrade"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "shared-svc", "namespace": "gpu-operator"}
+    ]
+    assert container_env(on)["SHARED_SVC_UPGRADE_CONTROLLER"] == "true"
+    assert container_env(off)["SHARED_SVC_UPGRADE_CONTROLLER"] == "false"
+
+
+def test_no_wildcards_secrets_or_escalation_anywhere() -> None:
+    for docs in (render_docs(), render_docs(*UPGRADE_ON, "serviceMonitor.enabled=true")):
+        for doc in docs:
+            for rule in doc.get("rules") or []:
+                words = [*rule.get("apiGroups", []), *rule.get("resources", []), *rule["verbs"]]
+                assert "*" not in words, doc["metadata"]["name"]
+                assert not {"secrets", "configmaps", "clusterroles", "roles", "namespaces"} & set(
+                    rule.get("resources", [])
+                )
+                assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(
+                    rule["verbs"]
+                )
+
+
+def test_bindings_name_the_chart_service_account_in_the_operator_namespace() -> None:
+    docs = render_docs(name="gpu-svc", namespace="ops")
+    sa = one(docs, "ServiceAccount")
+    assert sa["metadata"] == {**sa["metadata"], "name": "gpu-svc-shared-svc", "namespace": "ops"}
+    for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpu-svc-shared-svc", "namespace": "ops"}
+        ]
+    namespaces = {(d["kind"], d["metadata"]["name"]): d["metadata"].get("namespace") for d in docs}
+    assert namespaces[("Role", "gpu-svc-shared-svc-cluster-events")] == "default"
+    assert namespaces[("RoleBinding", "gpu-svc-shared-svc-cluster-events")] == "default"
+    assert {
+        ns
+        for (kind, _), ns in namespaces.items()
+        if kind in ("Deployment", "Service", "Role", "ServiceAccount")
+    } >= {"ops"}
+
+
+def test_namespace_value_moves_every_namespaced_object() -> None:
+    docs = render_docs("namespace=nvidia-gpu", namespace="elsewhere")
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            assert "namespace" not in d["metadata"]
+        elif d["metadata"]["name"] != "shared-svc-cluster-events":
+            assert d["metadata"]["namespace"] == "nvidia-gpu", d["kind"]
+    lease_rule = next(r for r in rules(one(docs, "Role", "shared-svc")) if r[3])
+    assert lease_rule[3] == ("shared-svc",)
+
+
+# --- the Deployment ---
+def test_deployment_is_hardened_and_probed() -> None:
+    docs = render_docs()
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "shared-svc" and pod["automountServiceAccountToken"] is True
+    assert one(docs, "ServiceAccount").get("automountServiceAccountToken") is False, (
+        "only the Deployment opts in"
+    )
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (container,) = pod["containers"]
+    assert container["args"] == ["run"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    env = container_env(docs)
+    assert env["OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["SHARED_SVC_LEADER_ELECTION"] == "true"
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    spread = pod["topologySpreadConstraints"][0]
+    assert (
+        spread["topologyKey"] == "kubernetes.io/hostname"
+        and spread["labelSelector"]["matchLabels"] == selector
+    )
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0][
+        "podAffinityTerm"
+    ]
+    assert (
+        anti["topologyKey"] == "kubernetes.io/hostname"
+        and anti["labelSelector"]["matchLabels"] == selector
+    )
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    service = one(docs, "Service")
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert not find(docs, "ServiceMonitor"), "off by default"
+
+
+def test_service_monitor_and_single_replica_options() -> None:
+    docs = render_docs(
+        "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom", "port=9090"
+    )
+    sm = one(docs, "ServiceMonitor")
+    service = one(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    assert service["spec"]["ports"][0]["port"] == 9090
+    assert container_env(docs)["SHARED_SVC_PORT"] == "9090"
+    single = render_docs("replicas=1")
+    assert not find(single, "PodDisruptionBudget"), (
+        "minAvailable 1 of 1 would block every node drain"
+    )
+
+
+# --- values reach the service ---
+# --set expression -> (env var, Config field, value the service must see)
+VALUE_CASES: dict[str, tuple[str, str, Any]] = {
+    "selectorMode=app": ("SHARED_SVC_SELECTOR_MODE", "selector_mode", "app"),
+    "adopt=false": ("SHARED_SVC_ADOPT", "adopt", False),
+    "dryRun=true": ("SHARED_SVC_DRY_RUN", "dry_run", True),
+    "logLevel=DEBUG": ("SHARED_SVC_LOG_LEVEL", "log_level", "DEBUG"),
+    "port=9091": ("SHARED_SVC_PORT", "port", 9091),
+    "controllers.services=false": ("SHARED_SVC_SERVICES_CONTROLLER", "services_controller", False),
+    "controllers.upgrade=true": ("SHARED_SVC_UPGRADE_CONTROLLER", "upgrade_controller", True),
+    "leaderElection.leaseName=gpu-lease": ("SHARED_SVC_LEASE_NAME", "lease_name", "gpu-lease"),
+    "leaderElection.leaseDurationSeconds=30": (
+        "SHARED_SVC_LEASE_DURATION_SECONDS",
+        "lease_duration_seconds",
+        30.0,
+    ),
+    "leaderElection.renewDeadlineSeconds=20": (
+        "SHARED_SVC_RENEW_DEADLINE_SECONDS",
+        "renew_deadline_seconds",
+        20.0,
+    ),
+    "leaderElection.retryPeriodSeconds=4": (
+        "SHARED_SVC_RETRY_PERIOD_SECONDS",
+        "retry_period_seconds",
+        4.0,
+    ),
+    "upgrade.driverName=ofed": ("SHARED_SVC_UPGRADE_DRIVER_NAME", "upgrade_driver_name", "ofed"),
+    "upgrade.consumerSelector=team=ml": (
+        "SHARED_SVC_UPGRADE_CONSUMER_SELECTOR",
+        "upgrade_consumer_selector",
+        "team=ml",
+    ),
+    "upgrade.detection=evict": ("SHARED_SVC_UPGRADE_DETECTION", "upgrade_detection", "evict"),
+    "upgrade.runtimeClasses={nvidia,kata}": (
+        "SHARED_SVC_UPGRADE_RUNTIME_CLASSES",
+        "upgrade_runtime_classes",
+        ["nvidia", "kata"],
+    ),
+    "upgrade.evictionTimeoutSeconds=600": (
+        "SHARED_SVC_UPGRADE_EVICTION_TIMEOUT_SECONDS",
+        "upgrade_eviction_timeout_seconds",
+        600.0,
+    ),
+    "upgrade.deleteAfterTimeout=true": (
+        "SHARED_SVC_UPGRADE_DELETE_AFTER_TIMEOUT",
+        "upgrade_delete_after_timeout",
+        True,
+    ),
+    "upgrade.pollSeconds=7": ("SHARED_SVC_UPGRADE_POLL_SECONDS", "upgrade_poll_seconds", 7.0),
+    "upgrade.resyncSeconds=90": (
+        "SHARED_SVC_UPGRADE_RESYNC_SECONDS",
+        "upgrade_resync_seconds",
+        90.0,
+    ),
+    "upgrade.workers=8": ("SHARED_SVC_UPGRADE_WORKERS", "upgrade_workers", 8),
+    "tuning.resyncSeconds=600": ("SHARED_SVC_RESYNC_SECONDS", "resync_seconds", 600.0),
+    "tuning.discoverySeconds=30": ("SHARED_SVC_DISCOVERY_SECONDS", "discovery_seconds", 30.0),
+    "tuning.coalesceSeconds=0.5": ("SHARED_SVC_COALESCE_SECONDS", "coalesce_seconds", 0.5),
+    "tuning.backoffBaseSeconds=0.01": (
+        "SHARED_SVC_BACKOFF_BASE_SECONDS",
+        "backoff_base_seconds",
+        0.01,
+    ),
+    "tuning.backoffMaxSeconds=60": ("SHARED_SVC_BACKOFF_MAX_SECONDS", "backoff_max_seconds", 60.0),
+    "tuning.writesPerSecond=5": ("SHARED_SVC_WRITES_PER_SECOND", "writes_per_second", 5.0),
+    "tuning.writesBurst=20": ("SHARED_SVC_WRITES_BURST", "writes_burst", 20),
+    "tuning.conflictingWriterThreshold=5": (
+        "SHARED_SVC_CONFLICTING_WRITER_THRESHOLD",
+        "conflicting_writer_threshold",
+        5,
+    ),
+    "tuning.conflictingWriterWindowSeconds=900": (
+        "SHARED_SVC_CONFLICTING_WRITER_WINDOW_SECONDS",
+        "conflicting_writer_window_seconds",
+        900.0,
+    ),
+    "tuning.conflictingWriterBackoffSeconds=120": (
+        "SHARED_SVC_CONFLICTING_WRITER_BACKOFF_SECONDS",
+        "conflicting_writer_backoff_seconds",
+        120.0,
+    ),
+}
+
+
+def config_from_env(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Config:
+    """The settings the service builds from the container's environment (fieldRefs filled in)."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("SHARED_SVC_") or key in ("OPERATOR_NAMESPACE", "POD_NAME", "KUBECONFIG"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value if isinstance(value, str) else "from-field-ref")
+    monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-operator")
+    return Config()
+
+
+def test_every_value_reaches_the_service_through_its_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render_docs(*VALUE_CASES)
+    env = container_env(docs)
+    config = config_from_env(env, monkeypatch)
+    for expression, (var, field, expected) in VALUE_CASES.items():
+        assert var in env, f"{expression}: no {var} in the container env"
+        assert getattr(config, field) == expected, (
+            f"{expression}: {var}={env[var]!r} gave {getattr(config, field)!r}"
+        )
+    assert config.namespace == "gpu-operator" and config.kubeconfig is None
+
+
+def test_every_chart_setting_is_covered_by_a_value_case() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    settings = {
+        k: values[k]
+        for k in (
+            "selectorMode",
+            "adopt",
+            "dryRun",
+            "logLevel",
+            "port",
+            "controllers",
+            "leaderElection",
+            "upgrade",
+            "tuning",
+        )
+    }
+
+    def leaves(tree: dict[str, Any], prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for key, value in tree.items():
+            out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+        return out
+
+    covered = {e.split("=", 1)[0] for e in VALUE_CASES} | {"leaderElection.enabled"}
+    assert leaves(settings) == covered
+
+
+def test_default_values_are_the_service_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's defaults configure the service exactly as its own defaults would."""
+    config = config_from_env(container_env(render_docs(*UPGRADE_ON)), monkeypatch)
+    defaults = Config(namespace="gpu-operator", upgrade_controller=True)
+    for _, (_, field, _) in VALUE_CASES.items():
+        if field in ("services_controller", "upgrade_controller"):
+            continue
+        assert getattr(config, field) == getattr(defaults, field), field
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("selectorMode=bogus",), "selectorMode"),
+        (("upgrade.detection=kill",), "detection"),
+        (("replicas=0",), "replicas"),
+        (("tuning.writesBurst=0",), "writesBurst"),
+        (("adopt=maybe",), "adopt"),
+        (("selectorMod=app",), "selectorMod"),
+        (("leaderElection.enabled=false",), "leaderElection.enabled=true"),
+        (("controllers.services=false",), "nothing to run"),
+        (("namespace=Bad_NS",), "namespace"),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
+    with pytest.raises(RenderError) as err:
+        render(*sets)
+    assert message in str(err.value)
+
+
+def test_single_replica_without_leader_election_renders() -> None:
+    docs = render_docs("replicas=1", "leaderElection.enabled=false")
+    env = container_env(docs)
+    assert env["SHARED_SVC_LEADER_ELECTION"] == "false" and "SHARED_SVC_LEASE_NAME" not in env
+    assert not [r for r in rules(one(docs, "Role", "shared-svc")) if r[1] == "leases"]

@@ -1,0 +1,385 @@
+"""The chart on the real API server (``--authorization-mode=RBAC``).
+
+The rendered manifests pass server-side dry-run; the service, authenticated as the
+chart's ServiceAccount (a real token from TokenRequest) and holding exactly the chart's
+RBAC, converges the Services, writes its Events and leads through its Lease; the same
+identity gets 403 for everything else; the driver-upgrade permissions exist only when
+the value turns the controller on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.kube.upgrade_io import KubeUpgradeIO
+from shared_svc.testenv import ControlPlane
+from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.planner import NodePatch, PodAction
+from shared_svc.upgrade.states import state_label_key
+from tests.kube import api_client, eventually, make_namespace, unique
+from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.test_deploy_chart import MANIFESTS, PLAIN, UPGRADE_ON, Doc, rbac_docs, render_docs
+
+pytestmark = pytest.mark.apiserver
+
+# kind -> (plural, namespaced) for every kind the chart renders
+KINDS = {
+    "ServiceAccount": ("serviceaccounts", True),
+    "Role": ("roles", True),
+    "RoleBinding": ("rolebindings", True),
+    "ClusterRole": ("clusterroles", False),
+    "ClusterRoleBinding": ("clusterrolebindings", False),
+    "Deployment": ("deployments", True),
+    "Service": ("services", True),
+    "PodDisruptionBudget": ("poddisruptionbudgets", True),
+    "ServiceMonitor": ("servicemonitors", True),
+}
+DRIVER = "rbactest"  # a driver name of its own: no other test's upgrade controller sees these nodes
+
+
+def object_path(doc: Doc) -> str:
+    plural, namespaced = KINDS[doc["kind"]]
+    api_version = doc["apiVersion"]
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    meta = doc["metadata"]
+    where = f"/namespaces/{meta['namespace']}" if namespaced else ""
+    return f"{base}{where}/{plural}/{meta['name']}"
+
+
+def dry_run_apply(cp: ControlPlane, docs: list[Doc]) -> dict[str, tuple[int, Any]]:
+    """Server-side apply with dryRun=All and strict field validation: (kind/name) -> answer."""
+    answers = {}
+    for doc in docs:
+        status, body = cp.request(
+            "PATCH",
+            object_path(doc)
+            + "?fieldManager=shared-svc-test&dryRun=All&fieldValidation=Strict&force=true",
+            json.dumps(doc),
+            content_type="application/apply-patch+yaml",
+        )
+        answers[f"{doc['kind']}/{doc['metadata']['name']}"] = (status, body)
+    return answers
+
+
+@dataclass
+class Identity:
+    namespace: str
+    release: str
+    kubeconfig: Path
+
+
+def install_identity(cp: ControlPlane, directory: Path, *sets: str) -> Identity:
+    """Applies the chart's RBAC objects (rendered for a namespace of their own) and returns
+    a kubeconfig with a real token of the chart's ServiceAccount."""
+    namespace = unique("rbac")
+    release = f"shared-svc-{namespace}"
+    cp.ensure_namespace(namespace)
+    cp.apply_manifests(rbac_docs(render_docs(*sets, name=release, namespace=namespace)))
+    token = cp.service_account_token(namespace, release)
+    return Identity(
+        namespace, release, cp.write_kubeconfig(directory / f"{release}.kubeconfig", token)
+    )
+
+
+def remove_cluster_objects(cp: ControlPlane, identity: Identity) -> None:
+    for plural in ("clusterrolebindings", "clusterroles"):
+        for name in (identity.release, f"{identity.release}-upgrade"):
+            cp.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/{plural}/{name}")
+
+
+async def status_of(call: Awaitable[Any]) -> int:
+    """200 when the call succeeds, else the API server's status code."""
+    try:
+        await call
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+@pytest.fixture
+async def admin(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    api = await api_client(control_plane)
+    kube = Kube(api, await make_namespace(api, unique("rbac-admin")))
+    await kube.clean_crs()
+    try:
+        yield kube
+    finally:
+        await kube.clean_crs()
+        await api.close()
+
+
+@pytest.fixture
+def identity(control_plane: ControlPlane, tmp_path: Path) -> Any:
+    ident = install_identity(control_plane, tmp_path)
+    yield ident
+    remove_cluster_objects(control_plane, ident)
+
+
+async def as_identity(cp: ControlPlane, ident: Identity) -> ApiClient:
+    api = await api_client(cp, str(ident.kubeconfig))
+    # RBAC objects reach the authorizer through its informers: wait until the grant is seen.
+    services = client.CoreV1Api(api)
+    await eventually(lambda: _ok(services.list_namespaced_service(ident.namespace)), timeout=15)
+    return api
+
+
+async def _ok(call: Awaitable[Any]) -> bool:
+    return await status_of(call) == 200
+
+
+# --- the manifests are valid Kubernetes objects ---
+def test_rendered_manifests_pass_server_side_dry_run(control_plane: ControlPlane) -> None:
+    import yaml
+
+    control_plane.ensure_namespace("gpu-operator")
+    sets = [
+        *[
+            (
+                f"deploy/manifests/{name}",
+                [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d],
+            )
+            for name in PLAIN
+        ],
+        (
+            "chart with serviceMonitor.enabled",
+            render_docs("serviceMonitor.enabled=true", *UPGRADE_ON),
+        ),
+    ]
+    for label, docs in sets:
+        answers = dry_run_apply(control_plane, docs)
+        bad = {k: v for k, v in answers.items() if v[0] not in (200, 201)}
+        assert not bad, f"{label}: {bad}"
+        assert len(answers) == len(docs) >= 10
+    # Dry run means nothing was stored.
+    assert (
+        control_plane.request(
+            "GET", "/apis/apps/v1/namespaces/gpu-operator/deployments/shared-svc"
+        )[0]
+        == 404
+    )
+    # ...and the check can fail: a Deployment whose selector misses its pods is refused.
+    deployment = next(d for d in sets[0][1] if d["kind"] == "Deployment")
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] = "other"
+    ((status, body),) = dry_run_apply(control_plane, [broken]).values()
+    assert status == 422 and "does not match template" in json.dumps(body)
+
+
+# --- the service with exactly the chart's permissions ---
+async def test_service_converges_and_reports_as_its_service_account(
+    control_plane: ControlPlane, admin: Kube, identity: Identity
+) -> None:
+    ns = identity.namespace
+    kube = Kube(admin.api, ns)
+    pod_name = f"{identity.release}-0"
+    probe = await as_identity(control_plane, identity)
+    await probe.close()
+    config = service_config(
+        control_plane,
+        ns,
+        kubeconfig=str(identity.kubeconfig),
+        leader_election=True,
+        pod_name=pod_name,
+    )
+    async with running(config) as svc:
+        cp = await kube.create_cr(cp_body())
+        await settle(svc)
+        assert set(await kube.services()) == {"nvidia-dcgm", "nvidia-dcgm-exporter"}
+        created = await kube.events_for("ServiceCreated")
+        assert {(e["regarding"]["name"], e["reportingInstance"]) for e in created} == {
+            ("nvidia-dcgm", pod_name),
+            ("nvidia-dcgm-exporter", pod_name),
+        }
+        lease = await client.CoordinationV1Api(admin.api).read_namespaced_lease("shared-svc", ns)
+        assert lease.spec.holder_identity == pod_name and svc.is_leader()
+
+        # A GPUCluster with a ServiceMonitor: Services re-owned (patch), a ServiceMonitor created.
+        monitor = {"enabled": True, "serviceMonitor": {"enabled": True}}
+        gc = await kube.create_cr(gc_body(dcgmExporter=monitor))
+        await settle(svc)
+        assert await kube.service_monitor("nvidia-dcgm-exporter") is not None
+        assert "nvidia-dcgm-exporter-dra" in await kube.services()
+
+        # An Event about a cluster-scoped object goes to `default`.
+        await kube.patch_cr(
+            "GPUCluster", "gpu-cluster", {"spec": {"dcgmExporter": {"service": {"type": "Bogus"}}}}
+        )
+        await settle(svc)
+        invalid = await kube.events_for("InvalidSpec", namespace="default")
+        assert [
+            e["regarding"]["kind"]
+            for e in invalid
+            if e["regarding"]["uid"] == gc["metadata"]["uid"]
+        ] == ["GPUCluster"]
+
+        # Deletes: with no CR left, every Service and the ServiceMonitor go.
+        await kube.delete_cr("ClusterPolicy", cp["metadata"]["name"])
+        await kube.delete_cr("GPUCluster", "gpu-cluster")
+        await settle(svc)
+        assert await kube.services() == {}
+        assert await kube.service_monitor("nvidia-dcgm-exporter") is None
+
+        assert svc.recorder is not None and svc.recorder.failures == 0, "every Event was written"
+        assert svc.elector is not None and svc.elector.last_error is None
+        assert svc.controller is not None
+        errors = {
+            name: c["lastError"]
+            for name, c in svc.controller.cache_status().items()
+            if c["lastError"]
+        }
+        assert not errors
+    released = await client.CoordinationV1Api(admin.api).read_namespaced_lease("shared-svc", ns)
+    assert not released.spec.holder_identity, "the Lease is released on shutdown"
+
+
+async def test_service_account_is_denied_everything_else(
+    control_plane: ControlPlane, admin: Kube, identity: Identity
+) -> None:
+    ns = identity.namespace
+    other = await make_namespace(admin.api, unique("rbac-other"))
+    api = await as_identity(control_plane, identity)
+    try:
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        rbac = client.RbacAuthorizationV1Api(api)
+        service = {"metadata": {"name": "intruder"}, "spec": {"ports": [{"port": 80}]}}
+        event = {
+            "metadata": {"name": "x"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reason": "X",
+            "action": "X",
+            "reportingController": "x",
+            "reportingInstance": "x",
+            "type": "Normal",
+        }
+        calls = {
+            "list Secrets in its namespace": core.list_namespaced_secret(ns),
+            "read a Secret in its namespace": core.read_namespaced_secret("any", ns),
+            "create a Service in another namespace": core.create_namespaced_service(other, service),
+            "delete a Service in another namespace": core.delete_namespaced_service(
+                "nvidia-dcgm", other
+            ),
+            "create an Event in another namespace": client.EventsV1Api(api).create_namespaced_event(
+                other, event
+            ),
+            "create a Namespace": core.create_namespace({"metadata": {"name": unique("nope")}}),
+            "patch a ClusterPolicy": custom.patch_cluster_custom_object(
+                "nvidia.com",
+                "v1",
+                "clusterpolicies",
+                "cluster-policy",
+                {"metadata": {"labels": {"x": "y"}}},
+                _content_type="application/merge-patch+json",
+            ),
+            "create a ClusterRole": rbac.create_cluster_role(
+                {"metadata": {"name": unique("nope")}, "rules": []}
+            ),
+            "read another CRD": client.ApiextensionsV1Api(api).read_custom_resource_definition(
+                "nodes.example.com"
+            ),
+            "list Nodes (upgrade controller off)": core.list_node(),
+            "delete Pods in its namespace (upgrade controller off)": core.delete_collection_namespaced_pod(
+                ns
+            ),
+            "update a Lease of another name": client.CoordinationV1Api(
+                api
+            ).replace_namespaced_lease(
+                "other-lease", ns, {"metadata": {"name": "other-lease"}, "spec": {}}
+            ),
+        }
+        answers = {what: await status_of(call) for what, call in calls.items()}
+        assert answers == dict.fromkeys(calls, 403)
+        # The grant itself is there (the 403s are not an identity that can do nothing).
+        assert (
+            await status_of(
+                custom.list_cluster_custom_object("nvidia.com", "v1", "clusterpolicies")
+            )
+            == 200
+        )
+    finally:
+        await api.close()
+
+
+# --- the driver-upgrade permissions follow the value ---
+async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
+    control_plane: ControlPlane, admin: Kube, tmp_path: Path
+) -> None:
+    ident = install_identity(control_plane, tmp_path)
+    node = unique("rbac-node")
+    core = client.CoreV1Api(admin.api)
+    await core.create_node(
+        {"metadata": {"name": node, "labels": {state_label_key(DRIVER): "pod-restart-required"}}}
+    )
+    ns = ident.namespace
+    pods = []
+    for i in range(2):
+        body = {
+            "metadata": {"name": f"consumer-{i}"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+        }
+        pods.append(await core.create_namespaced_pod(ns, body))
+    actions = [
+        PodAction(verb, ns, p.metadata.name, p.metadata.uid, "test")
+        for verb, p in zip(("evict", "delete"), pods, strict=True)
+    ]
+    patch = NodePatch(
+        node=node, resource_version=None, labels=((parked_label_key(DRIVER), "true"),)
+    )
+    api = await as_identity(control_plane, ident)
+    try:
+        io = KubeUpgradeIO(api, DRIVER, on_change=lambda: None)
+        off = {
+            "get node": io.get_node(node),
+            "pods on node": io.pods_on_node(node),
+            "patch node": io.patch_node(patch),
+            "evict": io.evict(actions[0]),
+            "delete pod": io.delete_pod(actions[1]),
+            "list nodes": client.CoreV1Api(api).list_node(),
+            "list daemonsets": client.AppsV1Api(api).list_daemon_set_for_all_namespaces(),
+        }
+        assert {k: await status_of(c) for k, c in off.items()} == dict.fromkeys(off, 403)
+
+        # The same release with controllers.upgrade=true: the calls of shared_svc.kube.upgrade_io work.
+        control_plane.apply_manifests(
+            rbac_docs(render_docs(*UPGRADE_ON, name=ident.release, namespace=ns))
+        )
+        await eventually(lambda: _ok(client.CoreV1Api(api).list_node()), timeout=15)
+        assert (await io.get_node(node) or {}).get("metadata", {}).get("name") == node
+        assert {p["metadata"]["name"] for p in await io.pods_on_node(node)} == {
+            "consumer-0",
+            "consumer-1",
+        }
+        await io.patch_node(patch)
+        assert (await core.read_node(node)).metadata.labels[parked_label_key(DRIVER)] == "true"
+        assert await io.evict(actions[0]) == "evicted"
+        assert await io.delete_pod(actions[1]) == "evicted"
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(io.run(stop))
+        try:
+            await eventually(lambda: _true(io.synced()), timeout=15)
+            assert io.node_versions().keys() == {node}
+            assert all(i.last_error is None for i in io._informers)
+        finally:
+            stop.set()
+            await task
+        # Still nothing beyond the grant: no node writes other than patch, no pods outside list/delete.
+        assert await status_of(client.CoreV1Api(api).delete_node(node)) == 403
+        assert await status_of(client.CoreV1Api(api).read_namespaced_pod("consumer-0", ns)) == 403
+    finally:
+        await api.close()
+        await core.delete_node(node)
+        remove_cluster_objects(control_plane, ident)
+
+
+async def _true(value: bool) -> bool:
+    return value
