@@ -458,3 +458,66 @@ async def test_upgrade_controller_runs_inside_the_service(
         assert "controller_runtime_reconcile_total" in text
     async with running(service_config(control_plane, kube.ns)) as svc:
         assert "upgrade" not in svc.status(), "off by default"
+
+
+async def test_dry_run_computes_and_reports_but_writes_nothing(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    await kube.create_cr(cp_body())
+    before = apiserver_write_count(control_plane)
+    async with running(service_config(control_plane, kube.ns, dry_run=True)) as svc:
+        await eventually(
+            lambda: _true(svc.status()["lastReconcile"].get("result") == "dry-run"), timeout=30
+        )
+        status = svc.status()
+        assert {o["name"]: o["lastAction"]["action"] for o in status["objects"]} == {
+            "nvidia-dcgm": "create",
+            "nvidia-dcgm-exporter": "create",
+        }
+    assert await kube.services() == {}
+    assert apiserver_write_count(control_plane) == before, (
+        "no Service, ServiceMonitor or Event written"
+    )
+
+
+async def test_informer_relists_after_410_gone() -> None:
+    """Own control plane: etcd is compacted and the API server restarted (its watch cache
+    rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
+    from shared_svc.kube.cache import Informer, Resource
+
+    cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
+    try:
+        api = await api_client(cp)
+        k = Kube(api, await make_namespace(api, "gone"))
+        informer = Informer(
+            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
+        )
+        await informer.relist()
+        old = informer.resource_version
+        for i in range(3):
+            await k.core.create_namespaced_service(
+                k.ns, {"metadata": {"name": f"s{i}"}, "spec": {"ports": [{"port": 1}]}}
+            )
+        await asyncio.get_running_loop().run_in_executor(None, cp.compact_etcd)
+        await asyncio.get_running_loop().run_in_executor(None, cp.stop_apiserver)
+        await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
+        await api.close()
+        api = await api_client(cp)
+        informer = Informer(
+            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
+        )
+        informer.resource_version = old
+        assert await informer.watch_once() == "gone"
+        # Run from there, the informer ends with the complete list.
+        informer.resource_version = old
+        informer.synced.set()
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(informer.run(stop))
+        try:
+            await eventually(lambda: _true(len(informer.items()) == 3), timeout=20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        await api.close()
+    finally:
+        cp.stop()
