@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio.client import ApiClient
 
 from shared_svc import testenv
+from tests.kube import api_client, make_namespace, unique
+from tests.svc import Kube
 
 UPSTREAM_CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
 
@@ -23,3 +26,26 @@ def control_plane() -> Iterator[testenv.ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture
+async def api(control_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
+    """An admin API client for one test."""
+    c = await api_client(control_plane)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture
+async def kube(api: ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[Kube]:
+    """Admin helpers in a namespace of the test's own, with no ClusterPolicy/GPUCluster
+    before or after (the CRs are cluster-scoped and the API server is shared)."""
+    prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")[:20]
+    k = Kube(api, await make_namespace(api, unique(prefix)))
+    await k.clean_crs()
+    try:
+        yield k
+    finally:
+        await k.clean_crs()

@@ -20,6 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.config import Config
 from shared_svc.service import Service
 from shared_svc.testenv import ControlPlane
+from shared_svc.testenv_workloads import DcgmWorkloads
 
 CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
 COMMON = {
@@ -66,6 +67,7 @@ class Kube:
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = client.EventsV1Api(api)
+        self.workloads = DcgmWorkloads(api, namespace, field_manager="test")
 
     # --- CRs ---
     async def create_cr(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -130,84 +132,15 @@ class Kube:
             if e.reason == reason and e.reporting_controller == "nvidia.com/shared-svc"
         ]
 
-    async def daemonset(
-        self,
-        app: str,
-        *,
-        common: bool,
-        desired: int = 1,
-        updated: int | None = None,
-        available: int | None = None,
-        on_delete: bool = False,
-    ) -> None:
-        """Creates or updates a DaemonSet and sets its status (no DaemonSet controller runs)."""
-        component = "exporter" if "exporter" in app else "dcgm"
-        labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
-        body = {
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": {"name": app, "namespace": self.ns},
-            "spec": {
-                "selector": {"matchLabels": {"app": app}},
-                "updateStrategy": {"type": "OnDelete" if on_delete else "RollingUpdate"},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]
-                    },
-                },
-            },
-        }
-        ds = await self.apps.patch_namespaced_daemon_set(
-            app,
-            self.ns,
-            body,
-            field_manager="test",
-            force=True,
-            _content_type="application/apply-patch+yaml",
-        )
-        status = {
-            "status": {
-                "observedGeneration": ds.metadata.generation,
-                "desiredNumberScheduled": desired,
-                "currentNumberScheduled": desired,
-                "numberMisscheduled": 0,
-                "numberReady": available if available is not None else desired,
-                "updatedNumberScheduled": updated if updated is not None else desired,
-                "numberAvailable": available if available is not None else desired,
-            }
-        }
-        await self.apps.patch_namespaced_daemon_set_status(
-            app, self.ns, status, _content_type="application/merge-patch+json"
-        )
+    async def daemonset(self, app: str, *, common: bool, desired: int = 1, **status: Any) -> None:
+        """A DaemonSet with the status its (absent) controller would report."""
+        await self.workloads.daemonset(app, common=common, desired=desired, **status)
 
     async def pod(self, name: str, app: str, *, common: bool, ready: bool = True) -> None:
-        component = "exporter" if "exporter" in app else "dcgm"
-        labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
-        body = {
-            "metadata": {"name": name, "namespace": self.ns, "labels": labels},
-            "spec": {"containers": [{"name": "c", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4"}]},
-        }
-        try:
-            await self.core.create_namespaced_pod(self.ns, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            await self.core.patch_namespaced_pod(name, self.ns, {"metadata": {"labels": labels}})
-        if ready:
-            await self.core.patch_namespaced_pod_status(
-                name,
-                self.ns,
-                {
-                    "status": {
-                        "phase": "Running",
-                        "conditions": [{"type": "Ready", "status": "True"}],
-                    }
-                },
-            )
+        await self.workloads.pod(name, app, common=common, ready=ready)
 
     async def delete_pod(self, name: str) -> None:
-        await self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+        await self.workloads.delete_pod(name)
 
 
 def _cr_gvp(kind: str) -> tuple[str, str, str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc import testenv
 from tests.conftest import UPSTREAM_CRDS
-from tests.kube import api_client, make_namespace, unique
+from tests.kube import make_namespace, unique
 
 pytestmark = pytest.mark.apiserver
 
 SSA = "application/apply-patch+yaml"
-
-
-@pytest.fixture
-async def api(control_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
-    c = await api_client(control_plane)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 @pytest.fixture

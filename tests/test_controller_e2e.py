@@ -11,24 +11,11 @@ import pytest
 
 from shared_svc.service import Service
 from shared_svc.testenv import ControlPlane
-from tests.kube import api_client, make_namespace, unique
 from tests.svc import COMMON, Kube, cp_body, gc_body, running, service_config, settle
 
 pytestmark = pytest.mark.apiserver
 
 SCRAPE = "prometheus.io/scrape"
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    api = await api_client(control_plane)
-    k = Kube(api, await make_namespace(api, unique("e2e")))
-    await k.clean_crs()
-    try:
-        yield k
-    finally:
-        await k.clean_crs()
-        await api.close()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,22 +18,10 @@ import pytest
 from shared_svc import testenv
 from shared_svc.service import Service
 from shared_svc.testenv import ControlPlane
-from tests.kube import api_client, eventually, make_namespace, unique
+from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, apiserver_write_count, cp_body, gc_body, running, service_config, settle
 
 pytestmark = pytest.mark.apiserver
-
-
-@pytest.fixture
-async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    api = await api_client(control_plane)
-    k = Kube(api, await make_namespace(api, unique("ops")))
-    await k.clean_crs()
-    try:
-        yield k
-    finally:
-        await k.clean_crs()
-        await api.close()
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:

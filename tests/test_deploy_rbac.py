@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,18 +107,6 @@ async def status_of(call: Awaitable[Any]) -> int:
 
 
 @pytest.fixture
-async def admin(control_plane: ControlPlane) -> AsyncIterator[Kube]:
-    api = await api_client(control_plane)
-    kube = Kube(api, await make_namespace(api, unique("rbac-admin")))
-    await kube.clean_crs()
-    try:
-        yield kube
-    finally:
-        await kube.clean_crs()
-        await api.close()
-
-
-@pytest.fixture
 def identity(control_plane: ControlPlane, tmp_path: Path) -> Any:
     ident = install_identity(control_plane, tmp_path)
     yield ident
@@ -176,11 +164,12 @@ def test_rendered_manifests_pass_server_side_dry_run(control_plane: ControlPlane
 
 
 # --- the service with exactly the chart's permissions ---
+@pytest.mark.usefixtures("kube")  # no ClusterPolicy/GPUCluster before or after
 async def test_service_converges_and_reports_as_its_service_account(
-    control_plane: ControlPlane, admin: Kube, identity: Identity
+    control_plane: ControlPlane, api: ApiClient, identity: Identity
 ) -> None:
     ns = identity.namespace
-    kube = Kube(admin.api, ns)
+    kube = Kube(api, ns)  # admin view of the chart's namespace
     pod_name = f"{identity.release}-0"
     probe = await as_identity(control_plane, identity)
     await probe.close()
@@ -200,7 +189,7 @@ async def test_service_converges_and_reports_as_its_service_account(
             ("nvidia-dcgm", pod_name),
             ("nvidia-dcgm-exporter", pod_name),
         }
-        lease = await client.CoordinationV1Api(admin.api).read_namespaced_lease("shared-svc", ns)
+        lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease("shared-svc", ns)
         assert lease.spec.holder_identity == pod_name and svc.is_leader()
 
         # A GPUCluster with a ServiceMonitor: Services re-owned (patch), a ServiceMonitor created.
@@ -238,15 +227,15 @@ async def test_service_converges_and_reports_as_its_service_account(
             if c["lastError"]
         }
         assert not errors
-    released = await client.CoordinationV1Api(admin.api).read_namespaced_lease("shared-svc", ns)
+    released = await client.CoordinationV1Api(kube.api).read_namespaced_lease("shared-svc", ns)
     assert not released.spec.holder_identity, "the Lease is released on shutdown"
 
 
 async def test_service_account_is_denied_everything_else(
-    control_plane: ControlPlane, admin: Kube, identity: Identity
+    control_plane: ControlPlane, kube: Kube, identity: Identity
 ) -> None:
     ns = identity.namespace
-    other = await make_namespace(admin.api, unique("rbac-other"))
+    other = await make_namespace(kube.api, unique("rbac-other"))
     api = await as_identity(control_plane, identity)
     try:
         core = client.CoreV1Api(api)
@@ -312,11 +301,11 @@ async def test_service_account_is_denied_everything_else(
 
 # --- the driver-upgrade permissions follow the value ---
 async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
-    control_plane: ControlPlane, admin: Kube, tmp_path: Path
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
 ) -> None:
     ident = install_identity(control_plane, tmp_path)
     node = unique("rbac-node")
-    core = client.CoreV1Api(admin.api)
+    core = client.CoreV1Api(kube.api)
     await core.create_node(
         {"metadata": {"name": node, "labels": {state_label_key(DRIVER): "pod-restart-required"}}}
     )

@@ -26,14 +26,13 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import testenv
 from shared_svc.config import Config
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.upgrade_io import pods_on_node
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import UpgradeController
-from tests.kube import api_client, eventually, make_namespace, unique
+from tests.kube import eventually, make_namespace, unique
 
 pytestmark = pytest.mark.apiserver
 
@@ -41,15 +40,6 @@ STATE = "nvidia.com/gpu-driver-upgrade-state"
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
 OPERATOR_NS = "gpu-operator"
-
-
-@pytest.fixture
-async def api(control_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
-    c = await api_client(control_plane)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 @pytest.fixture

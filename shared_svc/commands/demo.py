@@ -18,10 +18,6 @@ from typing import Any
 from shared_svc.errors import UsageError
 
 NS = "gpu-operator"
-COMMON = {
-    "dcgm": "nvidia.com/gpu-operator.dcgm",
-    "exporter": "nvidia.com/gpu-operator.dcgm-exporter",
-}
 
 
 def register(subparsers: Any) -> None:
@@ -73,6 +69,7 @@ async def _walk(cp: Any, log_file: Path) -> None:
     from shared_svc import logs
     from shared_svc.config import Config
     from shared_svc.service import Service
+    from shared_svc.testenv_workloads import DcgmWorkloads
 
     logs.configure("INFO")
     handler = logging.FileHandler(log_file)
@@ -86,8 +83,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
     api = client.ApiClient(configuration=configuration)
     # Plain dict bodies throughout: the typed client models add nothing to a demo.
     core: Any = client.CoreV1Api(api)
-    apps: Any = client.AppsV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
+    workloads = DcgmWorkloads(api, NS, field_manager="demo")
     await core.create_namespace({"metadata": {"name": NS}})
 
     step(
@@ -124,9 +121,9 @@ async def _walk(cp: Any, log_file: Path) -> None:
             body["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
         await core.create_namespaced_service(NS, body, field_manager="gpu-operator")
     for app in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
-        await _daemonset(apps, app, common=False)
+        await workloads.daemonset(app, common=False)
         for node in ("node-a", "node-b"):
-            await _pod(core, f"{app}-{node}", app, common=False)
+            await workloads.pod(f"{app}-{node}", app, common=False)
     await _show(core)
 
     step(
@@ -163,9 +160,9 @@ async def _walk(cp: Any, log_file: Path) -> None:
              nvidia.com/gpu-operator.dcgm(-exporter)=true, the stable names move to the common label.""",
         )
         for app in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
-            await _daemonset(apps, app, common=True)
+            await workloads.daemonset(app, common=True)
             for node in ("node-a", "node-b"):
-                await _pod(core, f"{app}-{node}", app, common=True)
+                await workloads.pod(f"{app}-{node}", app, common=True)
         await _settle(service)
         await _show(core)
 
@@ -180,9 +177,9 @@ async def _walk(cp: Any, log_file: Path) -> None:
             "nvidia.com", "v1alpha1", "gpuclusters", _gpu_cluster()
         )
         for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
-            await _daemonset(apps, app, common=False)
+            await workloads.daemonset(app, common=False)
             for node in ("node-c",):
-                await _pod(core, f"{app}-{node}", app, common=False)
+                await workloads.pod(f"{app}-{node}", app, common=False)
         await _settle(service)
         await _show(core)
         _show_pending(service)
@@ -205,8 +202,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
             "The stable names move to the common labels; the -dra names keep their own.",
         )
         for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
-            await _daemonset(apps, app, common=True)
-            await _pod(core, f"{app}-node-c", app, common=True)
+            await workloads.daemonset(app, common=True)
+            await workloads.pod(f"{app}-node-c", app, common=True)
         await _settle(service)
         await _show(core)
 
@@ -277,69 +274,6 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     for row in (header, *rows):
         say("    " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
-
-
-async def _daemonset(apps: Any, app: str, *, common: bool) -> None:
-    component = "exporter" if "exporter" in app else "dcgm"
-    labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": app, "namespace": NS, "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": {"app": app}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]},
-            },
-        },
-    }
-    ds = await apps.patch_namespaced_daemon_set(
-        app,
-        NS,
-        body,
-        field_manager="demo",
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
-    status = {
-        "status": {
-            "observedGeneration": ds.metadata.generation,
-            "desiredNumberScheduled": 2,
-            "currentNumberScheduled": 2,
-            "numberMisscheduled": 0,
-            "numberReady": 2,
-            "updatedNumberScheduled": 2,
-            "numberAvailable": 2,
-        }
-    }
-    await apps.patch_namespaced_daemon_set_status(
-        app, NS, status, _content_type="application/merge-patch+json"
-    )
-
-
-async def _pod(core: Any, name: str, app: str, *, common: bool) -> None:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    component = "exporter" if "exporter" in app else "dcgm"
-    labels = {"app": app, **({COMMON[component]: "true"} if common else {})}
-    try:
-        await core.create_namespaced_pod(
-            NS,
-            {
-                "metadata": {"name": name, "labels": labels},
-                "spec": {"containers": [{"name": "c", "image": "dcgm:demo"}]},
-            },
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        await core.patch_namespaced_pod(name, NS, {"metadata": {"labels": labels}})
-    await core.patch_namespaced_pod_status(
-        name,
-        NS,
-        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-    )
 
 
 def _cluster_policy() -> dict[str, Any]:
