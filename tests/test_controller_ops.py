@@ -34,6 +34,15 @@ async def http_get(port: int, path: str) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
+def successful_reconciles(service: Service) -> float:
+    return metric(
+        service,
+        "controller_runtime_reconcile_total",
+        controller="shared-services",
+        result="success",
+    )
+
+
 def metric(service: Service, name: str, **labels: str) -> float:
     value = service.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
@@ -68,22 +77,9 @@ async def test_each_conflict_is_one_warning_event_and_in_status(
             "the API server assigned a nodePort; we keep it"
         )
         # Many reconciles later (resync every 0.3 s) there is still one Event per conflict.
-        reconciles = metric(
-            svc,
-            "controller_runtime_reconcile_total",
-            controller="shared-services",
-            result="success",
-        )
+        reconciles = successful_reconciles(svc)
         await asyncio.sleep(2.5)
-        assert (
-            metric(
-                svc,
-                "controller_runtime_reconcile_total",
-                controller="shared-services",
-                result="success",
-            )
-            >= reconciles + 5
-        )
+        assert successful_reconciles(svc) >= reconciles + 5
         events = await kube.events_for("ServiceConfigConflict", namespace="default")
         fields = sorted(e["note"].split(":")[0] for e in events)
         assert len(events) == 2, [e["note"] for e in events]
@@ -168,24 +164,11 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         await settle(svc)
         await asyncio.sleep(0.5)
         writes_before = apiserver_write_count(control_plane)
-        reconciles = metric(
-            svc,
-            "controller_runtime_reconcile_total",
-            controller="shared-services",
-            result="success",
-        )
+        reconciles = successful_reconciles(svc)
         relists = {n: i.relists for n, i in svc.controller._informers.items()}  # type: ignore[union-attr]
         await asyncio.sleep(5)
         assert apiserver_write_count(control_plane) == writes_before
-        assert (
-            metric(
-                svc,
-                "controller_runtime_reconcile_total",
-                controller="shared-services",
-                result="success",
-            )
-            >= reconciles + 10
-        )
+        assert successful_reconciles(svc) >= reconciles + 10
         assert all(i.relists >= relists[n] + 5 for n, i in svc.controller._informers.items())  # type: ignore[union-attr]
 
 
