@@ -13,6 +13,7 @@ import asyncio
 import datetime as dt
 import logging
 import random
+import re
 import time
 import uuid
 from collections import deque
@@ -42,14 +43,14 @@ def _utc() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
+_PATH_TOKEN = re.compile(r'\[\d+\]|([A-Za-z0-9_-]+)|\["([^"]*)"\]')
+
+
 def managers_of_field(obj: dict[str, Any], dotted: str) -> list[str]:
     """Field managers other than ours that own ``dotted`` (or something under it) now."""
-    segments: list[str] = []
-    for part in dotted.replace("]", "").split("."):
-        name, _, key = part.partition("[")
-        segments.append(name)
-        if key and not key.isdigit():
-            segments.append(key.strip('"'))
+    # Dotted names, ["quoted keys"] (which may contain dots) and [indexes]; indexes are skipped
+    # because managedFields key list items by value, not by position.
+    segments = [name or key for name, key in _PATH_TOKEN.findall(dotted) if name or key]
     found: list[tuple[str, str]] = []
     for entry in obj.get("metadata", {}).get("managedFields") or []:
         if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
@@ -61,16 +62,14 @@ def managers_of_field(obj: dict[str, Any], dotted: str) -> list[str]:
 
 def _covers(fields: dict[str, Any], segments: list[str]) -> bool:
     node: Any = fields
-    for seg in segments:
+    for i, seg in enumerate(segments):
         if not isinstance(node, dict) or not node:
             return True  # a leaf owned above this level covers everything below
         nxt = node.get(f"f:{seg}")
         if nxt is None:
-            # lists keyed by value (k:/v:/i:) sit below named fields: look inside each
+            # list items keyed by value (k:/v:/i:) sit between named fields: look inside each
             children = [v for k, v in node.items() if k[:2] in ("k:", "v:", "i:")]
-            if not children:
-                return False
-            return any(_covers(c, [seg]) for c in children)
+            return any(_covers(c, segments[i:]) for c in children)
         node = nxt
     return True
 
@@ -481,16 +480,19 @@ class ServicesController:
         return True
 
     async def _emit_occurrences(self, plan: Plan) -> None:
-        warnings = [r for r in plan.reports if r.after_write is None]
-        current = {r.key for r in warnings}
-        for report in warnings:
-            if report.key not in self._active_warnings:
-                await self._emit(report)
-        self._active_warnings = current
+        occurrences = [r for r in plan.reports if r.after_write is None]
+        active = set()
+        for report in occurrences:
+            if report.key in self._active_warnings or await self._emit(report):
+                active.add(report.key)
+        # Keys whose Event could not be written stay out, so the next reconcile retries them.
+        self._active_warnings = active
 
-    async def _emit(self, report: Report) -> None:
-        await self._recorder.emit(report)
-        self._metrics.events.labels(report.type, report.reason).inc()
+    async def _emit(self, report: Report) -> bool:
+        written = await self._recorder.emit(report)
+        if written:
+            self._metrics.events.labels(report.type, report.reason).inc()
+        return written
 
     # --- status ---
     def status(self) -> dict[str, Any]:

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 STALL_SECONDS = 120.0
 
 
+class ControllerCrashed(RuntimeError):
+    """A controller loop ended without being asked to; the process should exit non-zero."""
+
+
 async def make_api_client(config: Config) -> ApiClient:
     configuration = client.Configuration()
     if config.kubeconfig:
@@ -167,9 +171,9 @@ class Service:
             self.started.set()
             stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
             await asyncio.wait([stopper, *work], return_when=asyncio.FIRST_COMPLETED)
-            for w in work:
-                if w.done() and w.exception():
-                    log.error("controller ended", exc_info=w.exception())
+            crashed = [w.exception() for w in work if w.done() and w.exception() is not None]
+            for exc in crashed:
+                log.error("controller ended unexpectedly", exc_info=exc)
             log.info("shutting down: finishing the reconcile in flight")
             work_stop.set()
             await asyncio.gather(*work, return_exceptions=True)
@@ -177,6 +181,9 @@ class Service:
             lease_stop.set()
             if lease_task:
                 await asyncio.gather(lease_task, return_exceptions=True)
+            if crashed:
+                # After a clean shutdown (Lease released): exit non-zero so Kubernetes restarts us.
+                raise ControllerCrashed(f"a controller ended unexpectedly: {crashed[0]!r}")
         finally:
             if self._runner:
                 await self._runner.cleanup()

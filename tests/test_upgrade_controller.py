@@ -21,8 +21,9 @@ class Recorder:
     def __init__(self) -> None:
         self.reports: list[Report] = []
 
-    async def emit(self, report: Report) -> None:
+    async def emit(self, report: Report) -> bool:
         self.reports.append(report)
+        return True
 
 
 def make(

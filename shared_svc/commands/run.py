@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from typing import Any
 
 from pydantic import ValidationError
@@ -84,5 +85,11 @@ def _run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await Service(config).run(stop)
 
-    asyncio.run(main())
+    from shared_svc.service import ControllerCrashed
+
+    try:
+        asyncio.run(main())
+    except ControllerCrashed as exc:
+        print(f"shared-svc: {exc}", file=sys.stderr)
+        return 1
     return 0

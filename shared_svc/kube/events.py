@@ -76,13 +76,13 @@ class EventRecorder:
         self.emitted = 0  # Events created or series bumped (for /status and tests)
         self.failures = 0
 
-    async def emit(self, report: Report) -> None:
-        """Never raises: an Event that cannot be written is logged and counted."""
+    async def emit(self, report: Report) -> bool:
+        """True once the Event is written. Never raises: a failure is logged and counted."""
         if self._dry_run:
             log.info(
                 "dry-run: would emit event", extra={"reason": report.reason, "note": report.note}
             )
-            return
+            return True
         now = dt.datetime.now(dt.UTC)
         body = event_body(report, self._instance, now)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -105,6 +105,8 @@ class EventRecorder:
                     content_type="application/merge-patch+json",
                 )
             self.emitted += 1
+            return True
         except Exception as exc:  # an Event must never break a reconcile
             self.failures += 1
             log.warning("event not written", extra={"reason": report.reason, "error": str(exc)})
+            return False

@@ -41,7 +41,7 @@ CONFLICT_RETRY_SECONDS = 0.05
 
 
 class Recorder(Protocol):
-    async def emit(self, report: Report) -> None: ...
+    async def emit(self, report: Report) -> bool: ...
 
 
 class UpgradeIO(Protocol):

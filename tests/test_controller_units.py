@@ -1,0 +1,145 @@
+"""Rules of the Services controller's shell that need no API server, and one that does."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from shared_svc.config import Config
+from shared_svc.controller import ServicesController, managers_of_field
+from shared_svc.metrics import Metrics
+from shared_svc.reconcile.model import ObjectRef, Plan, Report
+from shared_svc.testenv import ControlPlane
+from tests.svc import Kube, running, service_config
+
+
+class FlakyRecorder:
+    """Fails the first write of each key, then succeeds."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.failed: set[str] = set()
+
+    async def emit(self, report: Report) -> bool:
+        self.calls.append(report.key)
+        if report.key not in self.failed:
+            self.failed.add(report.key)
+            return False
+        return True
+
+
+def warning(key: str) -> Report:
+    ref = ObjectRef(api_version="v1", kind="Service", name="nvidia-dcgm", namespace="ns")
+    return Report(
+        type="Warning",
+        reason="SelectorMigrationPending",
+        action="Reconcile",
+        regarding=ref,
+        note="n",
+        key=key,
+    )
+
+
+async def test_an_event_that_could_not_be_written_is_retried_next_reconcile() -> None:
+    recorder = FlakyRecorder()
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]  # no API access in this test
+        Config(),
+        recorder=recorder,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        is_leader=lambda: True,
+    )
+    plan = Plan(reports=(warning("a"),))
+    await ctrl._emit_occurrences(plan)  # fails
+    await ctrl._emit_occurrences(plan)  # retried, written
+    await ctrl._emit_occurrences(plan)  # still active: not repeated
+    assert recorder.calls == ["a", "a"]
+    await ctrl._emit_occurrences(Plan())  # the occurrence goes away...
+    await ctrl._emit_occurrences(plan)  # ...and comes back: emitted again (a series bump)
+    assert recorder.calls == ["a", "a", "a"]
+
+
+def test_managers_of_field_names_the_other_writer() -> None:
+    live: dict[str, Any] = {
+        "metadata": {
+            "managedFields": [
+                {
+                    "manager": "shared-svc",
+                    "operation": "Apply",
+                    "time": "2026-01-01T00:00:02Z",
+                    "fieldsV1": {"f:spec": {"f:selector": {}}},
+                },
+                {
+                    "manager": "gpu-operator",
+                    "operation": "Update",
+                    "time": "2026-01-01T00:00:03Z",
+                    "fieldsV1": {"f:spec": {"f:selector": {}, "f:ports": {}}},
+                },
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "time": "2026-01-01T00:00:04Z",
+                    "fieldsV1": {"f:metadata": {"f:annotations": {"f:prometheus.io/scrape": {}}}},
+                },
+            ]
+        }
+    }
+    assert managers_of_field(live, "spec.selector") == ["gpu-operator"]
+    assert managers_of_field(live, 'metadata.annotations["prometheus.io/scrape"]') == ["kubectl"]
+    assert managers_of_field(live, "spec.type") == []
+    monitor: dict[str, Any] = {
+        "metadata": {
+            "managedFields": [
+                {
+                    "manager": "prometheus-config",
+                    "operation": "Update",
+                    "time": "2026-01-01T00:00:05Z",
+                    "fieldsV1": {
+                        "f:spec": {"f:endpoints": {'k:{"port":"gpu-metrics"}': {"f:interval": {}}}}
+                    },
+                },
+            ]
+        }
+    }
+    assert managers_of_field(monitor, "spec.endpoints[0].interval") == ["prometheus-config"]
+    assert managers_of_field(monitor, "spec.endpoints[0].scrapeTimeout") == []
+
+
+@pytest.mark.apiserver
+async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
+    control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared_svc.service import ControllerCrashed
+
+    async def crash(self: ServicesController, stop: asyncio.Event) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ServicesController, "run", crash)
+    config = service_config(control_plane, kube.ns, leader_election=True, pod_name="crashy")
+    with pytest.raises(ControllerCrashed, match="boom"):
+        async with running(config) as svc:
+            await asyncio.sleep(1.0)
+            assert svc.elector is not None
+
+
+def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: ControlPlane) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from shared_svc.controller import ServicesController\n"
+        "async def crash(self, stop): raise RuntimeError('boom')\n"
+        "ServicesController.run = crash\n"
+        "from shared_svc.cli import main\n"
+        f"sys.exit(main(['run', '--kubeconfig', {str(control_plane.kubeconfig)!r}, '--port', '0',"
+        " '--leader-election', 'false', '--namespace', 'crash']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == "shared-svc: a controller ended unexpectedly: RuntimeError('boom')"
+    )
