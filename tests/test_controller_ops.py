@@ -491,3 +491,34 @@ async def test_informer_relists_after_410_gone() -> None:
         await api.close()
     finally:
         cp.stop()
+
+
+async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
+    """A warming-up API server answers 404 for custom resources whose CRD exists: that must
+    never read as "no ClusterPolicy exists" (it would delete Services)."""
+    from shared_svc.kube.cache import Informer, NotServedYet, Resource
+
+    # The path 404s while the CRD exists: what a restarting API server looks like.
+    warming = Informer(
+        kube.api,
+        Resource(
+            "nvidia.com",
+            "v1",
+            "clusterpolicies-not-loaded",
+            "ClusterPolicy",
+            crd_name="clusterpolicies.nvidia.com",
+        ),
+        on_change=lambda: None,
+    )
+    with pytest.raises(NotServedYet):
+        await warming.relist()
+    assert not warming.synced.is_set(), "no reconcile may run on this"
+
+    # The CRD really is absent: the resource is not served, and that is a complete answer.
+    absent = Informer(
+        kube.api,
+        Resource("example.com", "v1", "widgets", "Widget", crd_name="widgets.example.com"),
+        on_change=lambda: None,
+    )
+    await absent.relist()
+    assert absent.synced.is_set() and not absent.served and absent.items() == ()
