@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
+from shared_svc.kube.writer import raw_request
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +97,20 @@ class Informer:
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
 
-    async def _request(self, params: dict[str, Any], *, timeout: float) -> Any:
-        query = [(k, v) for k, v in params.items() if v is not None]
+    def _query(self, params: dict[str, str]) -> list[tuple[str, str]]:
+        query = list(params.items())
         if self.resource.label_selector:
             query.append(("labelSelector", self.resource.label_selector))
         if self.resource.field_selector:
             query.append(("fieldSelector", self.resource.field_selector))
+        return query
+
+    async def _open_watch(self, params: dict[str, str], *, timeout: float) -> Any:
+        """The watch stream, unread (lists go through raw_request)."""
         resp = await self._api.call_api(
             self.resource.path,
             "GET",
-            query_params=query,
+            query_params=self._query(params),
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
             _preload_content=False,
@@ -132,10 +137,10 @@ class Informer:
 
     async def relist(self) -> None:
         """A complete list replaces the cache; raises on failure (the cache keeps its contents)."""
-        resp = None
         try:
-            resp = await self._request({"resourceVersion": None}, timeout=60)
-            data = json.loads(await resp.read())
+            data = await raw_request(
+                self._api, "GET", self.resource.path, query=self._query({}), timeout=60
+            )
         except ApiException as exc:
             if exc.status == 404:
                 if await self._crd_absent():
@@ -145,9 +150,6 @@ class Informer:
                     f"{self.resource.describe()} answers 404 but its CRD exists"
                 ) from exc
             raise
-        finally:
-            if resp is not None:
-                resp.release()
         items = data.get("items") or []
         # Lists return items without kind/apiVersion; the core wants whole objects.
         api_version = (
@@ -177,7 +179,7 @@ class Informer:
         """Watches until the server ends the stream. Returns 'timeout', 'gone' or 'stopped'."""
         if not self.served:
             return "timeout"
-        resp = await self._request(
+        resp = await self._open_watch(
             {
                 "watch": "true",
                 "resourceVersion": self.resource_version,
