@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
@@ -41,6 +42,15 @@ async def make_api_client(config: Config) -> ApiClient:
     if config.kubeconfig:
         if not os.path.exists(config.kubeconfig):  # noqa: ASYNC240 (once, at start-up)
             raise UsageError(f"kubeconfig {config.kubeconfig} does not exist")
+        try:
+            with open(config.kubeconfig) as fh:  # noqa: ASYNC230 (once, at start-up)
+                parsed = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"kubeconfig {config.kubeconfig} cannot be read: {exc}") from exc
+        if not isinstance(parsed, dict) or not parsed.get("clusters"):
+            raise UsageError(
+                f"kubeconfig {config.kubeconfig} is not a kubeconfig (it names no clusters)"
+            )
         try:
             await kube_config.load_kube_config(
                 config_file=config.kubeconfig, client_configuration=configuration

@@ -522,3 +522,19 @@ async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
     )
     await absent.relist()
     assert absent.synced.is_set() and not absent.served and absent.items() == ()
+
+
+def test_a_file_that_is_not_a_kubeconfig_is_one_line_exit_2(tmp_path: Any) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("garbage")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr
+        == f"shared-svc: error: kubeconfig {bad} is not a kubeconfig (it names no clusters)\n"
+    )
