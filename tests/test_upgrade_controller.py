@@ -154,3 +154,26 @@ async def test_trigger_requeues_every_known_node() -> None:
 def test_bad_consumer_selector_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="upgrade_consumer_selector"):
         make(ex.FakeUpgradeIO([], []), upgrade_consumer_selector="a in (b")
+
+
+async def test_stop_finishes_the_node_in_flight() -> None:
+    """SIGTERM never cuts a node's writes in half: the node patch and its evictions land."""
+
+    class SlowIO(ex.FakeUpgradeIO):
+        started = asyncio.Event()
+
+        async def patch_node(self, patch: NodePatch) -> None:
+            self.started.set()
+            await asyncio.sleep(0.3)
+            await super().patch_node(patch)
+
+    io = SlowIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    controller, _ = make(io)
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    controller.notify()
+    await asyncio.wait_for(io.started.wait(), 5)
+    stop.set()  # while the node patch is in flight
+    await asyncio.wait_for(task, 5)
+    kinds = [type(w).__name__ for w in io.writes]
+    assert kinds == ["NodePatch", "PodAction"], kinds

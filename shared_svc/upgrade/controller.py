@@ -11,6 +11,7 @@ status only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -58,6 +59,9 @@ class UpgradeIO(Protocol):
     async def delete_pod(self, action: PodAction) -> str: ...
 
 
+DRAIN_SECONDS = 30.0  # how long shutdown waits for the nodes in flight
+
+
 class NodeQueue:
     """A de-duplicating work queue of node names (controller-runtime's semantics)."""
 
@@ -67,6 +71,8 @@ class NodeQueue:
         self._active: set[str] = set()
         self._dirty: set[str] = set()
         self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self.idle = asyncio.Event()  # set while no worker is reconciling a node
+        self.idle.set()
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -97,10 +103,13 @@ class NodeQueue:
         name = await self._queue.get()
         self._queued.discard(name)
         self._active.add(name)
+        self.idle.clear()
         return name
 
     def done(self, name: str) -> None:
         self._active.discard(name)
+        if not self._active:
+            self.idle.set()
         if name in self._dirty:
             self._dirty.discard(name)
             self.add(name)
@@ -191,6 +200,10 @@ class UpgradeController:
         ]
         try:
             await stop.wait()
+            # As the Services controller does: finish the nodes in flight before stopping, so
+            # a SIGTERM never cuts a node's writes in half (bounded: a stuck call is cut).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue.idle.wait(), DRAIN_SECONDS)
         finally:
             for task in tasks:
                 task.cancel()
