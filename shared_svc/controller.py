@@ -365,7 +365,10 @@ class ServicesController:
         }
         ns = self._config.namespace
         writes = 0
-        done: set[tuple[str, str, str]] = set()
+        announcements: dict[tuple[str, str], list[Report]] = {}
+        for report in plan.reports:
+            if report.after_write is not None:
+                announcements.setdefault(report.after_write, []).append(report)
         now = time.monotonic()
         for action in plan.actions:
             key = (action.kind, action.name)
@@ -410,10 +413,9 @@ class ServicesController:
                     "reason": action.reason,
                 },
             )
-            done.add((action.kind, action.name, action.reason))
-        written = {(k, n) for k, n, _ in done}
-        for report in plan.reports:
-            if report.after_write is not None and report.after_write in written:
+            # Announced right after its own write: a later failure must not lose it (the
+            # next plan will not repeat a write that already happened).
+            for report in announcements.pop(key, ()):
                 await self._emit(report)
         return writes
 

@@ -143,3 +143,60 @@ def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: Cont
         proc.stderr.strip().splitlines()[-1]
         == "shared-svc: a controller ended unexpectedly: RuntimeError('boom')"
     )
+
+
+class RecordingRecorder:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def emit(self, report: Report) -> bool:
+        self.reasons.append(f"{report.reason}/{report.regarding.name}")
+        return True
+
+
+class FailSecondWriter:
+    """Applies succeed once, then fail (a 409 from a concurrent change, say)."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        if self.applied:
+            raise RuntimeError("409 Conflict")
+        self.applied.append(obj["metadata"]["name"])
+
+
+async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
+    from shared_svc.reconcile.model import Action, World
+
+    def create(name: str) -> Action:
+        body = {"kind": "Service", "metadata": {"name": name}}
+        return Action(
+            action="create", kind="Service", name=name, reason="ServiceCreated", apply=body
+        )
+
+    def created(name: str) -> Report:
+        ref = ObjectRef(api_version="v1", kind="Service", name=name, namespace="ns")
+        return Report(
+            type="Normal",
+            reason="ServiceCreated",
+            action="Create",
+            regarding=ref,
+            note="n",
+            key=f"c/{name}",
+            after_write=("Service", name),
+        )
+
+    recorder = RecordingRecorder()
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]
+        Config(),
+        recorder=recorder,  # type: ignore[arg-type]
+        writer=FailSecondWriter(),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        is_leader=lambda: True,
+    )
+    plan = Plan(actions=(create("a"), create("b")), reports=(created("a"), created("b")))
+    with pytest.raises(RuntimeError, match="409"):
+        await ctrl._execute(plan, World())
+    assert recorder.reasons == ["ServiceCreated/a"]
