@@ -16,7 +16,7 @@ import random
 import re
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -109,6 +109,7 @@ class ServicesController:
         self._corrections: dict[tuple[str, str, str], deque[float]] = {}
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
         self._failures = 0
+        self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
 
     # --- caches ---
     def _resources(self) -> dict[str, Resource]:
@@ -347,14 +348,11 @@ class ServicesController:
                 sum(1 for o in plan.objects if o.get("kind") == kind)
             )
         m.conflicts.set(len(plan.conflicts))
-        reasons: dict[str, int] = {}
-        for p in plan.pending:
-            reasons[p.reason] = reasons.get(p.reason, 0) + 1
-        for reason in {
-            *reasons,
-            *(s[0][0] for s in m.pending._metrics),
-        }:  # zero reasons that went away
-            m.pending.labels(reason).set(reasons.get(reason, 0))
+        reasons = Counter(p.reason for p in plan.pending)
+        # Reasons that went away are set to 0, not left at their last value.
+        self._pending_reasons |= set(reasons)
+        for reason in self._pending_reasons:
+            m.pending.labels(reason).set(reasons[reason])
         m.spec_errors.set(len(plan.errors))
 
     async def _execute(self, plan: Plan, world: World) -> int:

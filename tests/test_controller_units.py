@@ -200,3 +200,23 @@ async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
     with pytest.raises(RuntimeError, match="409"):
         await ctrl._execute(plan, World())
     assert recorder.reasons == ["ServiceCreated/a"]
+
+
+def test_pending_gauge_drops_to_zero_when_a_reason_goes_away() -> None:
+    from shared_svc.reconcile.model import Pending
+
+    metrics = Metrics()
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]
+        Config(),
+        recorder=None,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        metrics=metrics,
+        is_leader=lambda: True,
+    )
+    pending = Pending(object="Service/nvidia-dcgm", reason="SelectorMigrationPending", message="m")
+    ctrl._record_plan_metrics(Plan(pending=(pending, pending)))
+    sample = metrics.registry.get_sample_value
+    assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 2
+    ctrl._record_plan_metrics(Plan())
+    assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 0
