@@ -163,7 +163,13 @@ def daemonset(
 
 
 def pod(
-    app: str, name: str, *, common: bool = True, ready: bool = True, deleting: bool = False
+    app: str,
+    name: str,
+    *,
+    common: bool = True,
+    ready: bool = True,
+    deleting: bool = False,
+    node: str | None = None,
 ) -> K8sObject:
     component = "exporter" if "exporter" in app else "dcgm"
     labels = {"app": app}
@@ -178,12 +184,15 @@ def pod(
     if deleting:
         meta["deletionTimestamp"] = ts(3)
     condition = {"type": "Ready", "status": "True" if ready else "False"}
-    return {
+    body: K8sObject = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
         "status": {"conditions": [condition]},
     }
+    if node is not None:
+        body["spec"] = {"nodeName": node}
+    return body
 
 
 def stack(

@@ -144,6 +144,8 @@ class ObjectStatus:
     needed_by: tuple[str, ...]  # "ClusterPolicy/cluster-policy", "GPUCluster/gpu-cluster"
     selector: dict[str, str] | None = None
     gates: tuple[GateState, ...] = ()
+    # The selector the rules chose while the hold keeps ``selector`` (section 4), else None.
+    held_back: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""Selectors and upgrade safety (contract section 4): the gate and the choice of selector.
+"""Selectors and upgrade safety (contract section 4): the gate, the hold and the choice of selector.
 
 A stable name moves to the common label only when every stack that needs it has rolled
 out pods that all carry it, so switching never drops an endpoint; when labels disappear
-again (an operator rollback) the same rules fall back to the ``app`` label.
+again (an operator rollback) the same rules fall back to the ``app`` label. And whatever
+those rules choose, a stable name never moves to a selector whose ready pods cover fewer
+nodes than the pods it selects now (the hold: DCGM is node-local, so a node is covered
+when a ready pod on it is selected).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Workloads:
 
     daemonsets: Mapping[str, K8sObject]
     pods_by_app: Mapping[str, tuple[K8sObject, ...]]
+    # (labels, node) of every ready, running pod of the namespace that is bound to a node
+    serving: tuple[tuple[Mapping[str, str], str], ...] = ()
 
 
 def index_workloads(world: World, namespace: str) -> Workloads:
@@ -44,12 +49,42 @@ def index_workloads(world: World, namespace: str) -> Workloads:
         if isinstance(ds, dict) and in_namespace(ds, namespace):
             daemonsets[name_of(ds)] = ds
     pods: dict[str, list[K8sObject]] = {}
+    serving: list[tuple[Mapping[str, str], str]] = []
     for pod in world.pods:
         if isinstance(pod, dict) and in_namespace(pod, namespace):
-            app = labels_of(pod).get(APP_LABEL)
+            labels = labels_of(pod)
+            app = labels.get(APP_LABEL)
             if app is not None:
                 pods.setdefault(app, []).append(pod)
-    return Workloads(daemonsets, {k: tuple(v) for k, v in pods.items()})
+            node = serving_node(pod)
+            if node is not None:
+                serving.append((labels, node))
+    return Workloads(daemonsets, {k: tuple(v) for k, v in pods.items()}, tuple(serving))
+
+
+def serving_node(pod: K8sObject) -> str | None:
+    """The node a pod serves an endpoint on: bound, Ready and not terminating (else None).
+
+    The EndpointSlice controller marks a terminating pod's endpoint not ready, so it no
+    longer covers its node for a consumer of the Service.
+    """
+    if meta(pod).get("deletionTimestamp") is not None:
+        return None
+    node = spec(pod).get("nodeName")
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    ready = isinstance(conditions, list) and any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in conditions
+    )
+    return node if ready and isinstance(node, str) and node else None
+
+
+def covered_nodes(selector: Mapping[str, str], workloads: Workloads) -> frozenset[str]:
+    """Nodes on which ``selector`` selects a serving pod."""
+    return frozenset(
+        node for labels, node in workloads.serving if selector_matches(selector, labels)
+    )
 
 
 def app_label_of(stack: CRKind, component: Component) -> str:
@@ -98,11 +133,9 @@ def gate_open(stack: CRKind, component: Component, workloads: Workloads) -> Gate
         name_of(p) for p in workloads.pods_by_app.get(app, ()) if labels_of(p).get(common) != "true"
     )
     if stragglers:
-        named = ", ".join(stragglers[:_STRAGGLERS_NAMED])
-        more = len(stragglers) - _STRAGGLERS_NAMED
-        suffix = f" and {more} more" if more > 0 else ""
         failing.append(
-            f"{len(stragglers)} pod(s) with {APP_LABEL}={app} lack label {common}=true: {named}{suffix}"
+            f"{len(stragglers)} pod(s) with {APP_LABEL}={app} lack label {common}=true: "
+            f"{_first_few(stragglers)}"
         )
     return GateState(stack=stack, open=not failing, failing=tuple(failing))
 
@@ -113,11 +146,30 @@ class SelectorChoice:
     selector: Selector
     gates: tuple[GateState, ...]
     pending: str | None  # SelectorMigrationPending message, when reported
+    held_back: Selector | None = None  # what the rules chose, while the hold keeps ``selector``
+
+
+def rule_selectors(name: str) -> tuple[Selector, ...]:
+    """Every selector the rules can give a stable name: the only ones the hold keeps."""
+    component = COMPONENT_OF[name]
+    return (
+        {COMMON_LABEL[component]: "true"},
+        {APP_LABEL: LEGACY_APP[component]},
+        {APP_LABEL: DRA_APP[component]},
+    )
 
 
 def choose_selector(
-    name: str, needs: Needs, workloads: Workloads, settings: Settings
+    name: str,
+    needs: Needs,
+    workloads: Workloads,
+    settings: Settings,
+    current: Mapping[str, Any] | None = None,
 ) -> SelectorChoice:
+    """The selector of ``name``: the three rules of section 4, then the hold.
+
+    ``current`` is the live selector of the Service when it is ours (or ours to adopt).
+    """
     component = COMPONENT_OF[name]
     if name not in STABLE_NAMES:
         return SelectorChoice(name, {APP_LABEL: DRA_APP[component]}, (), None)
@@ -131,14 +183,46 @@ def choose_selector(
         selector = {APP_LABEL: LEGACY_APP[component]}
     else:
         selector = {APP_LABEL: DRA_APP[component]}
-    pending = None
+    messages = []
     if settings.selector_mode == "auto" and len(stacks) == 2 and not all(g.open for g in gates):
         failing = "; ".join(f"{g.stack}: {c}" for g in gates for c in g.failing)
-        pending = (
+        messages.append(
             f"Service {name} keeps selector {_text(selector)} until the ClusterPolicy and the "
             f"GPUCluster (DRA) stacks both carry {common}=true on all pods; failing: {failing}"
         )
-    return SelectorChoice(name, selector, gates, pending)
+    held_back = None
+    held = hold(name, selector, current, workloads)
+    if held is not None:
+        held_back = selector
+        selector, message = held
+        messages.append(message)
+    return SelectorChoice(name, selector, gates, "; ".join(messages) or None, held_back)
+
+
+def hold(
+    name: str, chosen: Selector, current: Mapping[str, Any] | None, workloads: Workloads
+) -> tuple[Selector, str] | None:
+    """Section 4's hold: keep ``current`` while ``chosen`` would leave a node it covers uncovered.
+
+    Only a selector the rules could have chosen is held (anything else is not ours to keep);
+    a move to a selector that covers every node the current one covers goes ahead, and so
+    does any move once the current selector covers no node (its pods are gone or not ready).
+    Returns the kept selector and the SelectorMigrationPending message, or None to move.
+    """
+    if current is None or current == chosen:
+        return None
+    kept = next((s for s in rule_selectors(name) if s == current), None)
+    if kept is None:
+        return None
+    missing = covered_nodes(kept, workloads) - covered_nodes(chosen, workloads)
+    if not missing:
+        return None
+    message = (
+        f"Service {name} keeps selector {_text(kept)} until the pods selected by "
+        f"{_text(chosen)} are ready on every node it covers; not yet on {len(missing)} "
+        f"node(s): {_first_few(sorted(missing))}"
+    )
+    return dict(kept), message
 
 
 def selects_dra_pods(choice: SelectorChoice, workloads: Workloads) -> bool:
@@ -153,6 +237,11 @@ def selects_dra_pods(choice: SelectorChoice, workloads: Workloads) -> bool:
 
 def selector_matches(selector: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
     return bool(selector) and all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+def _first_few(names: list[str]) -> str:
+    more = len(names) - _STRAGGLERS_NAMED
+    return ", ".join(names[:_STRAGGLERS_NAMED]) + (f" and {more} more" if more > 0 else "")
 
 
 def _text(selector: Selector) -> str:
