@@ -12,7 +12,8 @@ from shared_svc import testenv
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube
 
-UPSTREAM_CRDS = Path(__file__).resolve().parents[2] / "shared" / "crds"
+# gpu-operator's own ClusterPolicy and GPUCluster CRDs, kept in the repository (see its README).
+UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
 
 
 @pytest.fixture(scope="session")

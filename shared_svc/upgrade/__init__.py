@@ -1,6 +1,7 @@
 """Free GPU consumers during in-place driver upgrades, and restore them.
 
-The contract is ``/work/shared/design/upgrade-release.md`` (see ``docs/upgrade.md``).
+The contract is the upgrade-release design document (not part of this repository);
+``docs/upgrade.md`` describes what this package does.
 Everything here except ``controller.py`` and ``metrics.py`` is pure: plain Kubernetes
 objects (dicts, camelCase, as the API server returns them) and ``now`` in, a
 ``NodePlan`` out. The only code that talks to the API server is
