@@ -16,6 +16,8 @@ import yaml
 
 from shared_svc import testenv
 from shared_svc.config import Config
+from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
+from shared_svc.upgrade.controller import DRAIN_SECONDS
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy" / "chart" / "shared-svc"
@@ -126,14 +128,13 @@ def test_plain_manifests_are_the_rendered_chart(filename: str) -> None:
 
 
 # --- least privilege ---
+# Writes only under the contract's names (shared_svc/reconcile/names.py); list/watch cannot
+# name objects. An apply that creates is a PATCH on the name (create is checked on the name).
 SERVICES_ROLE = {
-    ("", "services", ("create", "delete", "list", "patch", "watch"), ()),
-    (
-        "monitoring.coreos.com",
-        "servicemonitors",
-        ("create", "delete", "list", "patch", "watch"),
-        (),
-    ),
+    ("", "services", ("list", "watch"), ()),
+    ("", "services", ("create", "delete", "patch"), tuple(sorted(SERVICE_NAMES))),
+    ("monitoring.coreos.com", "servicemonitors", ("list", "watch"), ()),
+    ("monitoring.coreos.com", "servicemonitors", ("create", "delete", "patch"), (SERVICE_MONITOR,)),
     ("apps", "daemonsets", ("list", "watch"), ()),
     ("", "pods", ("list", "watch"), ()),
     ("coordination.k8s.io", "leases", ("create",), ()),
@@ -142,8 +143,8 @@ SERVICES_ROLE = {
 }
 EVENTS_ONLY = {("events.k8s.io", "events", ("create", "get", "patch"), ())}
 CR_READER = {
-    ("nvidia.com", "clusterpolicies", ("get", "list", "watch"), ()),
-    ("nvidia.com", "gpuclusters", ("get", "list", "watch"), ()),
+    ("nvidia.com", "clusterpolicies", ("list", "watch"), ()),
+    ("nvidia.com", "gpuclusters", ("list", "watch"), ()),
     (
         "apiextensions.k8s.io",
         "customresourcedefinitions",
@@ -157,7 +158,7 @@ CR_READER = {
 }
 UPGRADE = {
     ("", "nodes", ("get", "list", "patch", "watch"), ()),
-    ("", "pods", ("delete", "list"), ()),
+    ("", "pods", ("list",), ()),
     ("", "pods/eviction", ("create",), ()),
     ("apps", "daemonsets", ("list", "watch"), ()),
 }
@@ -198,6 +199,18 @@ def test_upgrade_controller_adds_its_cluster_role_only_when_on() -> None:
     ]
     assert container_env(on)["SHARED_SVC_UPGRADE_CONTROLLER"] == "true"
     assert container_env(off)["SHARED_SVC_UPGRADE_CONTROLLER"] == "false"
+
+
+def test_pod_delete_is_granted_only_with_delete_after_timeout() -> None:
+    with_delete = render_docs(*UPGRADE_ON, "upgrade.deleteAfterTimeout=true")
+    assert role_table(with_delete) == {
+        **role_table(render_docs(*UPGRADE_ON)),
+        ("ClusterRole", "shared-svc-upgrade", ""): (UPGRADE - {("", "pods", ("list",), ())})
+        | {("", "pods", ("delete", "list"), ())},
+    }
+    assert container_env(with_delete)["SHARED_SVC_UPGRADE_DELETE_AFTER_TIMEOUT"] == "true"
+    # The value alone, with the controller off, grants nothing.
+    assert role_table(render_docs("upgrade.deleteAfterTimeout=true")) == role_table(render_docs())
 
 
 def test_no_wildcards_secrets_or_escalation_anywhere() -> None:
@@ -288,6 +301,13 @@ def test_deployment_is_hardened_and_probed() -> None:
         anti["topologyKey"] == "kubernetes.io/hostname"
         and anti["labelSelector"]["matchLabels"] == selector
     )
+    # SIGTERM: the upgrade controller drains for up to DRAIN_SECONDS, then the Lease is
+    # released; the kubelet's SIGKILL must not cut that release (docs/install.md). A release
+    # slower than a Lease duration would gain nothing over letting the Lease expire.
+    lease_duration = yaml.safe_load((CHART / "values.yaml").read_text())["leaderElection"][
+        "leaseDurationSeconds"
+    ]
+    assert pod["terminationGracePeriodSeconds"] >= DRAIN_SECONDS + lease_duration
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
     service = one(docs, "Service")

@@ -22,6 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.kube.upgrade_io import KubeUpgradeIO
+from shared_svc.kube.writer import Writer
 from shared_svc.testenv import ControlPlane
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodePatch, PodAction
@@ -231,6 +232,26 @@ async def test_service_converges_and_reports_as_its_service_account(
     assert not released.spec.holder_identity, "the Lease is released on shutdown"
 
 
+def _service(name: str, namespace: str | None = None) -> Doc:
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {"ports": [{"name": "x", "port": 80}]},
+    }
+
+
+def _monitor(name: str, namespace: str | None = None) -> Doc:
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {"selector": {"matchLabels": {"app": name}}, "endpoints": [{"port": "x"}]},
+    }
+
+
 async def test_service_account_is_denied_everything_else(
     control_plane: ControlPlane, kube: Kube, identity: Identity
 ) -> None:
@@ -288,6 +309,56 @@ async def test_service_account_is_denied_everything_else(
         }
         answers = {what: await status_of(call) for what, call in calls.items()}
         assert answers == dict.fromkeys(calls, 403)
+
+        # In its own namespace it writes only under the contract's names, with the calls the
+        # service makes (shared_svc.kube.writer): objects of other names are refused.
+        for path, body in (
+            (f"/api/v1/namespaces/{ns}/services", _service("other-svc")),
+            (
+                f"/apis/monitoring.coreos.com/v1/namespaces/{ns}/servicemonitors",
+                _monitor("other-sm"),
+            ),
+        ):
+            status, resp = control_plane.request("POST", path, body)
+            assert status == 201, resp
+        writer = Writer(api)
+        label = [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
+        own = {
+            "apply (create) a Service of another name": writer.apply(_service("intruder", ns)),
+            "apply a Service of another name": writer.apply(_service("other-svc", ns)),
+            "patch a Service of another name": writer.json_patch("Service", ns, "other-svc", label),
+            "delete a Service of another name": writer.delete("Service", ns, "other-svc", {}),
+            "create a Service by POST, even of our name": core.create_namespaced_service(
+                ns, _service("nvidia-dcgm")
+            ),
+            "apply (create) a ServiceMonitor of another name": writer.apply(
+                _monitor("intruder", ns)
+            ),
+            "apply a ServiceMonitor of another name": writer.apply(_monitor("other-sm", ns)),
+            "patch a ServiceMonitor of another name": writer.json_patch(
+                "ServiceMonitor", ns, "other-sm", label
+            ),
+            "delete a ServiceMonitor of another name": writer.delete(
+                "ServiceMonitor", ns, "other-sm", {}
+            ),
+        }
+        answers = {what: await status_of(call) for what, call in own.items()}
+        assert answers == dict.fromkeys(own, 403)
+        # ...while our names work: an apply that creates (PATCH; create is checked on the
+        # name), a patch, and a delete with preconditions.
+        for kind, obj in (
+            ("Service", _service("nvidia-dcgm-dra", ns)),
+            ("ServiceMonitor", _monitor("nvidia-dcgm-exporter", ns)),
+        ):
+            created = await writer.apply(obj)
+            await writer.json_patch(kind, ns, obj["metadata"]["name"], label)
+            await writer.delete(
+                kind, ns, obj["metadata"]["name"], {"uid": created["metadata"]["uid"]}
+            )
+        assert (
+            control_plane.request("GET", f"/api/v1/namespaces/{ns}/services/nvidia-dcgm-dra")[0]
+            == 404
+        )
         # The grant itself is there (the 403s are not an identity that can do nothing).
         assert (
             await status_of(
@@ -351,7 +422,16 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         await io.patch_node(patch)
         assert (await core.read_node(node)).metadata.labels[parked_label_key(DRIVER)] == "true"
         assert await io.evict(actions[0]) == "evicted"
-        assert await io.delete_pod(actions[1]) == "evicted"
+        # Deleting a pod (after the eviction timeout) is granted only with deleteAfterTimeout.
+        assert await status_of(io.delete_pod(actions[1])) == 403
+        control_plane.apply_manifests(
+            rbac_docs(
+                render_docs(
+                    *UPGRADE_ON, "upgrade.deleteAfterTimeout=true", name=ident.release, namespace=ns
+                )
+            )
+        )
+        await eventually(lambda: _true_async(io.delete_pod(actions[1]), "evicted"), timeout=15)
         stop = asyncio.Event()
         task = asyncio.ensure_future(io.run(stop))
         try:
@@ -372,3 +452,13 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _true_async(call: Awaitable[Any], expected: Any) -> bool:
+    """The call answers ``expected`` (False while the authorizer still says 403)."""
+    try:
+        return await call == expected
+    except ApiException as exc:
+        if exc.status == 403:
+            return False
+        raise
