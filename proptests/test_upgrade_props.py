@@ -7,6 +7,8 @@ its writes are applied fully, partly (a crash after the node patch) or not at al
 - Nothing outside the declared/detected set is touched, and only our keys are written.
 - Idempotent: applying a plan and planning again gives no new writes (save retried
   evictions of pods a PodDisruptionBudget still protects).
+- Evicted, refused and blocked pods are shown apart; a node where a declared consumer of
+  a DaemonSet that was never prepared still runs is never reported freed.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def test_any_sequence_is_undone_touches_only_consumers_and_is_idempotent(
     allowed |= {f"gpu-operator/p{i}" for i, t in enumerate(pod_traits) if may_touch(t, detection)}
     blocked = frozenset(f"ml/p{i}" for i, t in enumerate(pod_traits) if t.blocked)
     now = 1_700_000_000.0
+    unprepared_consumer = any(t.declared and t.exclusion == "daemonset" for t in pod_traits)
 
     for state, dt, how, kubelet in [*steps, (final, 1, "all", False)]:
         now += dt
@@ -149,6 +152,14 @@ def test_any_sequence_is_undone_touches_only_consumers_and_is_idempotent(
             touched = {k for k, _ in plan.patch.labels} | {k for k, _ in plan.patch.annotations}
             assert touched <= OURS
         assert {a.key for a in plan.pod_actions} <= allowed
+        status = plan.status
+        outcomes = [set(status.evicted), set(status.refused), set(status.blocked)]
+        assert sum(map(len, outcomes)) == len(set().union(*outcomes))  # shown apart
+        assert set(status.stuck) <= set(status.evicted)
+        if state in states.FREE_STATES and unprepared_consumer:
+            # A declared consumer of a DaemonSet never prepared stays: never freed.
+            assert status.phase == "freeing" and status.unprepared_daemonsets
+            assert "GPUConsumersFreed" not in [r.reason for r in plan.reports]
         node, pods = apply(node, pods, plan, how, blocked)
         if how == "all":
             again = plan_node(node, pods, [], settings, now)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shared_svc import testenv
 from shared_svc.cli import main
+from shared_svc.kube.writer import MERGE_PATCH
 from shared_svc.upgrade import examples as ex
+from shared_svc.upgrade import record
 from tests.kube import unique
 
 pytestmark = pytest.mark.apiserver
 
 KEY = "nvidia.com/gpu-driver-upgrade.parked"
+RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
+T0 = 1_700_000_000.0
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
 GPU = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
 
@@ -127,10 +133,61 @@ def test_status_lists_upgrading_nodes(
     pod = ex.declared_pod("triton", namespace=ns, node_name=node)
     for key in ("uid",):
         del pod["metadata"][key]
-    _ok(control_plane.request("POST", f"/api/v1/namespaces/{ns}/pods", pod))
+    uid = _ok(control_plane.request("POST", f"/api/v1/namespaces/{ns}/pods", pod))["metadata"][
+        "uid"
+    ]  # type: ignore[index]
     try:
         assert main(["upgrade", "status", "--kubeconfig", str(control_plane.kubeconfig)]) == 0
         out = capsys.readouterr().out
-        assert f"{node}: cordon-required -> freeing" in out and f"{ns}/triton" in out
+        assert f"{node}: cordon-required -> freeing" in out and "nothing recorded yet" in out
+        # What the service records (it asked triton to leave) is what status shows.
+        rec = record.Record.new(T0, parked_label=True).with_pod(
+            record.FreedPod(ns, "triton", uid, first_attempt=T0)
+        )
+        annotations = {RECORD: record.encode(rec)}
+        patch = {"metadata": {"labels": {KEY: "true"}, "annotations": annotations}}
+        _ok(
+            control_plane.request("PATCH", f"/api/v1/nodes/{node}", patch, content_type=MERGE_PATCH)
+        )
+        assert main(["upgrade", "status", "--kubeconfig", str(control_plane.kubeconfig)]) == 0
+        out = capsys.readouterr().out
+        assert f"{node}: cordon-required -> freeing" in out
+        assert f"still on the node: {ns}/triton" in out
+        assert f"eviction refused (retried until the timeout): {ns}/triton" in out
     finally:
         control_plane.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def _node(cp: testenv.ControlPlane, state: str | None, **kw: object) -> str:
+    name = unique("status-node")
+    body = ex.node(name, state=state, **kw)  # type: ignore[arg-type]
+    for key in ("uid", "resourceVersion"):
+        del body["metadata"][key]
+    _ok(cp.request("POST", "/api/v1/nodes", body))
+    return name
+
+
+def test_status_lists_only_nodes_upgrading_or_still_parked(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = record.encode(record.Record.new(T0, parked_label=True))
+    shown = {
+        _node(control_plane, "cordon-required"): "cordon-required",
+        _node(control_plane, "validation-required"): "validation-required",
+        _node(control_plane, None, parked=True): None,  # still parked: the label vanished
+        _node(control_plane, "upgrade-required", annotations={RECORD: rec}): "upgrade-required",
+    }
+    idle = [_node(control_plane, "upgrade-done"), _node(control_plane, "upgrade-required")]
+    try:
+        kc = ["--kubeconfig", str(control_plane.kubeconfig)]
+        assert main(["upgrade", "status", "-o", "json", *kc]) == 0
+        listed = {s["node"]: s["state"] for s in json.loads(capsys.readouterr().out)}
+        assert set(shown) <= set(listed)
+        assert {n: listed[n] for n in shown} == shown
+        assert not set(idle) & set(listed)
+        assert main(["upgrade", "status", *kc]) == 0
+        out = capsys.readouterr().out
+        assert all(n in out for n in shown) and not any(n in out for n in idle)
+    finally:
+        for name in [*shown, *idle]:
+            control_plane.request("DELETE", f"/api/v1/nodes/{name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -177,3 +178,126 @@ async def test_stop_finishes_the_node_in_flight() -> None:
     await asyncio.wait_for(task, 5)
     kinds = [type(w).__name__ for w in io.writes]
     assert kinds == ["NodePatch", "PodAction"], kinds
+
+
+# --- issue 10, items 19 and 20: what the controller logs ---
+
+LOGGER = "shared_svc.upgrade.controller"
+
+
+def lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == level]
+
+
+async def test_unknown_state_is_warned_once_per_node_and_value(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    io = ex.FakeUpgradeIO(
+        [ex.node("a", state="node-maintenance-required"), ex.node("b", state="future-state")], []
+    )
+    controller, recorder = make(io)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        for _ in range(3):
+            await controller.reconcile("a")
+            await controller.reconcile("b")
+        node = io.nodes["a"]
+        node["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "future-state"
+        await controller.reconcile("a")
+        await controller.reconcile("a")
+    warned = lines(caplog, logging.WARNING)
+    assert len(warned) == 3, warned
+    assert all("UpgradeStateUnknown" in line and "keep" in line for line in warned)
+    sent = [(r.reason, r.type, r.regarding.name) for r in recorder.reports]
+    assert sent == [("UpgradeStateUnknown", "Warning", n) for n in ("a", "b", "a")]
+    assert "node-maintenance-required" in recorder.reports[0].note
+    assert controller.status()["nodes"]["a"]["unknown_state"] is True
+
+
+async def test_unknown_state_standby_logs_and_the_leader_sends_the_event() -> None:
+    leader = False
+    io = ex.FakeUpgradeIO([ex.node(state="future-state")], [])
+    recorder = Recorder()
+    controller = UpgradeController(
+        None,
+        Config(upgrade_controller=True),
+        recorder,
+        is_leader=lambda: leader,
+        io=io,
+        clock=lambda: 1000.0,
+    )
+    await controller.reconcile("node-1")
+    assert recorder.reports == []  # a standby sends no Event
+    leader = True
+    await controller.reconcile("node-1")
+    await controller.reconcile("node-1")
+    assert [r.reason for r in recorder.reports] == ["UpgradeStateUnknown"]
+
+
+@pytest.mark.parametrize("kwargs", [{"leader": False}, {"dry_run": True}])
+async def test_standby_and_dry_run_say_what_they_would_write_once(
+    caplog: pytest.LogCaptureFixture, kwargs: dict[str, object]
+) -> None:
+    io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    controller, _ = make(io, **kwargs)  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        for _ in range(4):  # four polls of the same plan
+            await controller.reconcile("node-1")
+    info = lines(caplog, logging.INFO)
+    assert len(info) == 2, info
+    patch_line, evict_line = info
+    assert "would patch node" in patch_line and f"label {PARKED}=true" in patch_line
+    assert "write record" in patch_line and "resourceVersion" not in patch_line  # not the body
+    assert "would evict GPU consumer ml/a" in evict_line
+    who = "dry run" if kwargs.get("dry_run") else "standby"
+    assert all(line.startswith(who) for line in info)
+    debug = lines(caplog, logging.DEBUG)
+    assert sum("would patch node" in line for line in debug) == 3  # the repeats
+    assert sum("node patch {" in line for line in debug) == 4  # the whole patch: DEBUG only
+
+
+async def test_refused_eviction_is_said_once_then_at_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    io = ex.FakeUpgradeIO(
+        [ex.node(state="cordon-required")], [ex.declared_pod("a")], blocked=frozenset({"ml/a"})
+    )
+    controller, _ = make(io)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        for _ in range(4):
+            await controller.reconcile("node-1")
+    info = [line for line in lines(caplog, logging.INFO) if "ml/a" in line]
+    assert len(info) == 1, info
+    assert "eviction of GPU consumer ml/a refused" in info[0] and "retrying" in info[0]
+    assert sum("ml/a refused" in line for line in lines(caplog, logging.DEBUG)) == 3
+
+
+async def test_delete_after_timeout_says_deleted(caplog: pytest.LogCaptureFixture) -> None:
+    now = [1000.0]
+    io = ex.FakeUpgradeIO(
+        [ex.node(state="cordon-required")], [ex.declared_pod("a")], blocked=frozenset({"ml/a"})
+    )
+    cfg = Config(
+        upgrade_controller=True,
+        upgrade_eviction_timeout_seconds=10,
+        upgrade_delete_after_timeout=True,
+    )
+    controller = UpgradeController(None, cfg, Recorder(), io=io, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        await controller.reconcile("node-1")  # evict: refused
+        now[0] += 10
+        await controller.reconcile("node-1")  # past the timeout: delete
+    info = lines(caplog, logging.INFO)
+    assert info[-1] == (
+        "deleted GPU consumer ml/a after the eviction timeout (its PodDisruptionBudget ignored)"
+    )
+    assert not any("delete: evicted" in line for line in info)
+
+
+async def test_accepted_eviction_says_evicted(caplog: pytest.LogCaptureFixture) -> None:
+    io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    controller, _ = make(io)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        await controller.reconcile("node-1")
+    assert lines(caplog, logging.INFO) == [
+        "evicted GPU consumer ml/a (declared: matches nvidia.com/gpu-driver-upgrade.consumer=true)"
+    ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc import testenv
+from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.upgrade_io import pods_on_node
@@ -40,6 +43,7 @@ STATE = "nvidia.com/gpu-driver-upgrade-state"
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
 OPERATOR_NS = "gpu-operator"
+CONSUMER = {"nvidia.com/gpu-driver-upgrade.consumer": "true"}
 
 
 @pytest.fixture
@@ -392,3 +396,149 @@ async def test_dry_run_writes_nothing(
 
 async def pending(running: Running, node: str, want: list[str]) -> bool:
     return bool(running.controller.status()["nodes"].get(node, {}).get("pending") == want)
+
+
+# --- issue 10, items 15, 16 and 18 ---
+
+
+async def status_command(
+    cp: testenv.ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
+) -> str:
+    """``shared-svc upgrade status`` as a user runs it (its own event loop, in a thread)."""
+    capsys.readouterr()
+    argv = ["upgrade", "status", "--kubeconfig", str(cp.kubeconfig), *args]
+    assert await asyncio.to_thread(main, argv) == 0
+    return capsys.readouterr().out
+
+
+async def status_json(
+    cp: testenv.ControlPlane, capsys: pytest.CaptureFixture[str], node: str
+) -> dict[str, Any]:
+    listed = json.loads(await status_command(cp, capsys, "-o", "json"))
+    found: dict[str, Any] = next(s for s in listed if s["node"] == node)
+    return found
+
+
+def event_of(all_events: list[dict[str, Any]], reason: str) -> dict[str, Any]:
+    return next(e for e in all_events if e["reason"] == reason)
+
+
+async def test_unprepared_daemonset_consumer_blocks_until_prepared(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+) -> None:
+    node = await nodes()
+    ds = ex.daemonset("exporter", namespace=ns)  # carries the consumer label, never prepared
+    ds["spec"]["template"]["metadata"]["labels"].update(CONSUMER)
+    for key in ("uid", "resourceVersion"):
+        ds["metadata"].pop(key)
+    ds_live = await raw_request(api, "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", body=ds)
+    pod = ex.daemonset_pod(ds_live, node_name=node, labels=CONSUMER)
+    await create(api, pod)
+    running = start()
+    await set_state(api, node, "pod-restart-required")
+
+    await eventually(lambda: has_reason(api, node, "GPUConsumerDaemonSetNotPrepared"), 20)
+    warning = event_of(await events(api, node), "GPUConsumerDaemonSetNotPrepared")
+    assert warning["type"] == "Warning"
+    assert f"DaemonSet {ns}/exporter" in warning["note"] and "prepare-daemonset" in warning["note"]
+    status = running.controller.status()["nodes"][node]
+    assert status["phase"] == "freeing" and status["unprepared_daemonsets"] == [f"{ns}/exporter"]
+    assert not await has_reason(api, node, "GPUConsumersFreed")
+    assert await pod_state(api, ns, pod["metadata"]["name"]) == "running"
+
+    # The user prepares it; the DaemonSet controller (played here) takes its pod off the node.
+    argv = ["upgrade", "prepare-daemonset", f"{ns}/exporter"]
+    assert (
+        await asyncio.to_thread(main, [*argv, "--kubeconfig", str(control_plane.kubeconfig)]) == 0
+    )
+    path = f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"
+    await raw_request(api, "DELETE", path, body={"gracePeriodSeconds": 0})
+    await eventually(lambda: has_reason(api, node, "GPUConsumersFreed"), 20)
+    assert running.controller.status()["nodes"][node]["phase"] == "freed"
+
+
+async def test_status_command_reads_what_the_service_recorded(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The service's eviction timeout is 2 s; the command's own default (300 s) must not matter."""
+    node = await nodes()
+    await _blocked_pod(api, ns, node, "guarded")
+    start(upgrade_eviction_timeout_seconds=2.0)
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: has_reason(api, node, "GPUConsumerEvictionBlocked"), 20)
+    shown = await status_json(control_plane, capsys, node)
+    assert shown["blocked"] == [f"{ns}/guarded"]
+    assert shown["refused"] == [] and shown["evicted"] == []
+    assert shown["pending"] == [f"{ns}/guarded"] and shown["phase"] == "freeing"
+    text = await status_command(control_plane, capsys)
+    assert f"eviction refused past the timeout: {ns}/guarded" in text
+
+
+async def test_refused_pending_and_evicted_are_shown_apart(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = await nodes()
+    await _blocked_pod(api, ns, node, "guarded")  # a PodDisruptionBudget refuses it (429)
+    await create(api, ex.declared_pod("leaving", namespace=ns, node_name=node))
+    running = start()
+    await set_state(api, node, "cordon-required")
+
+    async def apart() -> bool:
+        s = running.controller.status()["nodes"].get(node, {})
+        return s.get("refused") == [f"{ns}/guarded"] and s.get("evicted") == [f"{ns}/leaving"]
+
+    await eventually(apart, 20)  # /status
+    status = running.controller.status()["nodes"][node]
+    assert status["pending"] == [f"{ns}/guarded", f"{ns}/leaving"] and status["blocked"] == []
+    shown = await status_json(control_plane, capsys, node)
+    assert (shown["refused"], shown["evicted"], shown["blocked"]) == (
+        [f"{ns}/guarded"],
+        [f"{ns}/leaving"],
+        [],
+    )
+    text = await status_command(control_plane, capsys)
+    assert f"eviction refused (retried until the timeout): {ns}/guarded" in text
+    assert f"evicted (accepted; gone or terminating): {ns}/leaving" in text
+
+    await kubelet_finishes(api, node)  # leaving is gone; guarded still refused
+    await asyncio.sleep(0.5)
+    shown = await status_json(control_plane, capsys, node)
+    assert shown["evicted"] == [f"{ns}/leaving"] and shown["pending"] == [f"{ns}/guarded"]
+
+
+async def test_evicted_pod_stuck_terminating_gets_a_warning(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = await nodes()
+    await create(api, ex.declared_pod("slow", namespace=ns, node_name=node))
+    running = start(upgrade_eviction_timeout_seconds=1.0)
+    await set_state(api, node, "cordon-required")
+    # No kubelet finishes it: the accepted eviction leaves it terminating.
+    await eventually(lambda: pod_state_is(api, ns, "slow", "terminating"), 20)
+    await eventually(lambda: has_reason(api, node, "GPUConsumerStuckTerminating"), 20)
+    warning = event_of(await events(api, node), "GPUConsumerStuckTerminating")
+    assert warning["type"] == "Warning" and f"{ns}/slow" in warning["note"]
+    status = running.controller.status()["nodes"][node]
+    assert status["stuck"] == status["evicted"] == status["pending"] == [f"{ns}/slow"]
+    assert not await has_reason(api, node, "GPUConsumerEvictionBlocked")  # it was not refused
+    shown = await status_json(control_plane, capsys, node)
+    assert shown["stuck"] == [f"{ns}/slow"]

@@ -303,3 +303,102 @@ def test_patch_body_touches_only_our_keys_and_carries_resource_version() -> None
 def test_status_is_json_serialisable() -> None:
     p = plan(ex.node(state="cordon-required"), [ex.declared_pod("a")])
     json.dumps(p.status.as_dict())
+
+
+# --- issue 10, items 15-19 ---
+
+CONSUMER = {"nvidia.com/gpu-driver-upgrade.consumer": "true"}
+
+
+@pytest.mark.parametrize(
+    "ds",
+    [
+        ex.daemonset("exporter"),  # never prepared
+        ex.daemonset(  # partly: the second ORed term lacks the expression, the pod may stay
+            "exporter",
+            terms=[
+                {"matchExpressions": [{"key": PARKED, "operator": "DoesNotExist"}]},
+                {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+            ],
+        ),
+    ],
+    ids=["unprepared", "partial"],
+)
+def test_unprepared_daemonset_consumer_blocks_the_node_and_is_reported_once(ds) -> None:
+    node = ex.node(state="pod-restart-required")
+    dspod = ex.daemonset_pod(ds, labels=CONSUMER)
+    p = plan(node, [dspod], [ds])
+    assert p.status.phase == "freeing" and "GPUConsumersFreed" not in reasons(p)
+    assert p.status.unprepared_daemonsets == ("monitoring/exporter",)
+    assert p.pod_actions == ()  # evicting a DaemonSet's pod is useless: it comes back at once
+    (warning,) = [r for r in p.reports if r.reason == "GPUConsumerDaemonSetNotPrepared"]
+    assert warning.type == "Warning"
+    assert "monitoring/exporter" in warning.note and "prepare-daemonset" in warning.note
+    assert p.requeue_after == S.poll_seconds  # look again: it may be prepared and leave
+    node, pods = step(node, [dspod], p)
+    again = plan(node, pods, [ds], now=T0 + 10)
+    assert again.reports == () and again.writes == () and again.status.phase == "freeing"
+    # Prepared, the DaemonSet controller removes its pod from the parked node: freed.
+    freed = plan(node, [], [ex.daemonset("exporter", declared=True)], now=T0 + 20)
+    assert reasons(freed) == ["GPUConsumersFreed"] and freed.status.phase == "freed"
+
+
+def test_daemonset_pod_without_the_consumer_label_does_not_hold_the_node() -> None:
+    ds = ex.daemonset("exporter")
+    p = plan(ex.node(state="pod-restart-required"), [ex.daemonset_pod(ds)], [ds])
+    assert p.status.phase == "freed" and p.status.unprepared_daemonsets == ()
+
+
+def test_refused_pending_and_evicted_are_apart() -> None:
+    settings = replace(S, eviction_timeout_seconds=60)
+    blocked = frozenset({"ml/guarded"})
+    node = ex.node(state="cordon-required")
+    pods = [ex.declared_pod("guarded"), ex.declared_pod("leaving")]
+    p = plan(node, pods, settings=settings)
+    assert p.status.pending == ("ml/guarded", "ml/leaving")  # asked now: no outcome yet
+    assert p.status.evicted == p.status.refused == p.status.blocked == ()
+    node, pods = step(node, pods, p, blocked)
+    p = plan(node, pods, settings=settings, now=T0 + 5)
+    assert p.status.pending == ("ml/guarded", "ml/leaving")  # both still on the node
+    assert p.status.evicted == ("ml/leaving",)  # accepted, terminating
+    assert p.status.refused == ("ml/guarded",)  # a PodDisruptionBudget said no: retried
+    assert p.status.blocked == ()
+    p = plan(node, pods, settings=settings, now=T0 + 60)
+    assert p.status.blocked == ("ml/guarded",) and p.status.refused == ()
+    assert p.status.evicted == ("ml/leaving",)
+
+
+def test_evicted_pod_stuck_terminating_past_the_timeout_is_reported_once() -> None:
+    settings = replace(S, eviction_timeout_seconds=60)
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("slow")]
+    node, pods = step(node, pods, plan(node, pods, settings=settings))
+    # The API server marks an accepted eviction: deletionTimestamp = asked + grace.
+    pods[0]["metadata"]["deletionTimestamp"] = record.format_time(T0 + 1 + 30)
+    pods[0]["metadata"]["deletionGracePeriodSeconds"] = 30
+    p = plan(node, pods, settings=settings, now=T0 + 40)
+    assert p.reports == () and p.status.stuck == () and p.status.evicted == ("ml/slow",)
+    p = plan(node, pods, settings=replace(settings, poll_seconds=100), now=T0 + 40)
+    assert p.requeue_after == pytest.approx(21.0)  # wake up when it becomes stuck
+    p = plan(node, pods, settings=settings, now=T0 + 61)
+    (warning,) = p.reports
+    assert (warning.reason, warning.type) == ("GPUConsumerStuckTerminating", "Warning")
+    assert "ml/slow" in warning.note and p.status.stuck == ("ml/slow",)
+    assert p.pod_actions == ()  # not evicted again
+    node, pods = step(node, pods, p)
+    later = plan(node, pods, settings=settings, now=T0 + 200)
+    assert later.reports == () and later.writes == () and later.status.stuck == ("ml/slow",)
+
+
+@pytest.mark.parametrize("state", ["node-maintenance-required", "some-future-state"])
+def test_unknown_state_keeps_and_gives_a_notice_not_tied_to_a_write(state: str) -> None:
+    node, pods = ex.node(state="pod-restart-required"), [ex.declared_pod("triton")]
+    node, pods = step(node, pods, plan(node, pods))
+    p = plan(at_state(node, state), pods, now=T0 + 5)
+    assert p.status.mode == "keep" and p.status.unknown_state and p.writes == ()
+    assert p.reports == ()  # nothing to write, so no record keeps it from repeating...
+    (notice,) = p.notices  # ...the shell sends it once per node and value
+    assert (notice.reason, notice.type) == ("UpgradeStateUnknown", "Warning")
+    assert state in notice.note
+    other = plan(at_state(node, "other-state"), pods, now=T0 + 5).notices[0]
+    assert other.key != notice.key
+    assert plan(at_state(node, "validation-required"), pods).notices == ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -101,3 +102,16 @@ def test_selector_matching(selector: str, labels: dict[str, str], expected: bool
 def test_selector_errors(bad: str) -> None:
     with pytest.raises(SelectorError):
         parse_selector(bad)
+
+
+def test_stuck_and_unprepared_are_written_only_when_set() -> None:
+    """Records of earlier releases read and write back unchanged (no rewrite on upgrade)."""
+    old = Record.new(T0, parked_label=True).with_pod(FreedPod("ml", "a", "u1", first_attempt=T0))
+    text = encode(old)
+    assert "stuck" not in text and "unpreparedReported" not in text
+    assert encode(decode(text)) == text
+    new = replace(old, pods=(replace(old.pods[0], stuck=True),), unprepared_reported=("m/ds",))
+    decoded = decode(encode(new))
+    assert decoded == new and decoded.pods[0].stuck and decoded.unprepared_reported == ("m/ds",)
+    with pytest.raises(RecordError):
+        decode(text.replace('"version":1', '"unpreparedReported":"m/ds","version":1'))

@@ -7,7 +7,8 @@ diff and writes it (``--dry-run``: asks the API server to validate it, writes no
 It is the only change to a DaemonSet this tool ever makes, and it causes one rollout.
 
 ``status`` prints each upgrading (or still parked) node: its state, what the controller
-freed there (from its record annotation) and what still holds the GPU.
+recorded there (its record annotation: evicted, refused, blocked) and what still holds
+the GPU. It reads what the service decided; it never re-decides with local settings.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -242,23 +242,28 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
 # --- status ---
 
 
-async def gather_status(api: Any, config: Any, now: float) -> list[dict[str, Any]]:
-    """Plan every upgrading or parked node (without writing) and return its status."""
-    from shared_svc.kube import upgrade_io
-    from shared_svc.upgrade.planner import plan_node
-    from shared_svc.upgrade.settings import UpgradeSettings
+async def gather_status(api: Any, config: Any) -> list[dict[str, Any]]:
+    """The status of every node that is upgrading or still parked, from the service's record.
 
-    settings = UpgradeSettings.from_config(config)
+    Only the driver name (the label keys) comes from local configuration: the eviction
+    timeout, selector and detection are the service's, and the record holds its decisions.
+    """
+    from shared_svc.kube import upgrade_io
+    from shared_svc.upgrade.planner import listed, recorded_status
+
+    driver = config.upgrade_driver_name
     nodes: dict[str, Any] = {}
-    for resource in upgrade_io.node_resources(settings.driver_name):
+    for resource in upgrade_io.node_resources(driver):
         assert resource.label_selector is not None
         for node in await upgrade_io.list_nodes(api, resource.label_selector):
             nodes[node["metadata"]["name"]] = node
     daemonsets = await upgrade_io.list_daemonsets(api)
     out = []
     for name in sorted(nodes):
+        if not listed(recorded_status(nodes[name], (), (), driver)):
+            continue  # an idle node (upgrade-done, upgrade-required): no pods to read
         pods = await upgrade_io.pods_on_node(api, name)
-        out.append(plan_node(nodes[name], pods, daemonsets, settings, now).status.as_dict())
+        out.append(recorded_status(nodes[name], pods, daemonsets, driver).as_dict())
     return out
 
 
@@ -270,6 +275,13 @@ def _text(statuses: list[dict[str, Any]]) -> str:
         lines.append(
             f"{s['node']}: {s['state'] if s['state'] is not None else '(no state label)'} -> {s['phase']}"
         )
+        if s["since"] is None and s["mode"] == "free" and not s["record_error"]:
+            lines.append(
+                "  nothing recorded yet: shared-svc has not acted on this node "
+                "(not running, not leading, or dry-run: see its /status)"
+            )
+        if s["unknown_state"]:
+            lines.append("  unknown upgrade state: treated as keep (nothing new is evicted)")
         if s["since"]:
             parked = (
                 "set by shared-svc"
@@ -280,10 +292,16 @@ def _text(statuses: list[dict[str, Any]]) -> str:
                 f"  since {s['since']}; parked label {parked}; freed at {s['freed_at'] or '-'}"
             )
         for title, key in (
-            ("evicted", "evicted"),
             ("still on the node", "pending"),
+            ("evicted (accepted; gone or terminating)", "evicted"),
+            ("evicted, still terminating past the timeout", "stuck"),
+            ("eviction refused (retried until the timeout)", "refused"),
             ("eviction refused past the timeout", "blocked"),
             ("declared DaemonSet pods still on the node", "daemonset_pods"),
+            (
+                "DaemonSets running declared consumers, not prepared (run prepare-daemonset)",
+                "unprepared_daemonsets",
+            ),
             ("detected, not declared (left running)", "detected"),
             ("left to gpu-operator (gpu.deploy.client)", "operator_hook_pods"),
             ("DaemonSets only partly declared", "partial_daemonsets"),
@@ -297,7 +315,7 @@ def _text(statuses: list[dict[str, Any]]) -> str:
 
 def show_status(args: argparse.Namespace) -> int:
     async def body(api: Any, config: Any) -> list[dict[str, Any]]:
-        return await gather_status(api, config, time.time())
+        return await gather_status(api, config)
 
     statuses = _run(args, body)
     sys.stdout.write(

@@ -74,15 +74,21 @@ def is_finished(pod: K8sObject) -> bool:
     return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
 
 
-def exclusion(pod: K8sObject, settings: UpgradeSettings) -> str | None:
-    """The rule that puts the pod out of reach, or None."""
+def exclusion(
+    pod: K8sObject, settings: UpgradeSettings, *, daemonset_pods: bool = False
+) -> str | None:
+    """The rule that puts the pod out of reach, or None.
+
+    ``daemonset_pods``: judge a DaemonSet's pod as if it were not one (is it a consumer the
+    parked label must move?); every other exclusion still holds.
+    """
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     if is_finished(pod):
         return "finished"
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
         return "mirror pod"
-    if owned_by_daemonset(meta):
+    if owned_by_daemonset(meta) and not daemonset_pods:
         return "DaemonSet pod (parked per node instead)"
     if meta.get("namespace") == settings.operator_namespace:
         return "operator namespace"
@@ -119,8 +125,10 @@ def detection_signal(pod: K8sObject, settings: UpgradeSettings) -> str | None:
     return None
 
 
-def classify(pod: K8sObject, settings: UpgradeSettings) -> Classification:
-    excluded = exclusion(pod, settings)
+def classify(
+    pod: K8sObject, settings: UpgradeSettings, *, daemonset_pods: bool = False
+) -> Classification:
+    excluded = exclusion(pod, settings, daemonset_pods=daemonset_pods)
     if excluded is not None:
         return Classification("excluded", excluded)
     labels = pod.get("metadata", {}).get("labels") or {}

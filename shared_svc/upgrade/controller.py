@@ -157,6 +157,10 @@ class UpgradeController:
         self._errors: dict[str, str] = {}
         self._failures: Counter[str] = Counter()
         self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
+        self._notices_logged: set[str] = set()  # plan.notices: each logged once per process
+        self._notices_sent: set[str] = set()  # ... and sent once as an Event
+        # What was logged at INFO for a node's last plan; a repeat is logged at DEBUG.
+        self._said: dict[str, dict[str, str]] = {}
         self.reconciles = 0
         self.heartbeat = time.monotonic()  # the runner's liveness check reads it
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
@@ -308,6 +312,7 @@ class UpgradeController:
         node = await self._io.get_node(name)
         if node is None:
             self._statuses.pop(name, None)
+            self._said.pop(name, None)
             return None
         pods = await self._io.pods_on_node(name)
         objects = self._io.daemonset_objects()
@@ -321,7 +326,30 @@ class UpgradeController:
                 await self._recorder.emit(report)
         else:
             await self._show(plan)
+        await self._notice(plan)
         return plan.requeue_after
+
+    async def _notice(self, plan: NodePlan) -> None:
+        """Reports no record write keeps from repeating: logged once, sent once (per process)."""
+        for report in plan.notices:
+            if report.key not in self._notices_logged:
+                self._notices_logged.add(report.key)
+                log.warning(
+                    "%s: %s",
+                    report.reason,
+                    report.note,
+                    extra={"node": plan.node, "event": report.reason},
+                )
+            sends = self._writing() or self._config.dry_run
+            if sends and report.key not in self._notices_sent and await self._recorder.emit(report):
+                self._notices_sent.add(report.key)
+
+    def _say(self, said: dict[str, str], node: str, what: str, line: str, **extra: Any) -> None:
+        """Log ``line`` at INFO the first time ``what`` says it about the node, then at DEBUG."""
+        previous = self._said.get(node, {}).get(what)
+        said[what] = line
+        level = logging.DEBUG if previous == line else logging.INFO
+        log.log(level, line, extra={"node": node, **extra})
 
     def _ds_index(self, objects: tuple[K8sObject, ...]) -> dict[str, DaemonSetRef]:
         """The DaemonSet index, rebuilt only when the cache hands out a new snapshot."""
@@ -344,29 +372,48 @@ class UpgradeController:
                 self.metrics.restores.labels(
                     cause="done" if plan.status.phase == "restoring" else "aborted"
                 ).inc()
-        for action in plan.pod_actions:
-            if action.verb == "evict":
-                outcome = await self._io.evict(action)
-                self.metrics.evictions.labels(outcome=outcome).inc()
-            else:
-                outcome = await self._io.delete_pod(action)
-                self.metrics.deletions.inc()
-            log.info(
-                "GPU consumer %s: %s",
-                action.verb,
-                outcome,
-                extra={"node": plan.node, "pod": action.key, "why": action.why},
-            )
+        said: dict[str, str] = {}
+        try:
+            for action in plan.pod_actions:
+                if action.verb == "evict":
+                    outcome = await self._io.evict(action)
+                    self.metrics.evictions.labels(outcome=outcome).inc()
+                else:
+                    outcome = await self._io.delete_pod(action)
+                    self.metrics.deletions.inc()
+                self._say(
+                    said,
+                    plan.node,
+                    f"{action.key}/{action.uid}",
+                    _outcome_line(action, outcome, self.settings.poll_seconds),
+                    pod=action.key,
+                    why=action.why,
+                )
+        finally:
+            self._said[plan.node] = said
 
     async def _show(self, plan: NodePlan) -> None:
-        """Dry-run or follower: say once what would be written, and (dry-run) report it."""
+        """Dry-run or follower: say once what would be written, and (dry-run) report it.
+
+        A plan that is not carried out is the same on every poll: its lines are logged at
+        INFO once, and at DEBUG (with the whole node patch) while they repeat.
+        """
+        said: dict[str, str] = {}
+        who = "dry run" if self._config.dry_run else "standby (not the leader)"
         for write in plan.writes:
-            what = (
-                f"{write.verb} pod {write.key}"
-                if isinstance(write, PodAction)
-                else f"patch node {write.body()}"
-            )
-            log.info("would %s", what, extra={"node": plan.node, "dry_run": self._config.dry_run})
+            if isinstance(write, PodAction):
+                self._say(
+                    said,
+                    plan.node,
+                    write.key,
+                    f"{who}: would {write.verb} GPU consumer {write.key} ({write.why})",
+                )
+            else:
+                self._say(
+                    said, plan.node, "patch", f"{who}: would patch node: {_patch_summary(write)}"
+                )
+                log.debug("%s: node patch %s", who, write.body(), extra={"node": plan.node})
+        self._said[plan.node] = said
         if not self._config.dry_run:
             return
         for report in plan.reports:
@@ -380,6 +427,33 @@ class UpgradeController:
             self.metrics.nodes.labels(phase=phase).set(phases.get(phase, 0))
         self.metrics.pending_pods.set(sum(len(s.pending) for s in self._statuses.values()))
         self.metrics.blocked_pods.set(sum(len(s.blocked) for s in self._statuses.values()))
+
+
+def _outcome_line(action: PodAction, outcome: str, poll_seconds: float) -> str:
+    """One log line saying what happened to one pod action."""
+    if outcome == "gone":
+        return f"GPU consumer {action.key} already gone (or replaced): nothing to {action.verb}"
+    if action.verb == "delete":
+        return f"deleted GPU consumer {action.key} after the eviction timeout (its PodDisruptionBudget ignored)"
+    if outcome == "blocked":
+        return (
+            f"eviction of GPU consumer {action.key} refused (429, a PodDisruptionBudget): "
+            f"retrying every {poll_seconds:g}s until the eviction timeout"
+        )
+    return f"evicted GPU consumer {action.key} ({action.why})"
+
+
+def _patch_summary(patch: NodePatch) -> str:
+    """What a node patch does, in words (stable across polls: the record's times are left out)."""
+    parts = [
+        f"label {key}={value}" if value is not None else f"remove label {key}"
+        for key, value in patch.labels
+    ]
+    parts += [
+        f"write record {key}" if value is not None else f"remove record {key}"
+        for key, value in patch.annotations
+    ]
+    return ", ".join(parts)
 
 
 async def _wait_or_stop(stop: asyncio.Event, event: asyncio.Event) -> None:

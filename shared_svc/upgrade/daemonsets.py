@@ -130,6 +130,15 @@ def index_daemonsets(daemonsets: Iterable[K8sObject], parked_key: str) -> dict[s
     return index
 
 
+def owner_key(pod: K8sObject) -> str | None:
+    """``namespace/name`` of the DaemonSet that owns the pod (known or not), or None."""
+    meta = pod.get("metadata", {})
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("kind") == "DaemonSet" and ref.get("name"):
+            return f"{meta.get('namespace', '')}/{ref['name']}"
+    return None
+
+
 def owning_daemonset(pod: K8sObject, index: Mapping[str, DaemonSetRef]) -> DaemonSetRef | None:
     for ref in pod.get("metadata", {}).get("ownerReferences") or ():
         if ref.get("kind") == "DaemonSet" and ref.get("uid") in index:

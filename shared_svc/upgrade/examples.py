@@ -57,6 +57,7 @@ def pod(
     node_selector: dict[str, str] | None = None,
     owner_kind: str | None = None,
     owner_uid: str | None = None,
+    owner_name: str | None = None,
     phase: str = "Running",
     annotations: dict[str, str] | None = None,
     resource_claims: bool = False,
@@ -91,7 +92,7 @@ def pod(
             {
                 "apiVersion": "apps/v1",
                 "kind": owner_kind,
-                "name": f"{owner_kind.lower()}-x",
+                "name": owner_name or f"{owner_kind.lower()}-x",
                 "uid": owner_uid or "owner",
                 "controller": True,
             }
@@ -162,6 +163,7 @@ def daemonset_pod(ds: K8sObject, node_name: str = "node-1", **kw: Any) -> K8sObj
         node_name=node_name,
         owner_kind="DaemonSet",
         owner_uid=meta["uid"],
+        owner_name=meta["name"],
         **kw,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 from typing import Any, Literal
 
 from shared_svc.reconcile.model import K8sObject, ObjectRef, Report
@@ -80,13 +81,17 @@ class NodeStatus:
     parked_by_us: bool  # our record says we set it (so restore removes it)
     since: str | None
     freed_at: str | None
-    pending: tuple[str, ...] = ()  # consumers still on the node
-    blocked: tuple[str, ...] = ()  # evictions refused past the timeout
+    pending: tuple[str, ...] = ()  # consumers still on the node (whatever their eviction did)
+    refused: tuple[str, ...] = ()  # eviction refused (429, a PodDisruptionBudget): retried
+    blocked: tuple[str, ...] = ()  # eviction refused past the timeout (Warning reported)
+    evicted: tuple[str, ...] = ()  # eviction (or delete) accepted: gone or terminating
+    stuck: tuple[str, ...] = ()  # evicted, still terminating past the timeout (Warning)
     detected: tuple[str, ...] = ()  # report mode: detected consumers left alone
-    evicted: tuple[str, ...] = ()  # from the record: pods we asked to leave
     daemonset_pods: tuple[str, ...] = ()  # pods of declared DaemonSets still here
+    unprepared_daemonsets: tuple[str, ...] = ()  # run a declared consumer here, never prepared
     operator_hook_pods: tuple[str, ...] = ()  # left to the driver-manager (gpu.deploy.client)
     partial_daemonsets: tuple[str, ...] = ()  # affinity term missing in some required terms
+    unknown_state: bool = False  # a state value this version does not know (kept)
     record_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,6 +106,8 @@ class NodePlan:
     reports: tuple[Report, ...]
     status: NodeStatus
     requeue_after: float | None  # look again this soon even without a change (seconds)
+    # Reports no record write keeps from repeating: the shell sends each once per process.
+    notices: tuple[Report, ...] = ()
 
     @property
     def writes(self) -> tuple[NodePatch | PodAction, ...]:
@@ -150,6 +157,50 @@ def _pod_identity(pod: K8sObject) -> tuple[str, str, str]:
     return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
 
 
+def terminating_for(pod: K8sObject, now: float) -> float | None:
+    """Seconds since the pod was asked to go (deletionTimestamp less its grace), or None."""
+    meta = pod.get("metadata", {})
+    stamp = meta.get("deletionTimestamp")
+    if not stamp:
+        return None
+    try:
+        deadline = datetime.fromisoformat(str(stamp)).timestamp()
+        grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+    except (TypeError, ValueError):
+        return 0.0  # terminating, since an unknown time: never reported as stuck
+    return now - (deadline - grace)
+
+
+def _outcomes(
+    rec: Record | None, pods: Iterable[K8sObject], fresh: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, ...]]:
+    """What became of each pod of the record, judged from the pods on the node now.
+
+    ``evicted``: accepted (gone, finished, replaced by a successor, or terminating);
+    ``blocked``: still there past the timeout (the record's flag); ``refused``: still
+    there, not terminating, after an earlier attempt (``fresh`` pods are asked only now);
+    ``stuck``: evicted, still terminating past the timeout (the record's flag).
+    """
+    live = {consumers.pod_key(p): p for p in pods}
+    out: dict[str, list[str]] = {"evicted": [], "refused": [], "blocked": [], "stuck": []}
+    for entry in rec.pods if rec else ():
+        pod = live.get(entry.key)
+        if (
+            pod is None
+            or _pod_identity(pod)[2] != entry.uid
+            or consumers.is_finished(pod)
+            or pod.get("metadata", {}).get("deletionTimestamp")
+        ):
+            out["evicted"].append(entry.key)
+            if pod is not None and entry.stuck and _pod_identity(pod)[2] == entry.uid:
+                out["stuck"].append(entry.key)
+        elif entry.blocked:
+            out["blocked"].append(entry.key)
+        elif entry.key not in fresh:
+            out["refused"].append(entry.key)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
 def _free(
     b: _Builder,
     pods: list[K8sObject],
@@ -164,10 +215,11 @@ def _free(
         rec = replace(rec, parked_label=True)
 
     pending: list[str] = []
-    blocked: list[str] = []
     detected: list[str] = []
     ds_pods: list[str] = []
     hook_pods: list[str] = []
+    unprepared: dict[str, list[str]] = {}  # DaemonSet -> its declared consumer pods here
+    fresh: set[str] = set()
     deadlines: list[float] = []
     for pod in pods:
         key = consumers.pod_key(pod)
@@ -178,6 +230,12 @@ def _free(
             ds_pods.append(key)
         elif owner is not None and owner.kind == "operator-hook":
             hook_pods.append(key)
+        elif (ds_key := daemonsets.owner_key(pod)) is not None and (
+            consumers.classify(pod, s, daemonset_pods=True).kind == "declared"
+        ):
+            # A declared consumer whose DaemonSet was never (or only partly) prepared: the
+            # parked label does not move it and evicting it is useless, so it holds the node.
+            unprepared.setdefault(ds_key, []).append(key)
         found = consumers.classify(pod, s)
         if found.kind == "detected" and s.detection == "report":
             detected.append(key)
@@ -186,23 +244,40 @@ def _free(
             continue
         namespace, name, uid = _pod_identity(pod)
         pending.append(key)
-        terminating = bool(pod.get("metadata", {}).get("deletionTimestamp"))
+        terminating = terminating_for(pod, b.now)
         entry = rec.pod(key)
         if entry is None or entry.uid != uid:
-            if terminating:
+            if terminating is not None:
                 continue  # leaving on its own: nothing of ours to record
             rec = rec.with_pod(FreedPod(namespace, name, uid, first_attempt=b.now))
+            fresh.add(key)
             b.actions.append(PodAction("evict", namespace, name, uid, f"{found.kind}: {found.why}"))
             deadlines.append(s.eviction_timeout_seconds)
             continue
-        if terminating:
-            continue  # eviction accepted; waiting for the pod to go
+        if terminating is not None:
+            # Eviction accepted; waiting for the pod to go. Past the timeout it is stuck
+            # (a kubelet that does not finish it, a finalizer): reported once.
+            if entry.stuck:
+                continue
+            if terminating < s.eviction_timeout_seconds:
+                deadlines.append(s.eviction_timeout_seconds - terminating)
+                continue
+            b.report(
+                "Warning",
+                "GPUConsumerStuckTerminating",
+                "Evict",
+                f"GPU consumer {key} was evicted but is still terminating after {int(terminating)}s "
+                f"(timeout {int(s.eviction_timeout_seconds)}s): it may still hold the GPU; "
+                "check its finalizers and the node's kubelet.",
+                f"{key}/{uid}",
+            )
+            rec = rec.with_pod(replace(entry, stuck=True))
+            continue
         waited = b.now - entry.first_attempt
         if waited < s.eviction_timeout_seconds:
             b.actions.append(PodAction("evict", namespace, name, uid, "retry: still on the node"))
             deadlines.append(s.eviction_timeout_seconds - waited)
             continue
-        blocked.append(key)
         if not entry.blocked:
             then = (
                 "deleting it (upgrade_delete_after_timeout)"
@@ -237,7 +312,24 @@ def _free(
         )
         rec = replace(rec, detected_reported=tuple(sorted({*rec.detected_reported, *detected})))
 
-    if not pending and not ds_pods and rec.freed_at is None:
+    for ds_key in sorted(set(unprepared) - set(rec.unprepared_reported)):
+        b.report(
+            "Warning",
+            "GPUConsumerDaemonSetNotPrepared",
+            "Free",
+            f"DaemonSet {ds_key} runs GPU consumer pod(s) {_names(unprepared[ds_key])} on this node "
+            f"({s.consumer_selector.text}) but was never prepared: the parked label does not move "
+            f"them, so the node is not freed. Run `shared-svc upgrade prepare-daemonset {ds_key}` "
+            "(one rollout), or remove the consumer label from its pod template.",
+            ds_key,
+        )
+    if unprepared:
+        rec = replace(
+            rec, unprepared_reported=tuple(sorted({*rec.unprepared_reported, *unprepared}))
+        )
+
+    holding = bool(pending or ds_pods or unprepared)
+    if not holding and rec.freed_at is None:
         rec = replace(rec, freed_at=b.now)
         evicted = [p.key for p in rec.pods]
         b.report(
@@ -250,15 +342,16 @@ def _free(
             record.format_time(rec.since),
         )
     b.record = rec
-    poll = [s.poll_seconds] if pending or ds_pods else []
+    poll = [s.poll_seconds] if holding else []
     candidates = poll + [d for d in deadlines if d > 0]
     return {
-        "phase": "freeing" if pending or ds_pods else "freed",
+        "phase": "freeing" if holding else "freed",
         "pending": tuple(sorted(pending)),
-        "blocked": tuple(sorted(blocked)),
         "detected": tuple(sorted(detected)),
         "daemonset_pods": tuple(sorted(ds_pods)),
         "operator_hook_pods": tuple(sorted(hook_pods)),
+        "unprepared_daemonsets": tuple(sorted(unprepared)),
+        "fresh": frozenset(fresh),
         "requeue_after": min(candidates) if candidates else None,
     }
 
@@ -345,19 +438,16 @@ def plan_node(
     if ds_index is None:
         ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     partial = tuple(sorted(ref.key for ref in ds_index.values() if ref.kind == "partial"))
+    pods = list(pods)
     found: dict[str, Any] = {}
-    phase: Phase = "idle"
+    phase: Phase = _phase(mode, current)
     if mode == "free":
-        found = _free(b, list(pods), ds_index, label_present)
+        found = _free(b, pods, ds_index, label_present)
         phase = found.pop("phase")
     elif mode == "keep" and current is not None:
-        phase = "parked"
         if current.parked_label and not label_present:
             b.labels[parked_key] = PARKED_VALUE  # someone removed it: keep what was freed parked
-    elif mode == "nothing" and current is not None:
-        phase = "waiting"
     elif mode in ("restore", "abort") and current is not None:
-        phase = "restoring" if mode == "restore" else "aborting"
         _undo(b, aborted=mode == "abort")
     elif mode in ("restore", "abort") and record_error is not None:
         b.record = None  # an unreadable record is dropped; the label is not known to be ours
@@ -387,14 +477,126 @@ def plan_node(
         if shown and shown.freed_at is not None
         else None,
         pending=found.get("pending", ()),
-        blocked=found.get("blocked", ()),
         detected=found.get("detected", ()),
-        evicted=tuple(p.key for p in shown.pods) if shown else (),
         daemonset_pods=found.get("daemonset_pods", ()),
         operator_hook_pods=found.get("operator_hook_pods", ()),
+        unprepared_daemonsets=found.get("unprepared_daemonsets", ()),
         partial_daemonsets=partial,
+        unknown_state=states.is_unknown(state),
         record_error=record_error,
+        **_outcomes(shown, pods, found.get("fresh", frozenset())),
     )
+    notices: tuple[Report, ...] = ()
+    if status.unknown_state:
+        b.report(
+            "Warning",
+            "UpgradeStateUnknown",
+            "Reconcile",
+            f"Unknown driver-upgrade state {state!r} on {states.state_label_key(settings.driver_name)}: "
+            "treated as keep (what was freed stays parked, nothing new is evicted). "
+            "A newer gpu-operator? Upgrade shared-svc.",
+            _digest(str(state)),
+        )
+        notices = (b.reports.pop(),)
     return NodePlan(
-        name, patch, tuple(b.actions), tuple(b.reports), status, found.get("requeue_after")
+        name,
+        patch,
+        tuple(b.actions),
+        tuple(b.reports),
+        status,
+        found.get("requeue_after"),
+        notices,
+    )
+
+
+def _phase(mode: states.Mode, rec: Record | None) -> Phase:
+    """The phase of a node that a plan does not free (``_free`` decides that one)."""
+    if rec is None:
+        return "idle"
+    return {
+        "free": "freed" if rec.freed_at is not None else "freeing",
+        "keep": "parked",
+        "nothing": "waiting",
+        "restore": "restoring",
+        "abort": "aborting",
+    }[mode]
+
+
+def recorded_status(
+    node: K8sObject,
+    pods: Iterable[K8sObject],
+    daemonset_objects: Iterable[K8sObject],
+    driver_name: str,
+) -> NodeStatus:
+    """What the service recorded on the node, next to the pods on it now (``upgrade status``).
+
+    Nothing is re-derived from settings (eviction timeout, consumer selector, detection):
+    those are the service's, and the command does not know them. Blocked, stuck,
+    detected and unprepared come from the record's flags; ``pending`` are the recorded
+    pods still on the node and, while freeing, the pods of declared and unprepared
+    DaemonSets.
+    """
+    meta = node.get("metadata", {})
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    raw = (meta.get("annotations") or {}).get(record.record_annotation_key(driver_name))
+    rec: Record | None = None
+    record_error: str | None = None
+    if raw is not None:
+        try:
+            rec = record.decode(raw)
+        except RecordError as exc:
+            record_error = str(exc)
+    state = labels.get(states.state_label_key(driver_name))
+    mode = states.mode_for(state)
+    parked_key = daemonsets.parked_label_key(driver_name)
+    ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
+    pods = [p for p in pods if not consumers.is_finished(p)]
+    outcomes = _outcomes(rec, pods)
+    live = {consumers.pod_key(p): p for p in pods}
+    still = [  # recorded pods still here (terminating ones too: they hold the GPU until gone)
+        e.key for e in (rec.pods if rec else ()) if _pod_identity(live.get(e.key, {}))[2] == e.uid
+    ]
+    ds_pods: list[str] = []
+    hook_pods: list[str] = []
+    unprepared: set[str] = set()
+    if mode == "free":
+        reported = set(rec.unprepared_reported) if rec else set()
+        for key, pod in live.items():
+            owner = daemonsets.owning_daemonset(pod, ds_index)
+            if owner is not None and owner.kind == "declared":
+                ds_pods.append(key)
+            elif owner is not None and owner.kind == "operator-hook":
+                hook_pods.append(key)
+            elif (ds_key := daemonsets.owner_key(pod)) in reported:
+                unprepared.add(str(ds_key))
+    return NodeStatus(
+        node=str(meta.get("name", "")),
+        state=state,
+        mode=mode,
+        phase=_phase(mode, rec) if rec is not None or mode != "free" else "freeing",
+        parked_label=parked_key in labels,
+        parked_by_us=bool(rec and rec.parked_label),
+        since=record.format_time(rec.since) if rec else None,
+        freed_at=record.format_time(rec.freed_at) if rec and rec.freed_at is not None else None,
+        pending=tuple(sorted(still)),
+        detected=tuple(k for k in (rec.detected_reported if rec else ()) if k in live),
+        daemonset_pods=tuple(sorted(ds_pods)),
+        operator_hook_pods=tuple(sorted(hook_pods)),
+        unprepared_daemonsets=tuple(sorted(unprepared)),
+        partial_daemonsets=tuple(
+            sorted(ref.key for ref in ds_index.values() if ref.kind == "partial")
+        ),
+        unknown_state=states.is_unknown(state),
+        record_error=record_error,
+        **outcomes,
+    )
+
+
+def listed(status: NodeStatus) -> bool:
+    """Upgrading (a freeing or keep state) or still parked / recorded: what ``upgrade status`` shows."""
+    return (
+        status.mode in ("free", "keep")
+        or status.since is not None
+        or status.parked_label
+        or status.record_error is not None
     )

@@ -14,6 +14,11 @@ changes after a restart. Format (JSON, keys sorted, times RFC 3339 UTC to the se
         "blocked": false,                        # Warning already reported
         "deleted": false}],                      # deleted after the timeout (opt-in)
      "detectedReported": ["ml/vst-0"]}        # report mode: consumers already reported
+
+Written only when set (so records of earlier releases read and write back unchanged):
+``"stuck": true`` on a pod (evicted, still terminating past the timeout: Warning
+reported) and ``"unpreparedReported": ["monitoring/exporter"]`` (DaemonSets running a
+declared consumer that were never prepared: Warning reported).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class FreedPod:
     first_attempt: float
     blocked: bool = False
     deleted: bool = False
+    stuck: bool = False  # evicted, but still terminating past the timeout: Warning reported
 
     @property
     def key(self) -> str:
@@ -80,6 +86,8 @@ class Record:
     pods: tuple[FreedPod, ...] = ()
     freed_at: float | None = None
     detected_reported: tuple[str, ...] = field(default=())
+    # DaemonSets (namespace/name) running a declared consumer, never prepared: Warning reported
+    unprepared_reported: tuple[str, ...] = field(default=())
 
     @staticmethod
     def new(now: float, *, parked_label: bool) -> Record:
@@ -98,25 +106,31 @@ class Record:
         return replace(self, pods=tuple(sorted([*others, pod], key=lambda p: p.key)))
 
 
+def _pod_body(p: FreedPod) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "namespace": p.namespace,
+        "name": p.name,
+        "uid": p.uid,
+        "firstAttempt": format_time(p.first_attempt),
+        "blocked": p.blocked,
+        "deleted": p.deleted,
+    }
+    if p.stuck:
+        body["stuck"] = True
+    return body
+
+
 def encode(record: Record) -> str:
-    body = {
+    body: dict[str, Any] = {
         "version": RECORD_VERSION,
         "since": format_time(record.since),
         "parkedLabel": record.parked_label,
         "freedAt": None if record.freed_at is None else format_time(record.freed_at),
-        "pods": [
-            {
-                "namespace": p.namespace,
-                "name": p.name,
-                "uid": p.uid,
-                "firstAttempt": format_time(p.first_attempt),
-                "blocked": p.blocked,
-                "deleted": p.deleted,
-            }
-            for p in sorted(record.pods, key=lambda p: p.key)
-        ],
+        "pods": [_pod_body(p) for p in sorted(record.pods, key=lambda p: p.key)],
         "detectedReported": sorted(set(record.detected_reported)),
     }
+    if record.unprepared_reported:
+        body["unpreparedReported"] = sorted(set(record.unprepared_reported))
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -144,8 +158,9 @@ def decode(text: str) -> Record:
         raise RecordError(f"unknown record version {body.get('version')!r}")
     pods_raw = body.get("pods", [])
     reported = body.get("detectedReported", [])
-    if not isinstance(pods_raw, list) or not isinstance(reported, list):
-        raise RecordError("pods and detectedReported must be lists")
+    unprepared = body.get("unpreparedReported", [])
+    if not all(isinstance(x, list) for x in (pods_raw, reported, unprepared)):
+        raise RecordError("pods, detectedReported and unpreparedReported must be lists")
     pods = []
     for raw in pods_raw:
         if not isinstance(raw, dict):
@@ -158,6 +173,7 @@ def decode(text: str) -> Record:
                 first_attempt=parse_time(raw.get("firstAttempt")),
                 blocked=_bool(raw.get("blocked", False), "blocked"),
                 deleted=_bool(raw.get("deleted", False), "deleted"),
+                stuck=_bool(raw.get("stuck", False), "stuck"),
             )
         )
     freed_at = body.get("freedAt")
@@ -167,4 +183,5 @@ def decode(text: str) -> Record:
         pods=tuple(sorted(pods, key=lambda p: p.key)),
         freed_at=None if freed_at is None else parse_time(freed_at),
         detected_reported=tuple(sorted({_str(k, "detectedReported") for k in reported})),
+        unprepared_reported=tuple(sorted({_str(k, "unpreparedReported") for k in unprepared})),
     )

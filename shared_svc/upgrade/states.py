@@ -56,3 +56,8 @@ def mode_for(state: str | None) -> Mode:
     if state in NOTHING_STATES:
         return "nothing"
     return "keep"
+
+
+def is_unknown(state: str | None) -> bool:
+    """A value this version does not know (kept, and reported once per node and value)."""
+    return state is not None and state not in ALL_STATES
