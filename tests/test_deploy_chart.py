@@ -252,7 +252,9 @@ def test_namespace_value_moves_every_namespaced_object() -> None:
             assert "namespace" not in d["metadata"]
         elif d["metadata"]["name"] != "shared-svc-cluster-events":
             assert d["metadata"]["namespace"] == "nvidia-gpu", d["kind"]
-    lease_rule = next(r for r in rules(one(docs, "Role", "shared-svc")) if r[3])
+    lease_rule = next(
+        r for r in rules(one(docs, "Role", "shared-svc")) if r[1] == "leases" and r[3]
+    )
     assert lease_rule[3] == ("shared-svc",)
 
 
