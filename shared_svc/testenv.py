@@ -356,6 +356,57 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+# kube-apiserver first: stopped after etcd, it keeps retrying its storage and can outlive
+# the stop; then etcd. Anything else after those.
+STOP_ORDER = ("kube-apiserver", "etcd")
+
+
+def process_alive(pid: int, name: str | None = None) -> bool:
+    """True while ``pid`` runs. A zombie (exited, not yet reaped) counts as gone. With
+    ``name``, a process whose program is something else (the pid was reused) is not it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, another user's
+    proc = Path(f"/proc/{pid}")
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except FileNotFoundError:  # exited in between
+        return False
+    except OSError:  # no /proc (not Linux): the signal check is all there is
+        return True
+    if stat.rpartition(")")[2].split()[:1] == ["Z"]:
+        return False
+    if name is not None:
+        program = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+        return Path(program).name == name
+    return True
+
+
+def stop_processes(pids: dict[str, int], timeout: float = 15.0) -> dict[str, int]:
+    """Stops processes started by :func:`start` (by name and pid, each the leader of its own
+    process group) one at a time in :data:`STOP_ORDER`: SIGTERM, wait up to ``timeout``,
+    then SIGKILL and wait again. Returns the ones still running (empty when all are gone)."""
+    order = sorted(pids, key=lambda n: STOP_ORDER.index(n) if n in STOP_ORDER else len(STOP_ORDER))
+    left: dict[str, int] = {}
+    for name in order:
+        pid = pids[name]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not process_alive(pid, name):
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + timeout
+            while process_alive(pid, name) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if process_alive(pid, name):
+            left[name] = pid
+    return left
+
+
 def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
     if proc is None or proc.poll() is not None:
         return

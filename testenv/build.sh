@@ -3,8 +3,9 @@
 # go.etcd.io/etcd/server/v3) and helmrender (Helm's chart renderer, from
 # helm.sh/helm/v3; its own module in helmrender/) with the machine's Go, into a cache
 # directory keyed by the modules' inputs. A second run with unchanged inputs costs a
-# hash and a stat. Prints the directory holding the binaries on stdout; timings go to
-# stderr.
+# hash and a stat. Builds of the same inputs take a lock (flock on a file in the cache
+# directory): one started while another runs waits for it, then uses its binaries.
+# Prints the directory holding the binaries on stdout; timings go to stderr.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache_root="${SHARED_SVC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shared-svc}"
@@ -18,13 +19,27 @@ key=$( {
 out="$cache_root/testenv/$key"
 k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$here/go.mod")
 helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3"{print $3; exit} $1=="helm.sh/helm/v3"{print $2; exit}' "$here/helmrender/go.mod")
-if [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/helmrender" ]]; then
+cached() {
+  [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/helmrender" ]] || return 1
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   printf 'testenv: cached build %s (kube-apiserver %s, helm %s) in %d.%03ds\n' "$key" "$k8s_version" "$helm_version" $((ms / 1000)) $((ms % 1000)) >&2
   echo "$out"
-  exit 0
+}
+if cached; then exit 0; fi
+# One build of these inputs at a time: the lock is held until this script exits. A run
+# that waited finds the binaries the other one built.
+mkdir -p "$cache_root/testenv"
+if command -v flock >/dev/null; then
+  exec 9>"$cache_root/testenv/$key.lock"
+  if ! flock -n 9; then
+    echo "testenv: another build of $key is running; waiting for it..." >&2
+    flock 9
+  fi
+  if cached; then exit 0; fi  # (also when the other build ended just before the lock)
+else
+  echo "testenv: flock not found: builds started at once are not serialized" >&2
 fi
-# A directory of this run's own: two builds started at once never write the same files.
+# A directory of this run's own: even without the lock, two builds never write the same files.
 tmp="$out.tmp.$$"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp"

@@ -1,16 +1,16 @@
 """``shared-svc testenv start|stop|status``: the test control plane, by hand.
 
 ``start`` leaves etcd and kube-apiserver running in the background and prints the
-admin kubeconfig path; ``stop`` ends them and removes their directory.
+admin kubeconfig path; ``stop`` ends them (kube-apiserver first, then etcd; SIGKILL after
+a grace period) and removes their directory only once both are gone.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,14 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
         )
+        if name == "stop":
+            p.add_argument(
+                "--timeout",
+                type=float,
+                default=15.0,
+                metavar="SECONDS",
+                help="wait this long for each process after SIGTERM, then SIGKILL (default 15)",
+            )
         p.set_defaults(handler=handler)
 
 
@@ -55,23 +63,25 @@ def _load(directory: Path) -> dict[str, Any] | None:
     return data
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _alive(state: dict[str, Any]) -> dict[str, bool]:
+    return {name: testenv.process_alive(pid, name) for name, pid in state["pids"].items()}
+
+
+def _kill(directory: Path, state: dict[str, Any], timeout: float = 15.0) -> None:
+    """Stops the processes of ``state``; raises (leaving the directory) if one survives."""
+    left = testenv.stop_processes(state["pids"], timeout=timeout)
+    if left:
+        running = ", ".join(f"{name} (pid {pid})" for name, pid in left.items())
+        raise UsageError(f"{running} still running after SIGKILL; {directory} left in place")
 
 
 def _start(args: argparse.Namespace) -> int:
     state = _load(args.dir)
-    if state and all(_alive(p) for p in state["pids"].values()):
+    if state and all(_alive(state).values()):
         print(state["kubeconfig"])
         return 0
     if state:
-        _kill(state)
+        _kill(args.dir, state)
     try:
         cp = testenv.start(workdir=args.dir / "cp")
     except testenv.ControlPlaneError as exc:
@@ -87,24 +97,12 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kill(state: dict[str, Any]) -> None:
-    for pid in state["pids"].values():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-
-
 def _stop(args: argparse.Namespace) -> int:
     state = _load(args.dir)
     if state is None:
         print("not running")
         return 0
-    _kill(state)
-    import shutil
-    import time
-
-    deadline = time.monotonic() + 15
-    while any(_alive(p) for p in state["pids"].values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _kill(args.dir, state, args.timeout)
     shutil.rmtree(args.dir, ignore_errors=True)
     print("stopped")
     return 0
@@ -115,7 +113,7 @@ def _status(args: argparse.Namespace) -> int:
     if state is None:
         print("not running")
         return 1
-    alive = {name: _alive(pid) for name, pid in state["pids"].items()}
+    alive = _alive(state)
     print(
         json.dumps(
             {"url": state["url"], "kubeconfig": state["kubeconfig"], "running": alive}, indent=2

@@ -1,0 +1,226 @@
+"""The test control plane's own tooling: ``shared-svc testenv stop`` and ``testenv/build.sh``.
+
+``stop`` ends kube-apiserver before etcd, kills what ignores SIGTERM and says "stopped" only
+when both are gone (tried with stand-ins that behave badly, then with the real control
+plane). ``build.sh`` runs one build of the same inputs at a time (tried with a stand-in
+``go`` on PATH that records its builds, in a cache directory of the test's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shared_svc import cli, testenv
+from shared_svc.testenv import process_alive
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "testenv" / "build.sh"
+
+
+def spawn_detached(script: str, argv0: str) -> int:
+    """Starts ``bash -c script`` as ``argv0`` in a session of its own, as ``testenv start``
+    leaves its processes: parent gone (reaped by init), group leader. Returns its pid."""
+    launcher = textwrap.dedent(
+        """
+        import subprocess, sys
+        proc = subprocess.Popen(
+            ["bash", "-c", 'exec -a "$0" bash -c "$1"', sys.argv[1], sys.argv[2]],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        print(proc.pid)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", launcher, argv0, script],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    pid = int(out)
+    for _ in range(200):  # until it runs as argv0 (exec done)
+        if process_alive(pid, argv0):
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{argv0} (pid {pid}) did not start")
+
+
+def write_state(directory: Path, pids: dict[str, int]) -> None:
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text(
+        json.dumps({"url": "https://127.0.0.1:1", "kubeconfig": "k", "workdir": "w", "pids": pids})
+    )
+
+
+def wait_for(path: Path) -> None:
+    for _ in range(200):
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_stop_ends_the_apiserver_first_and_kills_it_if_it_ignores_sigterm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "etcd-saw"
+    # A kube-apiserver that ignores SIGTERM (as one stuck retrying its storage can seem to).
+    api = spawn_detached(
+        f"trap '' TERM; touch {tmp_path}/api-up; while :; do sleep 0.1; done", "kube-apiserver"
+    )
+    # An etcd that notes, when told to stop, whether the API server still ran.
+    etcd = spawn_detached(
+        f"""trap 's=$(cut -d" " -f3 /proc/{api}/stat 2>/dev/null); \
+[ -n "$s" ] && [ "$s" != Z ] && echo alive > {record} || echo gone > {record}; exit 0' TERM
+touch {tmp_path}/etcd-up; while :; do sleep 0.1; done""",
+        "etcd",
+    )
+    wait_for(tmp_path / "api-up")
+    wait_for(tmp_path / "etcd-up")
+    state_dir = tmp_path / "state"
+    write_state(state_dir, {"etcd": etcd, "kube-apiserver": api})
+    assert process_alive(api, "kube-apiserver") and process_alive(etcd, "etcd")
+    try:
+        code = cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "1"])
+        assert (code, capsys.readouterr().out) == (0, "stopped\n")
+        assert not process_alive(api) and not process_alive(etcd)
+        assert record.read_text() == "gone\n", "etcd was stopped while kube-apiserver ran"
+        assert not state_dir.exists()
+    finally:
+        for pid in (api, etcd):
+            if process_alive(pid):
+                os.killpg(pid, 9)
+
+
+def test_stop_never_signals_a_process_that_reused_a_pid(tmp_path: Path) -> None:
+    """The state file outlived its processes; their pids now belong to something else."""
+    other = spawn_detached("while :; do sleep 0.1; done", "not-etcd")
+    try:
+        state_dir = tmp_path / "state"
+        write_state(state_dir, {"etcd": other, "kube-apiserver": other})
+        assert cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "1"]) == 0
+        assert process_alive(other, "not-etcd")
+    finally:
+        os.killpg(other, 9)
+
+
+def test_stop_keeps_the_directory_and_fails_while_a_process_survives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = spawn_detached("while :; do sleep 0.1; done", "kube-apiserver")
+    state_dir = tmp_path / "state"
+    write_state(state_dir, {"kube-apiserver": api})
+    # Signals that change nothing: the process survives even SIGKILL (as one in D state would).
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: None)
+    try:
+        code = cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "0.2"])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert f"kube-apiserver (pid {api}) still running after SIGKILL" in err
+        assert "Traceback" not in err and (state_dir / "state.json").exists()
+    finally:
+        monkeypatch.undo()
+        os.killpg(api, 9)
+
+
+@pytest.mark.apiserver
+def test_start_then_stop_leaves_no_process(tmp_path: Path) -> None:
+    state_dir = tmp_path / "testenv"
+    shared_svc = [sys.executable, "-m", "shared_svc"]
+    started = subprocess.run(
+        [*shared_svc, "testenv", "start", "--dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert started.returncode == 0, started.stderr
+    pids: dict[str, int] = json.loads((state_dir / "state.json").read_text())["pids"]
+    try:
+        assert pids.keys() == {"etcd", "kube-apiserver"}
+        assert all(process_alive(pid, name) for name, pid in pids.items())
+        stopped = subprocess.run(
+            [*shared_svc, "testenv", "stop", "--dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert (stopped.returncode, stopped.stdout) == (0, "stopped\n"), stopped.stderr
+        assert {name: process_alive(pid) for name, pid in pids.items()} == {
+            "etcd": False,
+            "kube-apiserver": False,
+        }
+        assert not state_dir.exists()
+    finally:
+        testenv.stop_processes(pids, timeout=5)
+
+
+# --- build.sh ---
+FAKE_GO = """#!/usr/bin/env bash
+# A stand-in for go: records each build, takes a second, writes an executable at -o.
+if [[ $1 == version ]]; then echo "go version go0.0-fake linux/amd64"; exit 0; fi
+echo "build $*" >> "$FAKE_GO_LOG"
+while [[ $# -gt 0 ]]; do [[ $1 == -o ]] && out=$2; shift; done
+sleep 1
+printf '#!/bin/sh\\n' > "$out" && chmod +x "$out"
+"""
+
+
+def fake_go_env(tmp_path: Path) -> dict[str, str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "go").write_text(FAKE_GO)
+    (bindir / "go").chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "SHARED_SVC_CACHE": str(tmp_path / "cache"),
+        "FAKE_GO_LOG": str(tmp_path / "go.log"),
+    }
+
+
+def builds(tmp_path: Path) -> list[str]:
+    log = tmp_path / "go.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) -> None:
+    assert shutil.which("flock"), "build.sh serializes builds with flock (util-linux)"
+    env = fake_go_env(tmp_path)
+    runs = [
+        subprocess.Popen(
+            ["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    dirs = {out.strip() for out, _ in outputs}
+    assert len(dirs) == 1, dirs
+    assert len(builds(tmp_path)) == 3, "kube-apiserver, etcd and helmrender, each built once"
+    assert any("waiting for it" in err for _, err in outputs), "the second run waited"
+    (directory,) = dirs
+    assert sorted(p.name for p in Path(directory).iterdir()) == [
+        "etcd",
+        "helmrender",
+        "kube-apiserver",
+    ]
+
+    # The cached path: no build at all, the same directory.
+    again = subprocess.run(
+        ["bash", str(BUILD)], env=env, capture_output=True, text=True, check=True
+    )
+    assert again.stdout.strip() == directory and "cached build" in again.stderr
+    assert len(builds(tmp_path)) == 3
