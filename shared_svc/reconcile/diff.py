@@ -24,6 +24,7 @@ from shared_svc.reconcile.names import (
 from shared_svc.reconcile.objects import annotations_of, labels_of, meta, spec
 from shared_svc.reconcile.owners import OwnerRef, adoptable, cr_refs, foreign_refs, is_managed
 from shared_svc.reconcile.shapes import API_DEFAULT_TRAFFIC_POLICY, API_DEFAULT_TYPE
+from shared_svc.reconcile.takeover import take_over_op
 
 OWNERS_PATH = "metadata.ownerReferences"
 HASH_PATH = f'metadata.annotations["{INTENT_HASH_ANNOTATION}"]'
@@ -132,15 +133,18 @@ def preconditions_of(live: K8sObject) -> dict[str, str]:
     return {"uid": str(m.get("uid") or ""), "resourceVersion": str(m.get("resourceVersion") or "")}
 
 
-def owner_patch(live: K8sObject, ours: list[OwnerRef]) -> tuple[K8sObject, ...]:
-    """RFC 6902 patch for what apply cannot remove: others' CR references, the state label.
+def owner_patch(
+    live: K8sObject, ours: list[OwnerRef], extra: tuple[K8sObject, ...] = ()
+) -> tuple[K8sObject, ...]:
+    """RFC 6902 patch for what apply cannot remove: others' CR references, the state label,
+    and on adoption (``extra``) the fields other managers own on our behalf.
 
     Guarded by uid (``test``) and resourceVersion (the API server answers 409 on mismatch).
     Empty when apply alone is enough.
     """
     refs_differ = cr_refs(live) != ours
     has_state = STATE_LABEL in labels_of(live)
-    if not refs_differ and not has_state:
+    if not refs_differ and not has_state and not extra:
         return ()
     pre = preconditions_of(live)
     ops: list[K8sObject] = [
@@ -158,7 +162,7 @@ def owner_patch(live: K8sObject, ours: list[OwnerRef]) -> tuple[K8sObject, ...]:
         )
     if has_state:
         ops.append({"op": "remove", "path": _pointer("metadata", "labels", STATE_LABEL)})
-    return tuple(ops)
+    return (*ops, *extra)
 
 
 def _reason(kind: ManagedKind, what: str) -> str:
@@ -173,7 +177,9 @@ def action_for_desired(desired: Desired, live: K8sObject | None, adopt: bool) ->
     if not managed and not adoptable(live, adopt):
         return Action("skip", kind, name, _reason(kind, "NotAdopted"))
     fields = tuple(changed_fields(desired, live))
-    patch = owner_patch(live, desired.owners)
+    # Adoption takes over what the previous owner set for us, so a later apply can release it.
+    takeover = None if managed else take_over_op(live, body)
+    patch = owner_patch(live, desired.owners, (takeover,) if takeover else ())
     pre = preconditions_of(live) if patch else None
     if managed and not fields and not patch:
         return Action("unchanged", kind, name, "InSync")

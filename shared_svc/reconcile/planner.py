@@ -329,7 +329,9 @@ class _Planner:
     ) -> Report:
         uid = meta(live).get("uid") if live is not None else None
         api = SERVICE_API if action.kind == "Service" else SERVICE_MONITOR_API
-        identity = stable_digest([uid, action.apply, action.json_patch])
+        # One occurrence per reason, object and note: a repeat (an adoption fight) bumps the
+        # series of one Event. Not the patch: its resourceVersion differs on every repeat.
+        identity = stable_digest([uid, text])
         return Report(
             "Warning" if type_ == "Warning" else "Normal",
             action.reason,
