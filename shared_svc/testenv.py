@@ -3,8 +3,9 @@
 Built from Go modules by ``testenv/build.sh`` (cached), started with free ports in a
 temporary directory, authenticated by a static token file (admin in
 ``system:masters``) with ``--authorization-mode=RBAC``. Used by the test fixtures, the
-demo, the benchmarks and ``shared-svc testenv``. No controller manager runs: there is
-no garbage collector, DaemonSet controller or kubelet.
+demo, the benchmarks and ``shared-svc testenv``. On request kube-controller-manager runs
+too, with the garbage collector and EndpointSlice controllers only (:data:`CONTROLLERS`);
+there is never a DaemonSet controller, scheduler or kubelet.
 
 Synchronous on purpose (stdlib only): fixtures and commands start it before any event
 loop exists.
@@ -320,6 +321,52 @@ class ControlPlane:
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
+    def start_controller_manager(self, bindir: Path, sa_key: Path) -> None:
+        """Starts kube-controller-manager as the admin, and waits until it serves /healthz."""
+        kubeconfig = self.kubeconfig
+        port = free_port()
+        args = [
+            str(bindir / "kube-controller-manager"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--authentication-skip-lookup=true",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={sa_key}",
+            f"--root-ca-file={self.workdir / 'certs' / 'apiserver.crt'}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / 'kcm-certs'}",
+            "--concurrent-gc-syncs=5",
+            "--v=1",
+        ]
+        self.processes["kube-controller-manager"] = _spawn(
+            args, self.workdir / "kube-controller-manager.log"
+        )
+        deadline = time.monotonic() + 60
+        url = f"https://127.0.0.1:{port}/healthz"
+        while True:
+            proc = self.processes["kube-controller-manager"]
+            if proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"kube-controller-manager exited with {proc.returncode}\n"
+                    f"{self._tail('kube-controller-manager')}"
+                )
+            try:
+                with urllib.request.urlopen(url, context=_insecure_context(), timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    "kube-controller-manager not healthy after 60s\n"
+                    f"{self._tail('kube-controller-manager')}"
+                )
+            time.sleep(0.25)
+
     def stop_apiserver(self) -> None:
         _terminate(self.processes.pop("kube-apiserver", None))
 
@@ -333,7 +380,7 @@ class ControlPlane:
         self.wait_ready()
 
     def stop(self) -> None:
-        for name in ("kube-apiserver", "etcd"):
+        for name in STOP_ORDER:
             _terminate(self.processes.pop(name, None))
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -356,9 +403,21 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-# kube-apiserver first: stopped after etcd, it keeps retrying its storage and can outlive
-# the stop; then etcd. Anything else after those.
-STOP_ORDER = ("kube-apiserver", "etcd")
+# The controller manager (a client of kube-apiserver) first, then kube-apiserver: stopped
+# after etcd, it keeps retrying its storage and can outlive the stop; then etcd. Anything
+# else after those.
+STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
+# The controllers whose behaviour the mission relies on: the garbage collector (owner
+# references) and the EndpointSlice controllers (what consumers of a Service see); the
+# namespace controller (a namespace deleted under shared-svc) and the token controller
+# (ServiceAccount tokens) so that those behave as in a cluster.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "namespace-controller",
+    "serviceaccount-token-controller",
+)
 
 
 def process_alive(pid: int, name: str | None = None) -> bool:
@@ -421,9 +480,16 @@ def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> N
 
 
 def start(
-    workdir: Path | None = None, *, crds: bool = True, upstream_crds: Path | None = None
+    workdir: Path | None = None,
+    *,
+    crds: bool = True,
+    upstream_crds: Path | None = None,
+    controller_manager: bool = False,
 ) -> ControlPlane:
     """Builds (cached) and starts etcd and kube-apiserver; installs the project's CRDs.
+
+    With ``controller_manager``, also kube-controller-manager running :data:`CONTROLLERS`
+    (no kubelet, scheduler or DaemonSet controller: tests play those parts).
 
     Raises ControlPlaneError with the reason (and the process log tail) on failure; all
     started processes are stopped before raising.
@@ -493,6 +559,8 @@ def start(
             cp.install_crds(sorted(PROJECT_CRDS.glob("*.yaml")))
         if upstream_crds is not None:
             cp.install_crds(sorted(upstream_crds.glob("*.yaml")))
+        if controller_manager:
+            cp.start_controller_manager(bindir, sa_key)
     except BaseException:
         cp.stop()
         raise

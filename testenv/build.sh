@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver from k8s.io/kubernetes, etcd from
+# Builds the test control plane (kube-apiserver and kube-controller-manager from
+# k8s.io/kubernetes, etcd from
 # go.etcd.io/etcd/server/v3) and helmrender (Helm's chart renderer, from
 # helm.sh/helm/v3; its own module in helmrender/) with the machine's Go, into a cache
 # directory keyed by the modules' inputs. A second run with unchanged inputs costs a
@@ -20,7 +21,7 @@ out="$cache_root/testenv/$key"
 k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$here/go.mod")
 helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3"{print $3; exit} $1=="helm.sh/helm/v3"{print $2; exit}' "$here/helmrender/go.mod")
 cached() {
-  [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/helmrender" ]] || return 1
+  [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/etcd" && -x "$out/helmrender" ]] || return 1
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   printf 'testenv: cached build %s (kube-apiserver %s, helm %s) in %d.%03ds\n' "$key" "$k8s_version" "$helm_version" $((ms / 1000)) $((ms % 1000)) >&2
   echo "$out"
@@ -45,14 +46,16 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp"
 cd "$here"
 ver_flags="-X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
-echo "testenv: building kube-apiserver ${k8s_version}, etcd and helmrender (helm ${helm_version}) (first build takes a while)..." >&2
+echo "testenv: building kube-apiserver and kube-controller-manager ${k8s_version}, etcd and helmrender (helm ${helm_version}) (first build takes a while)..." >&2
 go build -mod=readonly -trimpath -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-apiserver" ./cmd/kube-apiserver
+# The garbage collector and EndpointSlice controllers (tests of owner references and endpoints).
+go build -mod=readonly -trimpath -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-controller-manager" ./cmd/kube-controller-manager
 go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
 # As helm's Makefile does: the default Kubernetes version of rendering follows client-go's.
 client_go_minor=$(awk '$1=="k8s.io/client-go"{print $2; exit}' "$here/helmrender/go.mod" | cut -d. -f2)
 helm_flags="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${client_go_minor}"
 (cd "$here/helmrender" && go build -mod=readonly -trimpath -ldflags "-s -w ${helm_flags}" -o "$tmp/helmrender" .)
-if [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -x "$out/helmrender" ]]; then
+if [[ -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/etcd" && -x "$out/helmrender" ]]; then
   rm -rf "$tmp"  # another build of the same inputs finished first: keep its binaries in place
 else
   rm -rf "$out" && mv "$tmp" "$out"
