@@ -143,9 +143,12 @@ class _Planner:
     def plan_services(self) -> None:
         ns = self.settings.namespace
         for name in SERVICE_NAMES:
-            if self.needs.needed_by(("Service", name)):
+            svc_key: ObjectKey = ("Service", name)
+            if self.needs.needed_by(svc_key):
+                live = self.live.get(svc_key)
+                current = spec(live).get("selector") if live and self.will_manage(svc_key) else None
                 self.choices[name] = choose_selector(
-                    name, self.needs, self.workloads, self.settings
+                    name, self.needs, self.workloads, self.settings, current
                 )
         canonical = self.choices.get(EXPORTER)
         covers_dra = (
@@ -363,6 +366,7 @@ class _Planner:
                     needed_by,
                     selector=dict(choice.selector) if choice else None,
                     gates=choice.gates if choice else (),
+                    held_back=dict(choice.held_back) if choice and choice.held_back else None,
                 )
             )
         return tuple(out)
