@@ -462,3 +462,72 @@ async def _true_async(call: Awaitable[Any], expected: Any) -> bool:
         if exc.status == 403:
             return False
         raise
+
+
+# --- issue 14: the upgrade controller alone reads the ClusterPolicy, never writes it ---
+async def test_upgrade_controller_alone_reads_cluster_policies_and_cannot_write_them(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    ident = install_identity(control_plane, tmp_path, "controllers.services=false", *UPGRADE_ON)
+    api = await api_client(control_plane, str(ident.kubeconfig))
+    try:
+        await eventually(lambda: _ok(client.CoreV1Api(api).list_node()), timeout=15)
+        custom = client.CustomObjectsApi(api)
+        # The gate check's cache (shared_svc.kube.upgrade_io) syncs: ClusterPolicies are listed
+        # and watched with the upgrade controller's own grant (no Services controller here).
+        io = KubeUpgradeIO(api, DRIVER, on_change=lambda: None)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(io.run(stop))
+        try:
+            await eventually(lambda: _true(io.synced()), timeout=15)
+            assert all(i.last_error is None for i in io._informers)
+        finally:
+            stop.set()
+            await task
+        assert (
+            await status_of(
+                custom.list_cluster_custom_object("nvidia.com", "v1", "clusterpolicies")
+            )
+            == 200
+        )
+        # ...and never writes one: `upgrade configure-gate` is the admin's, with their kubeconfig.
+        gate = {
+            "spec": {"driver": {"upgradePolicy": {"waitForCompletion": {"podSelector": "a=b"}}}}
+        }
+        writes = {
+            "patch": custom.patch_cluster_custom_object(
+                "nvidia.com",
+                "v1",
+                "clusterpolicies",
+                "cluster-policy",
+                gate,
+                _content_type="application/merge-patch+json",
+            ),
+            "update": custom.replace_cluster_custom_object(
+                "nvidia.com",
+                "v1",
+                "clusterpolicies",
+                "cluster-policy",
+                {
+                    "apiVersion": "nvidia.com/v1",
+                    "kind": "ClusterPolicy",
+                    "metadata": {"name": "cluster-policy"},
+                    "spec": {},
+                },
+            ),
+            "create": custom.create_cluster_custom_object(
+                "nvidia.com",
+                "v1",
+                "clusterpolicies",
+                {
+                    "apiVersion": "nvidia.com/v1",
+                    "kind": "ClusterPolicy",
+                    "metadata": {"name": unique("cp")},
+                    "spec": {},
+                },
+            ),
+        }
+        assert {k: await status_of(c) for k, c in writes.items()} == dict.fromkeys(writes, 403)
+    finally:
+        await api.close()
+        remove_cluster_objects(control_plane, ident)

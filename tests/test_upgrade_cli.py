@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.kube import unique
 pytestmark = pytest.mark.apiserver
 
 KEY = "nvidia.com/gpu-driver-upgrade.parked"
+CONSUMER = "nvidia.com/gpu-driver-upgrade.consumer"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
 T0 = 1_700_000_000.0
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
@@ -62,19 +64,62 @@ def test_prepare_daemonset_dry_run_then_write_then_nothing_to_do(
     assert main(["upgrade", "prepare-daemonset", target, "--dry-run", *kc]) == 0
     out = capsys.readouterr().out
     added = [line[1:].strip() for line in out.splitlines() if line.startswith("+ ")]
-    assert added == [f"- key: {KEY}", "operator: DoesNotExist"] * 2  # in every ORed term
+    # the consumer label on the pod template (the gate), the expression in every ORed term
+    assert added == [f"{CONSUMER}: 'true'"] + [f"- key: {KEY}", "operator: DoesNotExist"] * 2
     assert "dry run" in out
     assert all(KEY not in str(t) for t in _terms(control_plane, target))  # nothing written
+    assert CONSUMER not in _template_labels(control_plane, target)
+    generation = _generation(control_plane, target)
 
     assert main(["upgrade", "prepare-daemonset", target, *kc]) == 0
     terms = _terms(control_plane, target)
     assert len(terms) == 2
     assert all({"key": KEY, "operator": "DoesNotExist"} in t["matchExpressions"] for t in terms)  # type: ignore[operator]
+    assert _template_labels(control_plane, target) == {"app": "exporter", CONSUMER: "true"}
+    assert _generation(control_plane, target) == generation + 1  # one patch: one rollout
     capsys.readouterr()
 
     assert main(["upgrade", "prepare-daemonset", target, *kc]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert _terms(control_plane, target) == terms
+    assert _generation(control_plane, target) == generation + 1
+
+
+def test_prepare_daemonset_prepared_before_gets_only_the_label(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DaemonSet prepared by an earlier release (affinity, no label): the label alone."""
+    target = _daemonset(control_plane, _namespace(control_plane), declared=True)
+    kc = ["--kubeconfig", str(control_plane.kubeconfig)]
+    terms = _terms(control_plane, target)
+    assert main(["upgrade", "prepare-daemonset", target, *kc]) == 0
+    out = capsys.readouterr().out
+    added = [line[1:].strip() for line in out.splitlines() if line.startswith("+ ")]
+    assert added == [f"{CONSUMER}: 'true'"]
+    assert _terms(control_plane, target) == terms
+    assert _template_labels(control_plane, target)[CONSUMER] == "true"
+    # Another consumer selector: its label (the one the service and the gate use).
+    assert (
+        main(["upgrade", "prepare-daemonset", target, "--consumer-selector", "team/gpu", *kc]) == 0
+    )
+    assert _template_labels(control_plane, target)["team/gpu"] == "true"
+    capsys.readouterr()
+    code = main(["upgrade", "prepare-daemonset", target, "--consumer-selector", "!team/gpu", *kc])
+    err = capsys.readouterr().err
+    assert code == 2 and "names no label" in err and len(err.strip().splitlines()) == 1
+
+
+def _daemonset_obj(cp: testenv.ControlPlane, target: str) -> dict[str, Any]:
+    ns, name = target.split("/")
+    return _ok(cp.request("GET", f"/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"))  # type: ignore[return-value]
+
+
+def _template_labels(cp: testenv.ControlPlane, target: str) -> dict[str, str]:
+    return dict(_daemonset_obj(cp, target)["spec"]["template"]["metadata"]["labels"])
+
+
+def _generation(cp: testenv.ControlPlane, target: str) -> int:
+    return int(_daemonset_obj(cp, target)["metadata"]["generation"])
 
 
 @pytest.mark.parametrize(
@@ -181,7 +226,7 @@ def test_status_lists_only_nodes_upgrading_or_still_parked(
     try:
         kc = ["--kubeconfig", str(control_plane.kubeconfig)]
         assert main(["upgrade", "status", "-o", "json", *kc]) == 0
-        listed = {s["node"]: s["state"] for s in json.loads(capsys.readouterr().out)}
+        listed = {s["node"]: s["state"] for s in json.loads(capsys.readouterr().out)["nodes"]}
         assert set(shown) <= set(listed)
         assert {n: listed[n] for n in shown} == shown
         assert not set(idle) & set(listed)
@@ -191,3 +236,100 @@ def test_status_lists_only_nodes_upgrading_or_still_parked(
     finally:
         for name in [*shown, *idle]:
             control_plane.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+# --- configure-gate (issue 14) ---
+
+CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+GATE = f"{CONSUMER}=true"
+
+
+def _only_cluster_policy(cp: testenv.ControlPlane, **kw: Any) -> str:
+    """The one ClusterPolicy of the cluster (the active one: others are deleted first)."""
+    _, listed = cp.request("GET", CLUSTER_POLICIES)
+    for item in listed.get("items") or []:  # type: ignore[union-attr]
+        cp.request("DELETE", f"{CLUSTER_POLICIES}/{item['metadata']['name']}")
+    body = ex.cluster_policy(unique("cluster-policy"), **kw)
+    for key in ("uid", "resourceVersion", "creationTimestamp"):
+        del body["metadata"][key]
+    _ok(cp.request("POST", CLUSTER_POLICIES, body))
+    return str(body["metadata"]["name"])
+
+
+def _wait_spec(cp: testenv.ControlPlane, name: str) -> dict[str, Any]:
+    policy = _ok(cp.request("GET", f"{CLUSTER_POLICIES}/{name}"))
+    return dict(policy["spec"]["driver"].get("upgradePolicy", {}).get("waitForCompletion") or {})  # type: ignore[index]
+
+
+def test_configure_gate_prints_then_applies_the_merge_patch(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = _only_cluster_policy(control_plane, auto_upgrade=True)
+    kc = ["--kubeconfig", str(control_plane.kubeconfig)]
+    try:
+        assert main(["upgrade", "status", *kc]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("gate: WARNING: ") and "races the driver restart" in out
+
+        assert main(["upgrade", "configure-gate", *kc]) == 0
+        out = capsys.readouterr().out
+        patch = {
+            "spec": {
+                "driver": {
+                    "upgradePolicy": {
+                        "waitForCompletion": {"podSelector": GATE, "timeoutSeconds": 600}
+                    }
+                }
+            }
+        }
+        compact = json.dumps(patch, separators=(",", ":"))
+        assert f"merge patch: {compact}" in out
+        assert f"kubectl patch clusterpolicy {name} --type merge -p '{compact}'" in out
+        assert "not applied" in out
+        assert _wait_spec(control_plane, name) == {}  # printed only, nothing written
+
+        assert main(["upgrade", "configure-gate", "--apply", *kc]) == 0
+        assert f"applied to ClusterPolicy {name}" in capsys.readouterr().out
+        assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 600}
+
+        assert main(["upgrade", "configure-gate", "--apply", *kc]) == 0
+        assert "nothing to do" in capsys.readouterr().out
+        assert main(["upgrade", "status", "-o", "json", *kc]) == 0
+        assert json.loads(capsys.readouterr().out)["gate"]["state"] == "ok"
+    finally:
+        control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
+
+
+def test_configure_gate_never_replaces_a_jobs_selector_silently(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = _only_cluster_policy(
+        control_plane, auto_upgrade=True, pod_selector="app=batch", timeout_seconds=300
+    )
+    kc = ["--kubeconfig", str(control_plane.kubeconfig)]
+    try:
+        assert main(["upgrade", "configure-gate", "--apply", *kc]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert "AND-only" in err and f"add the label {GATE}" in err and "--replace" in err
+        assert _wait_spec(control_plane, name) == {
+            "podSelector": "app=batch",
+            "timeoutSeconds": 300,
+        }
+
+        assert main(["upgrade", "configure-gate", "--apply", "--replace", *kc]) == 0
+        assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 300}
+    finally:
+        control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
+
+
+def test_configure_gate_without_a_cluster_policy_is_one_line(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = _only_cluster_policy(control_plane)
+    control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
+    code = main(["upgrade", "configure-gate", "--kubeconfig", str(control_plane.kubeconfig)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no ClusterPolicy found" in err and len(err.strip().splitlines()) == 1
+    code = main(["upgrade", "configure-gate", "--timeout-seconds", "0"])
+    assert code == 2 and "--timeout-seconds must be > 0" in capsys.readouterr().err

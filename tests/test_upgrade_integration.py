@@ -414,7 +414,7 @@ async def status_command(
 async def status_json(
     cp: testenv.ControlPlane, capsys: pytest.CaptureFixture[str], node: str
 ) -> dict[str, Any]:
-    listed = json.loads(await status_command(cp, capsys, "-o", "json"))
+    listed = json.loads(await status_command(cp, capsys, "-o", "json"))["nodes"]
     found: dict[str, Any] = next(s for s in listed if s["node"] == node)
     return found
 
@@ -542,3 +542,120 @@ async def test_evicted_pod_stuck_terminating_gets_a_warning(
     assert not await has_reason(api, node, "GPUConsumerEvictionBlocked")  # it was not refused
     shown = await status_json(control_plane, capsys, node)
     assert shown["stuck"] == [f"{ns}/slow"]
+
+
+# --- issue 14: the upgrade flow's gate ---
+
+CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+
+
+@pytest.fixture
+async def cluster_policy(api: ApiClient) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Makes the one ClusterPolicy of the cluster (the active one: others are deleted first)."""
+    made: list[str] = []
+
+    async def make(**kw: Any) -> str:
+        for item in (await raw_request(api, "GET", CLUSTER_POLICIES)).get("items") or []:
+            with contextlib.suppress(ApiException):
+                await raw_request(api, "DELETE", f"{CLUSTER_POLICIES}/{item['metadata']['name']}")
+        body = ex.cluster_policy(unique("cluster-policy"), **kw)
+        for key in ("uid", "resourceVersion", "creationTimestamp"):
+            del body["metadata"][key]
+        await raw_request(api, "POST", CLUSTER_POLICIES, body=body)
+        made.append(body["metadata"]["name"])
+        return str(body["metadata"]["name"])
+
+    yield make
+    for name in made:
+        with contextlib.suppress(ApiException):
+            await raw_request(api, "DELETE", f"{CLUSTER_POLICIES}/{name}")
+
+
+async def test_missing_gate_is_a_warning_on_the_cluster_policy_at_start(
+    api: ApiClient, cluster_policy: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    name = await cluster_policy(auto_upgrade=True)  # no waitForCompletion.podSelector
+    running = start()
+    await eventually(lambda: has_reason(api, name, "GPUConsumerGateMissing"), 20)
+    [warning] = [e for e in await events(api, name) if e["reason"] == "GPUConsumerGateMissing"]
+    assert warning["type"] == "Warning"
+    assert warning["regarding"]["kind"] == "ClusterPolicy"
+    assert warning["metadata"]["namespace"] == "default"  # cluster-scoped: Events go to default
+    assert "races the driver restart" in warning["note"]
+    assert "waitForCompletion.podSelector" in warning["note"]
+    assert "nvidia.com/gpu-driver-upgrade.consumer=true" in warning["note"]
+    gate = running.controller.status()["gate"]
+    assert gate["state"] == "missing" and gate["policy"] == f"ClusterPolicy/{name}"
+
+    # The admin sets the gate (configure-gate's patch): the check passes, no new Warning.
+    patch = {
+        "spec": {
+            "driver": {
+                "upgradePolicy": {
+                    "waitForCompletion": {
+                        "podSelector": "nvidia.com/gpu-driver-upgrade.consumer=true",
+                        "timeoutSeconds": 600,
+                    }
+                }
+            }
+        }
+    }
+    await raw_request(
+        api, "PATCH", f"{CLUSTER_POLICIES}/{name}", body=patch, content_type=MERGE_PATCH
+    )
+    await eventually(lambda: _gate_is(running, "ok"), 20)
+    assert [e["reason"] for e in await events(api, name)] == ["GPUConsumerGateMissing"]
+
+
+async def _gate_is(running: Running, state: str) -> bool:
+    return bool((running.controller.status()["gate"] or {}).get("state") == state)
+
+
+async def test_freed_consumers_still_there_at_pod_restart_required_warn_on_the_node(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+) -> None:
+    """Without the gate the flow goes on while consumers terminate (grace 30 s, no kubelet
+    here): the node that reaches pod-restart-required gets one Warning naming them."""
+    node = await nodes(state="upgrade-required")
+    ds = ex.daemonset("exporter", namespace=ns, declared=True)
+    ds["spec"]["template"]["metadata"]["labels"].update(CONSUMER)
+    for key in ("uid", "resourceVersion"):
+        ds["metadata"].pop(key)
+    ds_live = await raw_request(api, "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", body=ds)
+    ds_pod = ex.daemonset_pod(ds_live, node_name=node, labels=CONSUMER)
+    await create(api, ds_pod)
+    await create(api, ex.declared_pod("triton", namespace=ns, node_name=node))
+    running = start()
+
+    # The driver-manager's flips, as fast as the real flow makes them (about a second).
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "triton", "terminating"), 20)
+    for state in ("wait-for-jobs-required", "pod-deletion-required"):
+        await set_state(api, node, state)
+    assert not await has_reason(api, node, "GPUConsumersAtDriverRestart")
+    await set_state(api, node, "pod-restart-required")
+    await eventually(lambda: has_reason(api, node, "GPUConsumersAtDriverRestart"), 20)
+    [warning] = [e for e in await events(api, node) if e["reason"] == "GPUConsumersAtDriverRestart"]
+    ds_pod_key = f"{ns}/{ds_pod['metadata']['name']}"
+    assert warning["type"] == "Warning" and warning["regarding"]["kind"] == "Node"
+    assert f"{ns}/triton" in warning["note"] and ds_pod_key in warning["note"]
+    assert "configure-gate" in warning["note"]
+    status = running.controller.status()["nodes"][node]
+    assert status["restart_race"] == sorted([f"{ns}/triton", ds_pod_key])
+    out = await status_command(control_plane, capsys)
+    assert (
+        f"at pod-restart-required (the flow did not wait: see the gate): {', '.join(sorted([f'{ns}/triton', ds_pod_key]))}"
+        in out
+    )
+
+    # Once per node and upgrade: more looks at the node (polls, a resync) add no second one.
+    await asyncio.sleep(1.5)
+    raced = [e for e in await events(api, node) if e["reason"] == "GPUConsumersAtDriverRestart"]
+    assert len(raced) == 1 and (raced[0].get("series") or {}).get("count", 1) == 1
+    rec = json.loads((await get_node(api, node))["metadata"]["annotations"][RECORD])
+    assert rec["restartRace"] == sorted([f"{ns}/triton", ds_pod_key])

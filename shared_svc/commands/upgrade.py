@@ -58,6 +58,34 @@ def register(subparsers: Any) -> None:
     _common(prepare)
     prepare.set_defaults(handler=prepare_daemonset)
 
+    gate = commands.add_parser(
+        "configure-gate",
+        help="print (or --apply) the ClusterPolicy change that makes the upgrade flow wait for the consumers",
+        description="Print the merge patch that sets the active ClusterPolicy's "
+        "spec.driver.upgradePolicy.waitForCompletion.podSelector to the declared consumer label "
+        "(and timeoutSeconds when it is 0), or apply it with --apply. Run it with your own "
+        "kubeconfig: the service never writes the ClusterPolicy.",
+    )
+    gate.add_argument(
+        "--apply", action="store_true", help="apply the merge patch (default: print it only)"
+    )
+    gate.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an existing podSelector that does not select the consumers (it is "
+        "AND-only: first add the consumer label to the pods it gates today)",
+    )
+    gate.add_argument(
+        "--timeout-seconds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever) "
+        "(default: 600; a positive value in the policy is kept)",
+    )
+    _common(gate)
+    gate.set_defaults(handler=configure_gate)
+
     status = commands.add_parser(
         "status", help="upgrading nodes: state, what was freed, what still blocks"
     )
@@ -78,6 +106,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--driver-name",
         metavar="NAME",
         help="driver name of the upgrade labels (default: $SHARED_SVC_UPGRADE_DRIVER_NAME or gpu)",
+    )
+    parser.add_argument(
+        "--consumer-selector",
+        metavar="SELECTOR",
+        help="the service's declared-consumer selector (default: "
+        "$SHARED_SVC_UPGRADE_CONSUMER_SELECTOR or nvidia.com/gpu-driver-upgrade.consumer=true)",
     )
 
 
@@ -100,6 +134,8 @@ def _config(args: argparse.Namespace) -> Any:
         overrides["kubeconfig"] = kubeconfig
     if args.driver_name:
         overrides["upgrade_driver_name"] = args.driver_name
+    if getattr(args, "consumer_selector", None) is not None:
+        overrides["upgrade_consumer_selector"] = args.consumer_selector
     try:
         return Config(**overrides)
     except ValidationError as exc:
@@ -137,6 +173,17 @@ def _api_message(exc: Any) -> str:
         return str(json.loads(exc.body).get("message") or exc.reason)
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason)
+
+
+def _consumer_labels(config: Any) -> dict[str, str]:
+    """The declared consumer label(s) of the consumer selector (one line on a bad selector)."""
+    from shared_svc.upgrade.gate import NoConsumerLabel, consumer_labels
+    from shared_svc.upgrade.selector import SelectorError, parse_selector
+
+    try:
+        return consumer_labels(parse_selector(config.upgrade_consumer_selector))
+    except (SelectorError, NoConsumerLabel) as exc:
+        raise UsageError(f"upgrade_consumer_selector: {exc}") from None
 
 
 # --- prepare-daemonset ---
@@ -189,9 +236,12 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
         from shared_svc.kube import upgrade_io
         from shared_svc.upgrade.daemonsets import (
             classify_daemonset,
+            missing_template_labels,
             parked_label_key,
             with_parked_requirement,
+            with_template_labels,
         )
+        from shared_svc.upgrade.gate import label_text
 
         if namespace == config.namespace:
             raise UsageError(
@@ -213,18 +263,29 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
                 f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_keys[0]}); not touched"
             )
         key = parked_label_key(config.upgrade_driver_name)
-        if classify_daemonset(live, key) == "declared":
+        labels = _consumer_labels(config)
+        declared = classify_daemonset(live, key) == "declared"
+        missing = missing_template_labels(live, labels)
+        shown = label_text(labels)
+        if declared and not missing:
             print(
-                f"DaemonSet {namespace}/{name} already requires {key} DoesNotExist: nothing to do"
+                f"DaemonSet {namespace}/{name} already requires {key} DoesNotExist and its pods "
+                f"carry {shown}: nothing to do"
             )
             return 0
-        prepared = with_parked_requirement(live, key)
+        prepared = with_template_labels(
+            live if declared else with_parked_requirement(live, key), missing
+        )
         sys.stdout.write(diff_text(live, prepared, f"daemonset/{namespace}/{name}"))
-        required = prepared["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ]
-        await upgrade_io.patch_daemonset_required_affinity(
-            api, live, required, dry_run=args.dry_run
+        required = (
+            None
+            if declared
+            else prepared["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+        )
+        await upgrade_io.patch_daemonset_template(
+            api, live, required=required, labels=missing, dry_run=args.dry_run
         )
         if args.dry_run:
             print(
@@ -232,14 +293,116 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
             )
         else:
             print(
-                f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key} (one rollout now)"
+                f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key}, and "
+                f"carry {shown} so the upgrade flow's gate waits for them (one rollout now)"
             )
         return 0
 
     return _run(args, body)
 
 
+# --- configure-gate ---
+
+CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+
+
+async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
+    """The ClusterPolicies; [] when the CRD is not installed (404)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.kube.writer import raw_request
+
+    try:
+        data = await raw_request(api, "GET", CLUSTER_POLICIES)
+    except ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return list(data.get("items") or [])
+
+
+def configure_gate(args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    from shared_svc.kube.writer import MERGE_PATCH, raw_request
+    from shared_svc.upgrade.gate import (
+        DEFAULT_GATE_TIMEOUT_SECONDS,
+        active_policy,
+        plan_gate,
+        policy_of_cluster_policy,
+    )
+    from shared_svc.upgrade.selector import parse_selector
+
+    timeout = DEFAULT_GATE_TIMEOUT_SECONDS if args.timeout_seconds is None else args.timeout_seconds
+    if timeout <= 0:
+        raise UsageError(f"--timeout-seconds must be > 0, got {timeout}")
+
+    async def body(api: Any, config: Any) -> int:
+        _consumer_labels(config)  # one line for a selector without a label
+        active = active_policy(await _list_cluster_policies(api))
+        if active is None:
+            raise UsageError("no ClusterPolicy found: is gpu-operator installed?")
+        policy = policy_of_cluster_policy(active)
+        plan = plan_gate(
+            policy,
+            parse_selector(config.upgrade_consumer_selector),
+            replace=args.replace,
+            timeout_seconds=timeout,
+        )
+        if plan.action == "refuse":
+            raise UsageError(plan.message)
+        if plan.action == "nothing":
+            print(plan.message)
+            return 0
+        patch = json.dumps(plan.patch, separators=(",", ":"))
+        print(plan.message)
+        print(f"merge patch: {patch}")
+        print(f"kubectl patch clusterpolicy {policy.name} --type merge -p '{patch}'")
+        if not policy.auto_upgrade:
+            print(
+                "note: driver.upgradePolicy.autoUpgrade is off: the gate takes effect when it is on"
+            )
+        if not args.apply:
+            print("not applied: run again with --apply, or run the kubectl command above")
+            return 0
+        guarded = {**plan.patch, "metadata": {"resourceVersion": policy.resource_version}}
+        await raw_request(
+            api,
+            "PATCH",
+            f"{CLUSTER_POLICIES}/{quote(policy.name)}",
+            body=guarded,
+            content_type=MERGE_PATCH,
+            query=[("fieldManager", "shared-svc-configure-gate")],
+        )
+        print(f"applied to ClusterPolicy {policy.name}")
+        return 0
+
+    return _run(args, body)
+
+
 # --- status ---
+
+
+async def gather_gate(api: Any, config: Any) -> dict[str, Any]:
+    """The active ClusterPolicy's gate, checked against the consumer selector (the service's
+    default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR / --consumer-selector): the same pure
+    check the service makes (its verdict is in its /status)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.upgrade.gate import check_gate
+    from shared_svc.upgrade.selector import parse_selector
+
+    try:
+        policies = await _list_cluster_policies(api)
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return {
+            "state": "unknown",
+            "message": "cannot list ClusterPolicies (403): gate not checked",
+        }
+    check, _ = check_gate(policies, parse_selector(config.upgrade_consumer_selector))
+    return check.as_dict()
 
 
 async def gather_status(api: Any, config: Any) -> list[dict[str, Any]]:
@@ -258,13 +421,18 @@ async def gather_status(api: Any, config: Any) -> list[dict[str, Any]]:
         for node in await upgrade_io.list_nodes(api, resource.label_selector):
             nodes[node["metadata"]["name"]] = node
     daemonsets = await upgrade_io.list_daemonsets(api)
-    out = []
+    out: list[dict[str, Any]] = []
     for name in sorted(nodes):
         if not listed(recorded_status(nodes[name], (), (), driver)):
             continue  # an idle node (upgrade-done, upgrade-required): no pods to read
         pods = await upgrade_io.pods_on_node(api, name)
         out.append(recorded_status(nodes[name], pods, daemonsets, driver).as_dict())
     return out
+
+
+def _gate_line(gate: dict[str, Any]) -> str:
+    warns = gate["state"] in ("missing", "mismatch", "invalid")
+    return f"gate: {'WARNING: ' if warns else ''}{gate['message']}\n"
 
 
 def _text(statuses: list[dict[str, Any]]) -> str:
@@ -305,6 +473,10 @@ def _text(statuses: list[dict[str, Any]]) -> str:
             ("detected, not declared (left running)", "detected"),
             ("left to gpu-operator (gpu.deploy.client)", "operator_hook_pods"),
             ("DaemonSets only partly declared", "partial_daemonsets"),
+            (
+                "freed consumers still here at pod-restart-required (the flow did not wait: see the gate)",
+                "restart_race",
+            ),
         ):
             if s[key]:
                 lines.append(f"  {title}: {', '.join(s[key])}")
@@ -314,11 +486,12 @@ def _text(statuses: list[dict[str, Any]]) -> str:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    async def body(api: Any, config: Any) -> list[dict[str, Any]]:
-        return await gather_status(api, config)
+    async def body(api: Any, config: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        return await gather_gate(api, config), await gather_status(api, config)
 
-    statuses = _run(args, body)
-    sys.stdout.write(
-        json.dumps(statuses, indent=2) + "\n" if args.output == "json" else _text(statuses)
-    )
+    gate, statuses = _run(args, body)
+    if args.output == "json":
+        sys.stdout.write(json.dumps({"gate": gate, "nodes": statuses}, indent=2) + "\n")
+    else:
+        sys.stdout.write(_gate_line(gate) + _text(statuses))
     return 0

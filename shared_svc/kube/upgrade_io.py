@@ -1,7 +1,7 @@
 """API access of the driver-upgrade controller and its commands.
 
 The only code of ``shared_svc.upgrade`` that talks to the API server: caches of the
-upgrading nodes and of DaemonSets (``kube.cache.Informer``), pods of one node by field
+upgrading nodes, of DaemonSets and of ClusterPolicies (``kube.cache.Informer``), pods of one node by field
 selector, evictions (``policy/v1``), deletes with a uid precondition, and node merge
 patches that touch only our own label and annotation keys, guarded by resourceVersion.
 """
@@ -53,6 +53,10 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
 
 
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+# Read for the upgrade flow's gate (``shared_svc.upgrade.gate``); never written by the service.
+CLUSTER_POLICIES = Resource(
+    "nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"
+)
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -100,22 +104,29 @@ async def read_daemonset(api: ApiClient, namespace: str, name: str) -> K8sObject
     return ds
 
 
-async def patch_daemonset_required_affinity(
-    api: ApiClient, daemonset: K8sObject, required: dict[str, Any], *, dry_run: bool
+async def patch_daemonset_template(
+    api: ApiClient,
+    daemonset: K8sObject,
+    *,
+    required: dict[str, Any] | None,
+    labels: dict[str, str],
+    dry_run: bool,
 ) -> K8sObject:
-    """Replace only the template's required node affinity, guarded by resourceVersion."""
+    """One merge patch (one rollout), guarded by resourceVersion: replace the template's
+    required node affinity (when ``required``) and add ``labels`` to the template's labels."""
     meta = daemonset["metadata"]
+    template: dict[str, Any] = {}
+    if required is not None:
+        template["spec"] = {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+            }
+        }
+    if labels:
+        template["metadata"] = {"labels": labels}
     body = {
         "metadata": {"resourceVersion": meta["resourceVersion"]},
-        "spec": {
-            "template": {
-                "spec": {
-                    "affinity": {
-                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
-                    }
-                }
-            }
-        },
+        "spec": {"template": template},
     }
     query = [("fieldManager", FIELD_MANAGER)] + ([("dryRun", "All")] if dry_run else [])
     result: K8sObject = await raw_request(
@@ -152,10 +163,17 @@ class KubeUpgradeIO:
             api, DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
         )
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
+        self._cluster_policies = Informer(
+            api, CLUSTER_POLICIES, on_change=on_change, resync_seconds=resync_seconds
+        )
 
     @property
     def _informers(self) -> tuple[Informer, ...]:
-        return (*self._node_informers, self._daemonsets)
+        return (*self._node_informers, self._daemonsets, self._cluster_policies)
+
+    def cluster_policies(self) -> tuple[K8sObject, ...]:
+        """The ClusterPolicies (none when the CRD is not installed)."""
+        return self._cluster_policies.items()
 
     async def run(self, stop: asyncio.Event) -> None:
         await gather_until(stop, [informer.run(stop) for informer in self._informers])

@@ -24,6 +24,7 @@ from shared_svc.aio import sleep_or_stop
 from shared_svc.config import Config
 from shared_svc.reconcile.model import K8sObject, Report
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
+from shared_svc.upgrade.gate import GateCheck, check_gate
 from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
 from shared_svc.upgrade.planner import (
     NodeChanged,
@@ -52,6 +53,7 @@ class UpgradeIO(Protocol):
     def synced(self) -> bool: ...
     def node_versions(self) -> dict[str, str]: ...
     def daemonset_objects(self) -> tuple[K8sObject, ...]: ...
+    def cluster_policies(self) -> tuple[K8sObject, ...]: ...
     async def get_node(self, name: str) -> K8sObject | None: ...
     async def pods_on_node(self, name: str) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> None: ...
@@ -165,6 +167,9 @@ class UpgradeController:
         self.heartbeat = time.monotonic()  # the runner's liveness check reads it
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
         self._ds_index_cache: dict[str, DaemonSetRef] = {}
+        self.gate: GateCheck | None = None  # the upgrade flow's gate, once the caches synced
+        self._gate_logged: set[str] = set()  # gate Warnings: logged once, sent once (per process)
+        self._gate_sent: set[str] = set()
 
     # --- the public face for the runner ---
 
@@ -173,9 +178,10 @@ class UpgradeController:
         self._changed.set()
 
     def trigger(self) -> None:
-        """Look at every known node again now (e.g. on becoming leader)."""
+        """Look at every known node again now (e.g. on becoming leader), and the gate."""
         for name in {*self._seen, *self._statuses}:
             self._queue.add(name)
+        self._changed.set()
 
     def status(self) -> dict[str, Any]:
         phases: Counter[str] = Counter(s.phase for s in self._statuses.values())
@@ -189,6 +195,7 @@ class UpgradeController:
             "phases": {phase: phases.get(phase, 0) for phase in PHASES},
             "nodes": {name: self._statuses[name].as_dict() for name in sorted(self._statuses)},
             "errors": dict(sorted(self._errors.items())),
+            "gate": None if self.gate is None else self.gate.as_dict(),
         }
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -252,6 +259,21 @@ class UpgradeController:
                 self._queue.add(name)  # label vanished (or node deleted): look once more
             self._seen = versions
             self.metrics.queue_depth.set(len(self._queue))
+            await self._review_gate()
+
+    async def _review_gate(self) -> None:
+        """Check the active ClusterPolicy's gate; a Warning on it when freeing races the
+        driver restart: logged once and sent once per finding (by the leader, or dry-run),
+        as one Event series across restarts."""
+        self.gate, report = check_gate(self._io.cluster_policies(), self.settings.consumer_selector)
+        if report is None:
+            return
+        if report.key not in self._gate_logged:
+            self._gate_logged.add(report.key)
+            log.warning("%s: %s", report.reason, report.note, extra={"event": report.reason})
+        sends = self._writing() or self._config.dry_run
+        if sends and report.key not in self._gate_sent and await self._recorder.emit(report):
+            self._gate_sent.add(report.key)
 
     async def _beat_loop(self, stop: asyncio.Event) -> None:
         """Liveness and the per-phase gauges (summed here, not on every reconcile: O(nodes))."""

@@ -105,6 +105,31 @@ def with_parked_requirement(daemonset: K8sObject, parked_key: str) -> K8sObject:
     return result
 
 
+def template_labels(daemonset: K8sObject) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (
+        daemonset.get("spec", {}).get("template", {}).get("metadata", {}).get("labels") or {}
+    )
+    return labels
+
+
+def missing_template_labels(daemonset: K8sObject, labels: Mapping[str, str]) -> dict[str, str]:
+    """The consumer labels the pod template does not carry yet (with these values)."""
+    have = template_labels(daemonset)
+    return {k: v for k, v in labels.items() if have.get(k) != v}
+
+
+def with_template_labels(daemonset: K8sObject, labels: Mapping[str, str]) -> K8sObject:
+    """A copy whose pod template carries ``labels`` (the declared consumer label), so its
+    pods match the upgrade flow's gate (``waitForCompletion.podSelector``) and a parked pod
+    holds the node until it is gone. Idempotent; other template labels are kept (the
+    DaemonSet's selector must keep matching them)."""
+    result = copy.deepcopy(daemonset)
+    template = result.setdefault("spec", {}).setdefault("template", {})
+    meta = template.get("metadata") or {}
+    template["metadata"] = {**meta, "labels": {**(meta.get("labels") or {}), **labels}}
+    return result
+
+
 @dataclass(frozen=True)
 class DaemonSetRef:
     namespace: str

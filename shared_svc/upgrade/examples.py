@@ -168,6 +168,49 @@ def daemonset_pod(ds: K8sObject, node_name: str = "node-1", **kw: Any) -> K8sObj
     )
 
 
+def cluster_policy(
+    name: str = "cluster-policy",
+    *,
+    auto_upgrade: bool | None = True,
+    pod_selector: str | None = None,
+    timeout_seconds: int | None = None,
+    created: str = "2026-01-01T00:00:00Z",
+) -> K8sObject:
+    """A ClusterPolicy with the fields the gate check reads (None leaves a field out)."""
+    upgrade: dict[str, Any] = {}
+    if auto_upgrade is not None:
+        upgrade["autoUpgrade"] = auto_upgrade
+    wait: dict[str, Any] = {}
+    if pod_selector is not None:
+        wait["podSelector"] = pod_selector
+    if timeout_seconds is not None:
+        wait["timeoutSeconds"] = timeout_seconds
+    if wait:
+        upgrade["waitForCompletion"] = wait
+    driver: dict[str, Any] = {"upgradePolicy": upgrade} if upgrade else {}
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-cp-{name}",
+            "resourceVersion": "1",
+            "creationTimestamp": created,
+        },
+        "spec": {
+            "operator": {},
+            "daemonsets": {},
+            "driver": driver,
+            "toolkit": {},
+            "devicePlugin": {},
+            "dcgm": {},
+            "dcgmExporter": {},
+            "gfd": {},
+            "nodeStatusExporter": {},
+        },
+    }
+
+
 def apply_patch(node_obj: K8sObject, patch: NodePatch) -> K8sObject:
     """What the API server does with our merge patch (null removes a key)."""
     result = copy.deepcopy(node_obj)
@@ -212,8 +255,10 @@ class FakeUpgradeIO:
         daemonsets: Sequence[K8sObject] = (),
         *,
         blocked: frozenset[str] = frozenset(),
+        cluster_policies: Sequence[K8sObject] = (),
     ) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self.policies = tuple(cluster_policies)
         self.pods: dict[str, list[K8sObject]] = {}
         self.node_of: dict[str, str] = {}  # pod key -> node name
         for p in pods:
@@ -238,6 +283,9 @@ class FakeUpgradeIO:
 
     def daemonset_objects(self) -> tuple[K8sObject, ...]:
         return self.daemonsets
+
+    def cluster_policies(self) -> tuple[K8sObject, ...]:
+        return self.policies
 
     def set_node(self, node_obj: K8sObject) -> None:
         self.nodes[node_obj["metadata"]["name"]] = node_obj

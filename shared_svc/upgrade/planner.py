@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from shared_svc.reconcile.model import K8sObject, ObjectRef, Report
-from shared_svc.upgrade import consumers, daemonsets, record, states
+from shared_svc.upgrade import consumers, daemonsets, gate, record, states
 from shared_svc.upgrade.record import FreedPod, Record, RecordError
 from shared_svc.upgrade.settings import UpgradeSettings
 
@@ -91,6 +91,8 @@ class NodeStatus:
     unprepared_daemonsets: tuple[str, ...] = ()  # run a declared consumer here, never prepared
     operator_hook_pods: tuple[str, ...] = ()  # left to the driver-manager (gpu.deploy.client)
     partial_daemonsets: tuple[str, ...] = ()  # affinity term missing in some required terms
+    # freed consumers still on the node when it reached pod-restart-required (Warning sent)
+    restart_race: tuple[str, ...] = ()
     unknown_state: bool = False  # a state value this version does not know (kept)
     record_error: str | None = None
 
@@ -206,6 +208,7 @@ def _free(
     pods: list[K8sObject],
     ds_index: Mapping[str, daemonsets.DaemonSetRef],
     label_present: bool,
+    state: str | None,
 ) -> dict[str, Any]:
     s = b.settings
     parked_key = daemonsets.parked_label_key(s.driver_name)
@@ -328,6 +331,9 @@ def _free(
             rec, unprepared_reported=tuple(sorted({*rec.unprepared_reported, *unprepared}))
         )
 
+    if state == RESTART_STATE and not rec.restart_race:
+        rec = _report_restart_race(b, rec, pods, ds_pods)
+
     holding = bool(pending or ds_pods or unprepared)
     if not holding and rec.freed_at is None:
         rec = replace(rec, freed_at=b.now)
@@ -354,6 +360,40 @@ def _free(
         "fresh": frozenset(fresh),
         "requeue_after": min(candidates) if candidates else None,
     }
+
+
+RESTART_STATE = "pod-restart-required"
+
+
+def _report_restart_race(
+    b: _Builder, rec: Record, pods: list[K8sObject], ds_pods: list[str]
+) -> Record:
+    """The flow reached the driver restart while consumers we freed are still on the node
+    (a declared or evicted detected pod of the record, terminating or not, or a pod of a
+    prepared DaemonSet): they may hold the module. Reported once per node and upgrade."""
+    live = {consumers.pod_key(p): p for p in pods if not consumers.is_finished(p)}
+    still = sorted(
+        {e.key for e in rec.pods if _pod_identity(live.get(e.key, {}))[2] == e.uid} | set(ds_pods)
+    )
+    if not still:
+        return rec
+    try:
+        wanted = gate.label_text(gate.consumer_labels(b.settings.consumer_selector))
+    except gate.NoConsumerLabel:
+        wanted = "the declared consumer label"
+    b.report(
+        "Warning",
+        "GPUConsumersAtDriverRestart",
+        "Free",
+        f"The node reached pod-restart-required while GPU consumers freed by shared-svc were "
+        f"still on it: {_names(still)}. The driver restarts now and cannot unload the module "
+        "while they hold it (it retries until they are gone): freeing raced the driver restart. "
+        f"Make the upgrade flow wait for them: set ClusterPolicy {gate.GATE_FIELD} to "
+        f"{wanted!r} with timeoutSeconds > 0 (`shared-svc upgrade configure-gate`) and prepare "
+        "consumer DaemonSets (`shared-svc upgrade prepare-daemonset`).",
+        record.format_time(rec.since),
+    )
+    return replace(rec, restart_race=tuple(still))
 
 
 def _undo(b: _Builder, *, aborted: bool) -> None:
@@ -442,7 +482,7 @@ def plan_node(
     found: dict[str, Any] = {}
     phase: Phase = _phase(mode, current)
     if mode == "free":
-        found = _free(b, pods, ds_index, label_present)
+        found = _free(b, pods, ds_index, label_present, state)
         phase = found.pop("phase")
     elif mode == "keep" and current is not None:
         if current.parked_label and not label_present:
@@ -482,6 +522,7 @@ def plan_node(
         operator_hook_pods=found.get("operator_hook_pods", ()),
         unprepared_daemonsets=found.get("unprepared_daemonsets", ()),
         partial_daemonsets=partial,
+        restart_race=shown.restart_race if shown else (),
         unknown_state=states.is_unknown(state),
         record_error=record_error,
         **_outcomes(shown, pods, found.get("fresh", frozenset())),
@@ -586,6 +627,7 @@ def recorded_status(
         partial_daemonsets=tuple(
             sorted(ref.key for ref in ds_index.values() if ref.kind == "partial")
         ),
+        restart_race=rec.restart_race if rec else (),
         unknown_state=states.is_unknown(state),
         record_error=record_error,
         **outcomes,

@@ -17,8 +17,10 @@ changes after a restart. Format (JSON, keys sorted, times RFC 3339 UTC to the se
 
 Written only when set (so records of earlier releases read and write back unchanged):
 ``"stuck": true`` on a pod (evicted, still terminating past the timeout: Warning
-reported) and ``"unpreparedReported": ["monitoring/exporter"]`` (DaemonSets running a
-declared consumer that were never prepared: Warning reported).
+reported), ``"unpreparedReported": ["monitoring/exporter"]`` (DaemonSets running a
+declared consumer that were never prepared: Warning reported) and
+``"restartRace": ["ml/triton-0"]`` (freed consumers still on the node when it reached
+``pod-restart-required``: Warning reported, once per upgrade).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Record:
     detected_reported: tuple[str, ...] = field(default=())
     # DaemonSets (namespace/name) running a declared consumer, never prepared: Warning reported
     unprepared_reported: tuple[str, ...] = field(default=())
+    # Consumers we freed still on the node at pod-restart-required: Warning reported
+    restart_race: tuple[str, ...] = field(default=())
 
     @staticmethod
     def new(now: float, *, parked_label: bool) -> Record:
@@ -131,6 +135,8 @@ def encode(record: Record) -> str:
     }
     if record.unprepared_reported:
         body["unpreparedReported"] = sorted(set(record.unprepared_reported))
+    if record.restart_race:
+        body["restartRace"] = sorted(set(record.restart_race))
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -159,8 +165,11 @@ def decode(text: str) -> Record:
     pods_raw = body.get("pods", [])
     reported = body.get("detectedReported", [])
     unprepared = body.get("unpreparedReported", [])
-    if not all(isinstance(x, list) for x in (pods_raw, reported, unprepared)):
-        raise RecordError("pods, detectedReported and unpreparedReported must be lists")
+    raced = body.get("restartRace", [])
+    if not all(isinstance(x, list) for x in (pods_raw, reported, unprepared, raced)):
+        raise RecordError(
+            "pods, detectedReported, unpreparedReported and restartRace must be lists"
+        )
     pods = []
     for raw in pods_raw:
         if not isinstance(raw, dict):
@@ -184,4 +193,5 @@ def decode(text: str) -> Record:
         freed_at=None if freed_at is None else parse_time(freed_at),
         detected_reported=tuple(sorted({_str(k, "detectedReported") for k in reported})),
         unprepared_reported=tuple(sorted({_str(k, "unpreparedReported") for k in unprepared})),
+        restart_race=tuple(sorted({_str(k, "restartRace") for k in raced})),
     )
