@@ -161,6 +161,14 @@ UPGRADE = {
     ("", "pods", ("list",), ()),
     ("", "pods/eviction", ("create",), ()),
     ("apps", "daemonsets", ("list", "watch"), ()),
+    # the upgrade flow's gate: read, never written (configure-gate is the admin's)
+    ("nvidia.com", "clusterpolicies", ("list", "watch"), ()),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("get",),
+        ("clusterpolicies.nvidia.com",),
+    ),
 }
 
 
