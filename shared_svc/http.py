@@ -1,12 +1,21 @@
-"""The aiohttp app: /livez /healthz /readyz /status /metrics (documented in docs/operations.md)."""
+"""The aiohttp app: /livez /healthz /readyz /status /metrics (documented in docs/operations.md).
+
+:func:`make_runner` serves it with two changes to aiohttp's defaults: a request aiohttp
+cannot parse is a client's mistake, logged as one INFO line (aiohttp logs each one at
+ERROR with a traceback), and a connection that has not sent a complete request within
+:data:`CLIENT_TIMEOUT` seconds of opening (or of its last response) is closed (aiohttp
+waits an hour).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
@@ -43,3 +52,57 @@ def make_app(
     app.router.add_get("/status", status_view)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+# Probes and scrapes send their request at once; a client that has not completed one by
+# then (headers never finished: slowloris) or an idle keep-alive connection is closed.
+CLIENT_TIMEOUT = 10.0
+
+log = logging.getLogger(__name__)
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, minus the ERROR and traceback for each malformed request.
+
+    aiohttp reports a request it cannot parse through ``logger.exception`` with the
+    parse error as ``exc_info``. That is the client's mistake, not ours: one INFO line
+    (DEBUG where aiohttp itself chose DEBUG), no traceback. Errors in our handlers keep
+    their ERROR and traceback.
+    """
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            if not self.isEnabledFor(min(level, logging.INFO)):
+                return
+            self.logger.log(
+                min(level, logging.INFO),
+                "bad HTTP request from %s: %s",
+                args[0] if args else None,
+                _one_line(exc),
+                extra={"status": exc.code},
+            )
+            return
+        super().log(level, msg, *args, **kwargs)
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        return msg, kwargs
+
+
+def _one_line(exc: HttpProcessingError) -> str:
+    """aiohttp's message without its multi-line caret drawing, at most 200 characters."""
+    parts = [p.strip() for p in str(exc.message or "").splitlines()]
+    text = " ".join(p for p in parts if p and set(p) != {"^"}) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def make_runner(app: web.Application, *, client_timeout: float = CLIENT_TIMEOUT) -> web.AppRunner:
+    """The runner that serves ``app`` (no access log; see the module docstring)."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        logger=_ServerLog(logging.getLogger("aiohttp.server")),
+        keepalive_timeout=client_timeout,
+    )

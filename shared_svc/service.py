@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.errors import UsageError
-from shared_svc.http import make_app
+from shared_svc.http import make_app, make_runner
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
@@ -159,7 +159,7 @@ class Service:
                 status=self.status,
                 registry=self.metrics.registry,
             )
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = make_runner(app)
             await self._runner.setup()
             site = web.TCPSite(self._runner, cfg.bind_address, cfg.port)
             await site.start()
