@@ -1,10 +1,16 @@
-"""``shared-svc upgrade``: opt DaemonSets in to parking, and show upgrading nodes.
+"""``shared-svc upgrade``: opt DaemonSets in to parking, set the upgrade flow's gate, show upgrading nodes.
 
 ``prepare-daemonset NAMESPACE/NAME`` adds the required node affinity term
 ``nvidia.com/<driver>-driver-upgrade.parked DoesNotExist`` to the DaemonSet's pod
-template once (to every required term: they are ORed), shows the change as a unified
-diff and writes it (``--dry-run``: asks the API server to validate it, writes nothing).
-It is the only change to a DaemonSet this tool ever makes, and it causes one rollout.
+template once (to every required term: they are ORed) and the declared consumer label
+to its pod template labels (so its parked pods hold the gate), shows the change as a
+unified diff and writes it in one patch (``--dry-run``: asks the API server to validate
+it, writes nothing). It is the only change to a DaemonSet this tool ever makes, and it
+causes one rollout.
+
+``configure-gate`` prints the merge patch that sets the active ClusterPolicy's
+``driver.upgradePolicy.waitForCompletion.podSelector`` to the declared consumer label
+(``--apply``: applies it with the caller's kubeconfig; the service never writes it).
 
 ``status`` prints each upgrading (or still parked) node: its state, what the controller
 recorded there (its record annotation: evicted, refused, blocked) and what still holds
@@ -46,8 +52,9 @@ def register(subparsers: Any) -> None:
 
     prepare = commands.add_parser(
         "prepare-daemonset",
-        help="add the parked-label node affinity to a DaemonSet (once)",
-        description="Add the required node affinity term '<parked label> DoesNotExist' to a DaemonSet's pod template.",
+        help="add the parked-label node affinity and the consumer label to a DaemonSet (once)",
+        description="Add the required node affinity term '<parked label> DoesNotExist' and "
+        "the declared consumer label to a DaemonSet's pod template (one patch, one rollout).",
     )
     prepare.add_argument("target", metavar="NAMESPACE/NAME", help="the DaemonSet")
     prepare.add_argument(
