@@ -346,6 +346,10 @@ async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None
     io.policies = (ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600),)
     await controller._review_gate()
     assert controller.status()["gate"]["state"] == "ok" and len(recorder.reports) == 1
+    io.policies = (ex.cluster_policy(),)  # broken again: reported again (the same series)
+    await controller._review_gate()
+    assert [r.reason for r in recorder.reports] == ["GPUConsumerGateMissing"] * 2
+    assert recorder.reports[0].key == recorder.reports[1].key
 
 
 async def test_follower_logs_but_does_not_send_the_gate_warning() -> None:

@@ -267,6 +267,9 @@ class UpgradeController:
         as one Event series across restarts."""
         self.gate, report = check_gate(self._io.cluster_policies(), self.settings.consumer_selector)
         if report is None:
+            # Fixed (or no flow): a finding that comes back later is reported again.
+            self._gate_logged.clear()
+            self._gate_sent.clear()
             return
         if report.key not in self._gate_logged:
             self._gate_logged.add(report.key)
