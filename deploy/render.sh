@@ -17,5 +17,7 @@ render() {  # render OUTPUT DESCRIPTION [--set k=v]...
   mv "$output.tmp" "$output"
   echo "wrote $output" >&2
 }
-render "$here/manifests/shared-svc.yaml" "(Services controller)"
-render "$here/manifests/shared-svc-upgrade.yaml" "(Services and driver-upgrade controllers)" --set controllers.upgrade=true
+# admission.mutation=policy: the plain manifests are for Kubernetes >= 1.36, which serves
+# the MutatingAdmissionPolicy (helm install decides from the cluster's discovery instead).
+render "$here/manifests/shared-svc.yaml" "(Services controller)" --set admission.mutation=policy
+render "$here/manifests/shared-svc-upgrade.yaml" "(Services and driver-upgrade controllers)" --set admission.mutation=policy --set controllers.upgrade=true

@@ -61,6 +61,8 @@ CHART_VALUES = {
     "upgrade_poll_seconds": "upgrade.pollSeconds",
     "upgrade_resync_seconds": "upgrade.resyncSeconds",
     "upgrade_workers": "upgrade.workers",
+    "operator_service_account": "admission.operatorServiceAccount",
+    "operator_field_manager": "admission.operatorFieldManager",
 }
 # Config field -> what the chart does instead of offering a value.
 NOT_IN_CHART = {
@@ -68,6 +70,9 @@ NOT_IN_CHART = {
     "pod_name": "the pod's name (fieldRef)",
     "kubeconfig": "not set: in-cluster configuration",
     "bind_address": "not set: all interfaces (probes, metrics Service)",
+    "webhook_cert_file": "not set yet: the webhook's serving certificate (issue 9 item 3)",
+    "webhook_key_file": "not set yet: the webhook's serving certificate (issue 9 item 3)",
+    "webhook_port": "not set yet: the webhook's serving certificate (issue 9 item 3)",
 }
 
 HEADER = """\

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared_svc.reconcile.model import Settings as CoreSettings
@@ -112,6 +112,31 @@ class Config(BaseSettings):
         default=300.0, gt=0, description="How long to leave a contested object alone once reported."
     )
 
+    # --- admission guard (docs/install.md) ---
+    webhook_cert_file: str | None = Field(
+        default=None,
+        description="TLS certificate (PEM) of the admission webhook server; unset: no webhook server.",
+    )
+    webhook_key_file: str | None = Field(
+        default=None, description="TLS private key (PEM) of the admission webhook server."
+    )
+    webhook_port: int = Field(
+        default=8443,
+        ge=0,
+        le=65535,
+        description="Port of the admission webhook (0: any free port).",
+    )
+    operator_service_account: str = Field(
+        default="gpu-operator",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="gpu-operator's ServiceAccount in the namespace: whose deletes the guard answers 404.",
+    )
+    operator_field_manager: str = Field(
+        default="gpu-operator",
+        min_length=1,
+        description="gpu-operator's field manager: its managedFields entries on our objects mean it writes them.",
+    )
+
     # --- logging ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level."
@@ -171,6 +196,14 @@ class Config(BaseSettings):
         if bad:
             raise ValueError(f"invalid characters in label selector: {''.join(sorted(bad))!r}")
         return value
+
+    @model_validator(mode="after")
+    def _webhook_pair(self) -> Config:
+        if (self.webhook_cert_file is None) != (self.webhook_key_file is None):
+            raise ValueError(
+                "webhook_cert_file and webhook_key_file go together: set both or neither"
+            )
+        return self
 
     def core_settings(self, *, service_monitor_served: bool) -> CoreSettings:
         return CoreSettings(

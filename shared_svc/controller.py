@@ -24,6 +24,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.admission.rules import name_writers
 from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
 from shared_svc.kube.cache import Informer, Resource
@@ -443,12 +444,15 @@ class ServicesController:
         if worst < self._config.conflicting_writer_threshold:
             return False
         field = fields[counts.index(worst)]
-        managers = managers_of_field(live, field) or ["unknown"]
+        owners = managers_of_field(live, field)
+        writers = name_writers(live, owners)  # e.g. "gpu-operator / Update"
+        managers = owners or [w.split(" / ")[0] for w in writers]
         until = time.monotonic() + self._config.conflicting_writer_backoff_seconds
         self.contested[key] = {
             "object": f"{action.kind}/{action.name}",
             "field": field,
             "managers": managers,
+            "writers": writers,
             "until": until,
             "since": _utc(),
         }
@@ -467,10 +471,10 @@ class ServicesController:
                     uid=meta.get("uid"),
                 ),
                 note=(
-                    f"field manager {', '.join(managers)} keeps changing {field} of {action.kind}/{action.name}; "
+                    f"field manager {', '.join(writers)} keeps changing {field} of {action.kind}/{action.name}; "
                     f"shared-svc re-applied it {worst} times and now leaves the object alone for "
-                    f"{int(self._config.conflicting_writer_backoff_seconds)}s. Turn off gpu-operator's built-in "
-                    "DCGM Service/ServiceMonitor handling (see docs/operations.md)."
+                    f"{int(self._config.conflicting_writer_backoff_seconds)}s. Install the admission guard "
+                    "(docs/install.md) so gpu-operator's updates change nothing."
                 ),
                 key=f"ConflictingWriter/{action.kind}/{action.name}/{field}",
             )

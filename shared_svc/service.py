@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
+from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.errors import UsageError
@@ -77,6 +78,7 @@ class Service:
         self.upgrade: Any = None
         self.writer: Writer | None = None
         self.recorder: EventRecorder | None = None
+        self.admission: AdmissionGuard | None = None  # the webhook server and guard monitor
         self.port: int | None = None
         self.started = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -112,6 +114,8 @@ class Service:
             out.update(self.controller.status())
         if self.upgrade is not None:
             out["upgrade"] = self.upgrade.status()
+        if self.admission is not None:
+            out["admissionGuard"] = self.admission.status()
         return out
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -167,6 +171,15 @@ class Service:
             sockets = getattr(server, "sockets", None) or []
             self.port = sockets[0].getsockname()[1] if sockets else cfg.port
             log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
+            if cfg.services_controller:
+                self.admission = AdmissionGuard(
+                    api,
+                    cfg,
+                    recorder=self.recorder,
+                    controller=self.controller,
+                    is_leader=self.is_leader,
+                )
+                await self.admission.start()
 
             work_stop = asyncio.Event()
             lease_stop = asyncio.Event()
@@ -195,6 +208,8 @@ class Service:
                 # After a clean shutdown (Lease released): exit non-zero so Kubernetes restarts us.
                 raise ControllerCrashed(f"a controller ended unexpectedly: {crashed[0]!r}")
         finally:
+            if self.admission is not None:
+                await self.admission.stop()
             if self._runner:
                 await self._runner.cleanup()
             await api.close()

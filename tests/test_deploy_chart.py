@@ -24,8 +24,8 @@ CHART = REPO / "deploy" / "chart" / "shared-svc"
 MANIFESTS = REPO / "deploy" / "manifests"
 # Plain manifest -> the --set flags it was rendered with (deploy/render.sh).
 PLAIN = {
-    "shared-svc.yaml": (),
-    "shared-svc-upgrade.yaml": ("controllers.upgrade=true",),
+    "shared-svc.yaml": ("admission.mutation=policy",),
+    "shared-svc-upgrade.yaml": ("admission.mutation=policy", "controllers.upgrade=true"),
 }
 UPGRADE_ON = ("controllers.upgrade=true",)
 
@@ -155,6 +155,10 @@ CR_READER = {
             "servicemonitors.monitoring.coreos.com",
         ),
     ),
+    # which admission guard is active (shared_svc/admission/guard.py): list, never write
+    ("admissionregistration.k8s.io", "mutatingadmissionpolicybindings", ("list",), ()),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("list",), ()),
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ("list",), ()),
 }
 UPGRADE = {
     ("", "nodes", ("get", "list", "patch", "watch"), ()),
@@ -379,6 +383,16 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
         "team=ml",
     ),
     "upgrade.detection=evict": ("SHARED_SVC_UPGRADE_DETECTION", "upgrade_detection", "evict"),
+    "admission.operatorServiceAccount=gpu-op": (
+        "SHARED_SVC_OPERATOR_SERVICE_ACCOUNT",
+        "operator_service_account",
+        "gpu-op",
+    ),
+    "admission.operatorFieldManager=gpu-op-manager": (
+        "SHARED_SVC_OPERATOR_FIELD_MANAGER",
+        "operator_field_manager",
+        "gpu-op-manager",
+    ),
     "upgrade.runtimeClasses={nvidia,kata}": (
         "SHARED_SVC_UPGRADE_RUNTIME_CLASSES",
         "upgrade_runtime_classes",
@@ -470,6 +484,9 @@ def test_every_chart_setting_is_covered_by_a_value_case() -> None:
             "upgrade",
             "tuning",
         )
+    }
+    settings["admission"] = {
+        k: values["admission"][k] for k in ("operatorServiceAccount", "operatorFieldManager")
     }
 
     def leaves(tree: dict[str, Any], prefix: str = "") -> set[str]:

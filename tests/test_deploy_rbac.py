@@ -44,6 +44,8 @@ KINDS = {
     "Service": ("services", True),
     "PodDisruptionBudget": ("poddisruptionbudgets", True),
     "ServiceMonitor": ("servicemonitors", True),
+    "MutatingAdmissionPolicy": ("mutatingadmissionpolicies", False),
+    "MutatingAdmissionPolicyBinding": ("mutatingadmissionpolicybindings", False),
 }
 DRIVER = "rbactest"  # a driver name of its own: no other test's upgrade controller sees these nodes
 
@@ -228,6 +230,9 @@ async def test_service_converges_and_reports_as_its_service_account(
             if c["lastError"]
         }
         assert not errors
+        # It reads which admission guard is active (list only; nothing installed here).
+        guard = svc.status()["admissionGuard"]
+        assert guard["checkedAt"] and guard["errors"] == {} and guard["mode"] == "none"
     released = await client.CoordinationV1Api(kube.api).read_namespaced_lease("shared-svc", ns)
     assert not released.spec.holder_identity, "the Lease is released on shutdown"
 
@@ -298,6 +303,9 @@ async def test_service_account_is_denied_everything_else(
                 "nodes.example.com"
             ),
             "list Nodes (upgrade controller off)": core.list_node(),
+            "create a MutatingWebhookConfiguration (the chart installs the guard)": client.AdmissionregistrationV1Api(
+                api
+            ).create_mutating_webhook_configuration({"metadata": {"name": unique("nope")}}),
             "delete Pods in its namespace (upgrade controller off)": core.delete_collection_namespaced_pod(
                 ns
             ),

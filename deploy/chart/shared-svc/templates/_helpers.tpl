@@ -32,3 +32,40 @@ app.kubernetes.io/part-of: gpu-operator
 {{- fail "controllers.services and controllers.upgrade are both false: nothing to run" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The admission guard (docs/install.md). "true" when the MutatingAdmissionPolicy is
+rendered: admission.mutation=policy, or auto and the API server serves the v1 kind. Helm
+knows kinds only from the cluster's discovery (install, upgrade, template --validate or
+--api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy); its offline
+default capabilities list group/versions only, so `helm template` alone renders none. */}}
+{{- define "shared-svc.admissionPolicy" -}}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+{{- $mode := .Values.admission.mutation -}}
+{{- if or (eq $mode "policy") (and (eq $mode "auto") $served) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the mutating webhook is rendered: the webhook is on, and the mutation is
+webhook, or auto where the policy is not served. */}}
+{{- define "shared-svc.admissionMutatingWebhook" -}}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+{{- $mode := .Values.admission.mutation -}}
+{{- if and .Values.admission.webhook.enabled (or (eq $mode "webhook") (and (eq $mode "auto") (not $served))) -}}true{{- end -}}
+{{- end -}}
+
+{{/* clientConfig of the webhook configurations, for one path. */}}
+{{- define "shared-svc.webhookClientConfig" -}}
+{{- $w := .root.Values.admission.webhook -}}
+{{- if not $w.caBundle -}}
+{{- fail "admission.webhook.enabled needs admission.webhook.caBundle (base64 PEM of the CA that signed the webhook's serving certificate)" -}}
+{{- end -}}
+{{- if $w.url }}
+url: {{ printf "%s%s" (trimSuffix "/" $w.url) .path | quote }}
+{{- else }}
+service:
+  name: {{ include "shared-svc.fullname" .root }}-webhook
+  namespace: {{ include "shared-svc.namespace" .root }}
+  port: 443
+  path: {{ .path | quote }}
+{{- end }}
+caBundle: {{ $w.caBundle | quote }}
+{{- end -}}

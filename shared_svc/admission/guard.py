@@ -1,0 +1,237 @@
+"""Which admission guard is active, for ``/status``, and the Warning when none is while
+gpu-operator writes our objects.
+
+shared-svc never writes admission configurations (the chart installs them); it lists
+them (ClusterRole: ``list`` on mutatingadmissionpolicybindings,
+mutatingwebhookconfigurations, validatingwebhookconfigurations) by the label
+``nvidia.com/shared-svc.guard=<namespace>`` every ``discovery_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
+from shared_svc.aio import sleep_or_stop
+from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.writer import raw_request
+from shared_svc.reconcile.model import ObjectRef, Report
+
+log = logging.getLogger(__name__)
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+KINDS = {
+    "policy": "mutatingadmissionpolicybindings",
+    "webhook": "mutatingwebhookconfigurations",
+    "delete": "validatingwebhookconfigurations",
+}
+MISSING_REASON = "AdmissionGuardMissing"
+
+
+def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
+    """``policy``, ``webhook`` or ``none`` from the names found per kind (None: the list
+    failed, so ``unknown`` unless another kind already proves a guard)."""
+    if found.get("policy"):
+        return "policy"
+    if found.get("webhook"):
+        return "webhook"
+    if any(found.get(k) is None for k in ("policy", "webhook")):
+        return "unknown"
+    return "none"
+
+
+class GuardMonitor:
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        namespace: str,
+        field_manager: str,
+        recorder: EventRecorder,
+        objects: Callable[[], Sequence[Mapping[str, Any]] | None],
+        is_leader: Callable[[], bool],
+        interval: float,
+        webhook_serving: Callable[[], bool],
+    ) -> None:
+        self._api = api
+        self._ns = namespace
+        self._manager = field_manager
+        self._recorder = recorder
+        self._objects = objects
+        self._is_leader = is_leader
+        self._interval = interval
+        self._webhook_serving = webhook_serving
+        self.found: dict[str, list[str] | None] = {}
+        self.errors: dict[str, str] = {}
+        self.checked_at: str | None = None
+        self.warned: bool = False  # the Warning of the current episode is written
+
+    async def _list(self, plural: str) -> list[str] | None:
+        """Names of our guard objects of one kind; [] when the kind is not served."""
+        try:
+            res = await raw_request(
+                self._api,
+                "GET",
+                f"{ADMISSION}/{plural}",
+                query=[("labelSelector", f"{GUARD_LABEL}={self._ns}")],
+                timeout=10.0,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                self.errors.pop(plural, None)
+                return []  # not served (MutatingAdmissionPolicy before 1.36)
+            self.errors[plural] = f"{exc.status} {exc.reason}"
+            return None
+        except Exception as exc:  # the API server is away: unknown, try again later
+            self.errors[plural] = f"{type(exc).__name__}: {exc}"[:200]
+            return None
+        self.errors.pop(plural, None)
+        return sorted(i["metadata"]["name"] for i in res.get("items") or [])
+
+    async def check(self) -> None:
+        self.found = {kind: await self._list(plural) for kind, plural in KINDS.items()}
+        self.checked_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        await self._warn_if_unguarded()
+
+    @property
+    def mode(self) -> str:
+        return guard_mode(self.found) if self.checked_at else "unknown"
+
+    async def _warn_if_unguarded(self) -> None:
+        objects = self._objects()
+        if objects is None or self.mode != "none":
+            if self.mode not in ("none", "unknown"):
+                self.warned = False  # a guard: a later loss of it is a new episode
+            return
+        writers = operator_writes(objects, self._manager)
+        if not writers:
+            self.warned = False
+            return
+        if self.warned or not self._is_leader():
+            return
+        first = next(o for o in objects if f"{o.get('kind')}/{o['metadata']['name']}" == writers[0])
+        meta = first["metadata"]
+        self.warned = await self._recorder.emit(
+            Report(
+                type="Warning",
+                reason=MISSING_REASON,
+                action="Reconcile",
+                regarding=ObjectRef(
+                    api_version=first.get("apiVersion", "v1"),
+                    kind=first.get("kind", "Service"),
+                    name=meta["name"],
+                    namespace=meta.get("namespace"),
+                    uid=meta.get("uid"),
+                ),
+                note=(
+                    f"field manager {self._manager} writes {', '.join(writers)} and no "
+                    "admission guard is active: its whole-object updates undo shared-svc's "
+                    "(ConflictingWriter follows) and its deletes remove Services other CRs "
+                    "need. Install the chart's admission guard (docs/install.md)."
+                ),
+                key=f"{MISSING_REASON}/{self._ns}",
+            )
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.check()
+            except Exception as exc:  # never ends the service: /status shows the error
+                log.warning("admission guard check failed", extra={"error": str(exc)})
+            await sleep_or_stop(stop, self._interval)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "deleteGuard": bool(self.found.get("delete")),
+            "objects": {k: v for k, v in self.found.items() if v},
+            "webhookServing": self._webhook_serving(),
+            "checkedAt": self.checked_at,
+            "errors": dict(self.errors),
+        }
+
+
+class AdmissionGuard:
+    """What service.py runs for the guard: the webhook server (when a certificate is
+    configured) and the monitor. ``controller`` is the ServicesController (or None)."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        config: Any,
+        *,
+        recorder: EventRecorder,
+        controller: Any,
+        is_leader: Callable[[], bool],
+    ) -> None:
+        self._config = config
+        self._controller = controller
+        self._runner: Any = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.webhook_port: int | None = None
+        self.monitor = GuardMonitor(
+            api,
+            namespace=config.namespace,
+            field_manager=config.operator_field_manager,
+            recorder=recorder,
+            objects=self._objects,
+            is_leader=is_leader,
+            interval=config.discovery_seconds,
+            webhook_serving=lambda: self.webhook_port is not None,
+        )
+
+    def _objects(self) -> list[Mapping[str, Any]] | None:
+        ctrl = self._controller
+        if ctrl is None or not ctrl.caches_synced():
+            return None
+        world = ctrl.snapshot()
+        return [*world.services, *world.service_monitors]
+
+    def needed_by(self) -> dict[tuple[str, str], tuple[str, ...]] | None:
+        plan = self._controller.last_plan if self._controller is not None else None
+        return needed_by_of(plan.status) if plan is not None else None
+
+    async def start(self) -> None:
+        cfg = self._config
+        if cfg.webhook_cert_file and cfg.webhook_key_file:
+            from aiohttp import web
+
+            from shared_svc.admission.server import make_webhook_app, tls_context
+
+            context = tls_context(cfg.webhook_cert_file, cfg.webhook_key_file)
+            app = make_webhook_app(
+                namespace=cfg.namespace,
+                operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
+                needed_by=self.needed_by,
+            )
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(
+                self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=context
+            )
+            await site.start()
+            sockets = getattr(site._server, "sockets", None) or []
+            self.webhook_port = sockets[0].getsockname()[1] if sockets else cfg.webhook_port
+            log.info("serving the admission webhook", extra={"port": self.webhook_port})
+        self._task = asyncio.ensure_future(self.monitor.run(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.webhook_port = None
+
+    def status(self) -> dict[str, Any]:
+        return self.monitor.status()

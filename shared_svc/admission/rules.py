@@ -1,0 +1,277 @@
+"""Pure admission decisions: what the guard does with one request (no I/O).
+
+- ``decide_update``: a whole-object UPDATE by gpu-operator (a controller owner reference to
+  a ClusterPolicy or GPUCluster) of an object shared-svc manages gets a JSON patch that puts
+  back, from the old object, everything shared-svc owns: labels, annotations, spec,
+  ownerReferences and managedFields. The update then changes nothing (no new
+  resourceVersion). Any other request: ``None`` (never changed).
+- ``decide_delete``: gpu-operator's DELETE of an object a CR still needs (shared-svc's last
+  plan) is answered ``404 NotFound``, which gpu-operator takes as "already deleted" (a 403
+  would stall its later states). Every other delete is allowed.
+- ``review``: one AdmissionReview v1 request in, its response out.
+
+The MutatingAdmissionPolicy in the chart (templates/admission-policy.yaml) expresses the
+same ``decide_update`` in CEL; tests/test_admission_apiserver.py proves both on the API
+server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared_svc.reconcile.names import (
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    SERVICE_MONITOR,
+    SERVICE_NAMES,
+)
+
+# Marks the admission objects (policy binding, webhook configurations) that guard the
+# namespace given as the label's value; shared-svc looks for them to report the guard.
+GUARD_LABEL = "nvidia.com/shared-svc.guard"
+OWNER_KINDS = ("ClusterPolicy", "GPUCluster")
+OWNER_GROUP = "nvidia.com"
+# What shared-svc owns on its objects: (JSON pointer, path in the object).
+RESTORED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("/metadata/labels", ("metadata", "labels")),
+    ("/metadata/annotations", ("metadata", "annotations")),
+    ("/metadata/ownerReferences", ("metadata", "ownerReferences")),
+    ("/metadata/managedFields", ("metadata", "managedFields")),
+    ("/spec", ("spec",)),
+)
+GUARDED: dict[str, tuple[str, ...]] = {
+    "Service": SERVICE_NAMES,
+    "ServiceMonitor": (SERVICE_MONITOR,),
+}
+RESOURCE_KINDS = {"services": "Service", "servicemonitors": "ServiceMonitor"}
+
+
+class BadReview(ValueError):
+    """The request body is not an AdmissionReview v1 request."""
+
+
+def operator_username(namespace: str, service_account: str) -> str:
+    """The user name gpu-operator's requests carry (its ServiceAccount)."""
+    return f"system:serviceaccount:{namespace}:{service_account}"
+
+
+def is_guarded(kind: str, name: str) -> bool:
+    return name in GUARDED.get(kind, ())
+
+
+def managed_by_us(obj: Mapping[str, Any] | None) -> bool:
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE)
+
+
+def operator_controller_ref(obj: Mapping[str, Any] | None) -> bool:
+    """The object carries a controller reference to a ClusterPolicy or GPUCluster: the
+    shape of gpu-operator's whole-object writes (shared-svc never sets ``controller``)."""
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(r, Mapping)
+        and r.get("controller") is True
+        and r.get("kind") in OWNER_KINDS
+        and str(r.get("apiVersion", "")).split("/")[0] == OWNER_GROUP
+        for r in refs
+    )
+
+
+def _get(obj: Mapping[str, Any], path: Sequence[str]) -> tuple[bool, Any]:
+    node: Any = obj
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def decide_update(
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    kind: str,
+    namespace: str,
+    request_namespace: str | None,
+) -> list[dict[str, Any]] | None:
+    """The JSON patch that neutralises gpu-operator's UPDATE, or None: not ours to change."""
+    if old is None or new is None or request_namespace != namespace:
+        return None
+    name = (new.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not is_guarded(kind, name):
+        return None
+    if not managed_by_us(old) or not operator_controller_ref(new):
+        return None
+    ops: list[dict[str, Any]] = []
+    for pointer, path in RESTORED:
+        had, value = _get(old, path)
+        has, _ = _get(new, path)
+        if had:
+            ops.append({"op": "add", "path": pointer, "value": value})
+        elif has:
+            ops.append({"op": "remove", "path": pointer})
+    return ops
+
+
+@dataclass(frozen=True)
+class DeleteVerdict:
+    allowed: bool
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+
+
+def decide_delete(
+    *,
+    kind: str,
+    name: str,
+    request_namespace: str | None,
+    namespace: str,
+    username: str,
+    operator_users: Iterable[str],
+    needed_by: Mapping[tuple[str, str], Sequence[str]] | None,
+) -> DeleteVerdict:
+    """404 for gpu-operator's delete of an object a CR still needs; allowed otherwise.
+
+    ``needed_by`` is shared-svc's own view (its last plan): (kind, name) -> the CRs that
+    need the object. ``None`` (no plan yet) allows: the guard fails open, like the
+    webhook's ``failurePolicy: Ignore``.
+    """
+    if request_namespace != namespace or not is_guarded(kind, name):
+        return DeleteVerdict(True)
+    if username not in set(operator_users):
+        return DeleteVerdict(True)  # shared-svc's own deletes, a user's
+    if needed_by is None:
+        return DeleteVerdict(True, message="shared-svc has no plan yet: allowed")
+    needers = list(needed_by.get((kind, name), ()))
+    if not needers:
+        return DeleteVerdict(True)  # the last CR that needed it let it go
+    return DeleteVerdict(
+        False,
+        code=404,
+        reason="NotFound",
+        message=(
+            f'{kind.lower()}s "{name}" not found (shared-svc keeps it: still needed by '
+            f"{', '.join(needers)})"
+        ),
+    )
+
+
+def review(
+    body: Any,
+    *,
+    namespace: str,
+    operator_users: Iterable[str],
+    needed_by: Mapping[tuple[str, str], Sequence[str]] | None,
+) -> dict[str, Any]:
+    """One AdmissionReview v1 request -> its response (mutating and validating alike).
+
+    Raises ``BadReview`` (a one-line message) when the body is not an AdmissionReview.
+    """
+    if not isinstance(body, Mapping) or body.get("kind") != "AdmissionReview":
+        raise BadReview("not an AdmissionReview")
+    if body.get("apiVersion") != "admission.k8s.io/v1":
+        raise BadReview(f"unsupported AdmissionReview version {body.get('apiVersion')!r}")
+    request = body.get("request")
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+        raise BadReview("AdmissionReview without request.uid")
+    resource = request.get("resource") or {}
+    kind = RESOURCE_KINDS.get(resource.get("resource", "") if isinstance(resource, Mapping) else "")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    operation = request.get("operation")
+    if kind is not None and not request.get("subResource"):
+        if operation == "UPDATE":
+            ops = decide_update(
+                _mapping(request.get("oldObject")),
+                _mapping(request.get("object")),
+                kind=kind,
+                namespace=namespace,
+                request_namespace=request.get("namespace"),
+            )
+            if ops is not None:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        elif operation == "DELETE":
+            user = request.get("userInfo") or {}
+            verdict = decide_delete(
+                kind=kind,
+                name=str(request.get("name") or ""),
+                request_namespace=request.get("namespace"),
+                namespace=namespace,
+                username=str(user.get("username", "")) if isinstance(user, Mapping) else "",
+                operator_users=operator_users,
+                needed_by=needed_by,
+            )
+            if not verdict.allowed:
+                response["allowed"] = False
+                response["status"] = {
+                    "code": verdict.code,
+                    "reason": verdict.reason,
+                    "message": verdict.message,
+                }
+            elif verdict.message:
+                response["warnings"] = [verdict.message]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def needed_by_of(status: Iterable[Any]) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(kind, name) -> needed_by, from a plan's ``status`` entries."""
+    return {(s.kind, s.name): tuple(s.needed_by) for s in status}
+
+
+# --- who writes: ConflictingWriter and the start-up Warning ---
+IGNORED_MANAGERS = ("shared-svc", "before-first-apply")
+
+
+def name_writers(obj: Mapping[str, Any], owners: Sequence[str]) -> list[str]:
+    """The other writers as ``manager / Operation``: the managers that own the contested
+    field now (``owners``), else (a whole-object PUT removed our field, so nobody owns it)
+    the managers of the most recent Update entries other than ours."""
+    entries = [
+        e
+        for e in ((obj.get("metadata") or {}).get("managedFields") or [])
+        if isinstance(e, Mapping) and e.get("manager") not in IGNORED_MANAGERS
+    ]
+    out: list[str] = []
+    if owners:
+        for manager in owners:
+            ops = sorted(
+                {str(e.get("operation", "?")) for e in entries if e.get("manager") == manager}
+            )
+            out.append(f"{manager} / {', '.join(ops)}" if ops else manager)
+        return out
+    updates = [e for e in entries if e.get("operation") == "Update"]
+    if not updates:
+        return ["unknown"]
+    latest = max(str(e.get("time") or "") for e in updates)
+    for e in updates:
+        label = f"{e.get('manager', '?')} / Update"
+        if str(e.get("time") or "") == latest and label not in out:
+            out.append(label)
+    return out
+
+
+def operator_writes(objects: Iterable[Mapping[str, Any]], manager: str) -> list[str]:
+    """``Kind/name`` of each object under one of our names that carries a managedFields
+    entry of gpu-operator's field manager. Adoption takes those entries over, so after it
+    an entry means gpu-operator wrote the object again (its whole-object PUT may have
+    removed our label too: the name, not the label, says the object is ours)."""
+    out = []
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        if not is_guarded(str(obj.get("kind", "")), str(meta.get("name", ""))):
+            continue
+        if any(
+            isinstance(e, Mapping) and e.get("manager") == manager
+            for e in meta.get("managedFields") or []
+        ):
+            out.append(f"{obj.get('kind', '?')}/{meta.get('name', '?')}")
+    return sorted(out)

@@ -1,0 +1,72 @@
+"""The webhook server: AdmissionReview v1 over TLS on its own port (``webhook_port``).
+
+``/mutate`` (the mutating webhook, where the policy API is not served) and
+``/validate-delete`` (the delete guard) share one handler: the decision is
+``rules.review``; this module only reads and writes JSON. Every replica serves, leader or
+not: the decision needs only the last plan, which a standby computes too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from aiohttp import web
+
+from shared_svc.admission.rules import BadReview, review
+from shared_svc.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+NeededBy = Mapping[tuple[str, str], Sequence[str]]
+MAX_BODY = 3 * 1024 * 1024  # the API server's own request limit is 3 MiB
+
+
+def make_webhook_app(
+    *,
+    namespace: str,
+    operator_users: Iterable[str],
+    needed_by: Callable[[], NeededBy | None],
+) -> web.Application:
+    users = tuple(operator_users)
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+            answer = review(body, namespace=namespace, operator_users=users, needed_by=needed_by())
+        except (ValueError, BadReview) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return web.Response(status=400, text=f"bad AdmissionReview: {msg}\n")
+        response = answer["response"]
+        req = body.get("request") or {}
+        if not response["allowed"] or "patch" in response:
+            log.info(
+                "admission",
+                extra={
+                    "operation": req.get("operation"),
+                    "object": f"{(req.get('resource') or {}).get('resource')}/{req.get('name')}",
+                    "user": (req.get("userInfo") or {}).get("username"),
+                    "result": "restored" if response["allowed"] else "refused-404",
+                },
+            )
+        return web.json_response(answer)
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/mutate", handle)
+    app.router.add_post("/validate-delete", handle)
+    return app
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The server's TLS context; a missing or unreadable pair is a one-line usage error."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(
+            f"webhook certificate {cert_file} / key {key_file} cannot be used: {exc}"
+        ) from exc
+    return context

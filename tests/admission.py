@@ -1,0 +1,266 @@
+"""Helpers for the admission-guard tests: a test CA and serving certificate, the guard as
+the chart renders it, and the "writer" that plays gpu-operator.
+
+The writer is an interface (``OperatorWriter``): ``SimulatedOperator`` does exactly what
+the fact sheet (gpu-operator.md section 9) measured of the real ClusterPolicy controller
+(whole-object PUTs with a controller owner reference and only its own labels, field
+manager ``gpu-operator``, deletes by name) under gpu-operator's own ServiceAccount. A
+run against the real gpu-operator swaps in a writer that drives it instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.admission.rules import operator_username
+from shared_svc.testenv import ControlPlane
+from tests.kube import api_client, eventually
+from tests.test_deploy_chart import Doc, render_docs
+
+ADMISSION_KINDS = {
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+}
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+# What gpu-operator's ClusterPolicy controller renders (facts section 1.1 and 9).
+OPERATOR_SHAPE: dict[str, dict[str, Any]] = {
+    "nvidia-dcgm": {
+        "annotations": None,
+        "port": {"name": "dcgm", "port": 5555, "protocol": "TCP"},
+        "itp": "Local",
+    },
+    "nvidia-dcgm-exporter": {
+        "annotations": {"prometheus.io/scrape": "true"},
+        "port": {"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"},
+        "itp": "Cluster",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A test CA and a serving certificate for 127.0.0.1 signed by it (openssl CLI)."""
+
+    ca_bundle: str  # base64 PEM, for caBundle
+    cert_file: str
+    key_file: str
+
+
+def make_tls(directory: Path) -> Tls:
+    directory.mkdir(parents=True, exist_ok=True)
+    d = str(directory)
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    run(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=shared-svc-test-ca", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt",
+    )  # fmt: skip
+    run(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr",
+    )  # fmt: skip
+    (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run(
+        "x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", f"{d}/ext.cnf", "-out", f"{d}/tls.crt",
+    )  # fmt: skip
+    ca = (directory / "ca.crt").read_bytes()
+    return Tls(base64.b64encode(ca).decode(), f"{d}/tls.crt", f"{d}/tls.key")
+
+
+def guard_docs(namespace: str, *sets: str) -> list[Doc]:
+    """The admission objects of the chart rendered for ``namespace`` with ``sets``."""
+    return [
+        d
+        for d in render_docs(*sets, name="shared-svc", namespace=namespace)
+        if d["kind"] in ADMISSION_KINDS
+    ]
+
+
+def policy_sets() -> tuple[str, ...]:
+    return ("admission.mutation=policy",)
+
+
+def webhook_sets(tls: Tls, port: int, *, mutation: str = "webhook") -> tuple[str, ...]:
+    return (
+        f"admission.mutation={mutation}",
+        "admission.webhook.enabled=true",
+        f"admission.webhook.url=https://127.0.0.1:{port}",
+        f"admission.webhook.caBundle={tls.ca_bundle}",
+    )
+
+
+def install(cp: ControlPlane, docs: list[Doc]) -> None:
+    cp.apply_manifests(docs, field_manager="helm")
+
+
+def uninstall(cp: ControlPlane, docs: list[Doc]) -> None:
+    """Bindings first (the chart's uninstall order), then the rest."""
+    for doc in sorted(docs, key=lambda d: not d["kind"].endswith("Binding")):
+        cp.request(
+            "DELETE", f"{ADMISSION_API}/{ADMISSION_KINDS[doc['kind']]}/{doc['metadata']['name']}"
+        )
+
+
+class OperatorWriter(Protocol):
+    """What the tests need of gpu-operator: its writes of one of our names."""
+
+    async def put(self, name: str, *, dry_run: bool = False) -> dict[str, Any]:
+        """One whole-object update; returns the object the API server answered."""
+        ...
+
+    async def delete(self, name: str, *, dry_run: bool = False) -> int:
+        """Deletes by name; returns 200 or the API server's status code."""
+        ...
+
+
+class SimulatedOperator:
+    """gpu-operator's ClusterPolicy controller as measured (facts section 9), under its
+    own ServiceAccount ``gpu-operator`` and field manager ``gpu-operator``."""
+
+    FIELD_MANAGER = "gpu-operator"
+
+    def __init__(self, api: ApiClient, namespace: str, owner: dict[str, Any]) -> None:
+        self.api = api
+        self.ns = namespace
+        self.owner = owner  # the ClusterPolicy (or GPUCluster) it reconciles
+        self.core = client.CoreV1Api(api)
+
+    @classmethod
+    async def start(
+        cls, cp: ControlPlane, directory: Path, namespace: str, owner: dict[str, Any]
+    ) -> SimulatedOperator:
+        """Its ServiceAccount, with every right in the namespace (``cluster-admin`` through a
+        RoleBinding: the aggregated ``admin`` role is empty without kube-controller-manager)."""
+        cp.request(
+            "POST",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+            {
+                "metadata": {"name": "gpu-operator"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": "gpu-operator", "namespace": namespace}
+                ],
+            },
+        )
+        token = cp.service_account_token(namespace, "gpu-operator")
+        path = cp.write_kubeconfig(directory / f"gpu-operator-{namespace}.kubeconfig", token)
+        api = await api_client(cp, str(path))
+        core = client.CoreV1Api(api)
+
+        async def can_list() -> bool:
+            try:
+                await core.list_namespaced_service(namespace)
+            except ApiException:
+                return False
+            return True
+
+        try:
+            await eventually(can_list, timeout=15)
+        except BaseException:
+            await api.close()
+            raise
+        return cls(api, namespace, owner)
+
+    @property
+    def username(self) -> str:
+        return operator_username(self.ns, "gpu-operator")
+
+    def body(self, name: str, live: dict[str, Any]) -> dict[str, Any]:
+        shape = OPERATOR_SHAPE[name]
+        meta = self.owner["metadata"]
+        metadata: dict[str, Any] = {
+            "name": name,
+            "namespace": self.ns,
+            "resourceVersion": live["metadata"]["resourceVersion"],
+            "labels": {"app": name},
+            "ownerReferences": [
+                {
+                    "apiVersion": self.owner["apiVersion"],
+                    "kind": self.owner["kind"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        }
+        if shape["annotations"]:
+            metadata["annotations"] = shape["annotations"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {
+                "type": "ClusterIP",
+                "clusterIP": live["spec"]["clusterIP"],  # the one field it copies (facts 3)
+                "selector": {"app": name},
+                "ports": [shape["port"]],
+                "internalTrafficPolicy": shape["itp"],
+            },
+        }
+
+    async def put(self, name: str, *, dry_run: bool = False) -> dict[str, Any]:
+        live = self.api.sanitize_for_serialization(
+            await self.core.read_namespaced_service(name, self.ns)
+        )
+        kwargs: dict[str, Any] = {"field_manager": self.FIELD_MANAGER}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        out = await self.core.replace_namespaced_service(
+            name, self.ns, self.body(name, live), **kwargs
+        )
+        result: dict[str, Any] = self.api.sanitize_for_serialization(out)
+        return result
+
+    async def delete(self, name: str, *, dry_run: bool = False) -> int:
+        kwargs = {"dry_run": "All"} if dry_run else {}
+        try:
+            await self.core.delete_namespaced_service(name, self.ns, **kwargs)
+        except ApiException as exc:
+            return int(exc.status)
+        return 200
+
+    async def close(self) -> None:
+        await self.api.close()
+
+
+async def guard_effective(writer: SimulatedOperator, name: str, timeout: float = 30.0) -> None:
+    """Waits until the API server applies the guard (policies and webhook configurations
+    reach admission through informers): a dry-run PUT keeps our shape."""
+
+    async def kept() -> bool:
+        out = await writer.put(name, dry_run=True)
+        labels = out["metadata"].get("labels") or {}
+        return labels.get("app.kubernetes.io/managed-by") == "shared-svc"
+
+    await eventually(kept, timeout=timeout, interval=0.2)
+
+
+def shape(svc: dict[str, Any]) -> dict[str, Any]:
+    """What shared-svc owns on a Service, for comparisons."""
+    meta = svc["metadata"]
+    return {
+        "labels": meta.get("labels"),
+        "annotations": meta.get("annotations"),
+        "ownerReferences": meta.get("ownerReferences"),
+        "spec": svc["spec"],
+        "resourceVersion": meta["resourceVersion"],
+        "uid": meta["uid"],
+    }

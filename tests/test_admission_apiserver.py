@@ -1,0 +1,326 @@
+"""The admission guard on the real API server, next to shared-svc running, with a writer
+that plays gpu-operator exactly as measured (tests/admission.py: whole-object PUTs with a
+controller owner reference under field manager ``gpu-operator``, deletes by name under
+its own ServiceAccount). Issue 9 items 1, 2 and 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared_svc.reconcile.names import COMMON_LABEL as COMMON
+from shared_svc.reconcile.names import COMPONENT_OF
+from shared_svc.service import Service
+from shared_svc.testenv import ControlPlane
+from tests.admission import (
+    SimulatedOperator,
+    Tls,
+    guard_docs,
+    guard_effective,
+    install,
+    make_tls,
+    policy_sets,
+    shape,
+    uninstall,
+    webhook_sets,
+)
+from tests.kube import eventually
+from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+
+pytestmark = pytest.mark.apiserver
+
+NAMES = ("nvidia-dcgm", "nvidia-dcgm-exporter")
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return make_tls(tmp_path_factory.mktemp("webhook-tls"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def operator(
+    cp: ControlPlane, kube: Kube, tmp_path: Path, owner: dict[str, Any]
+) -> AsyncIterator[SimulatedOperator]:
+    writer = await SimulatedOperator.start(cp, tmp_path, kube.ns, owner)
+    try:
+        yield writer
+    finally:
+        await writer.close()
+
+
+@contextlib.asynccontextmanager
+async def guard(cp: ControlPlane, docs: list[dict[str, Any]]) -> AsyncIterator[None]:
+    install(cp, docs)
+    try:
+        yield
+    finally:
+        uninstall(cp, docs)
+
+
+async def rolled_out(kube: Kube, svc: Service) -> None:
+    """The labelled DCGM pods rolled out: shared-svc moves the stable names to the common
+    labels (a selector gpu-operator's PUT would reset to ``app=<name>``)."""
+    for app in NAMES:
+        await kube.daemonset(app, common=True, desired=1)
+        await kube.pod(f"{app}-a", app, common=True)
+    await settle(svc)
+
+
+def writes(svc: Service) -> int:
+    assert svc.writer is not None
+    return sum(svc.writer.writes.values())
+
+
+async def conflicting_writers(kube: Kube) -> list[dict[str, Any]]:
+    return await kube.events_for("ConflictingWriter")
+
+
+async def neutralised(kube: Kube, svc: Service, writer: SimulatedOperator, mode: str) -> None:
+    """gpu-operator's PUTs succeed and change nothing; shared-svc has nothing to do."""
+    await rolled_out(kube, svc)
+    await guard_effective(writer, NAMES[0])
+    before = {n: shape(await kube.service(n) or {}) for n in NAMES}
+    ours = writes(svc)
+    for _ in range(4):  # several reconciles' worth of PUTs
+        for name in NAMES:
+            answered = await writer.put(name)
+            assert answered["metadata"]["resourceVersion"] == before[name]["resourceVersion"]
+        await asyncio.sleep(0.3)
+    await settle(svc)
+    after = {n: shape(await kube.service(n) or {}) for n in NAMES}
+    assert after == before, "the Services keep shared-svc's shape and resourceVersion"
+    for name in NAMES:
+        meta = after[name]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "shared-svc"
+        assert all(not r.get("controller") for r in meta["ownerReferences"])
+        assert meta["spec"]["selector"] == {COMMON[COMPONENT_OF[name]]: "true"}, "gated selector"
+        live = await kube.service(name)
+        assert live is not None
+        managers = {e["manager"] for e in live["metadata"].get("managedFields") or []}
+        assert "gpu-operator" not in managers, "our fields stay ours"
+    assert writes(svc) == ours, "shared-svc makes no write after gpu-operator's PUTs"
+    assert await conflicting_writers(kube) == []
+    await eventually(
+        lambda: asyncio.sleep(0, svc.status()["admissionGuard"]["mode"] == mode), timeout=10
+    )
+
+
+async def test_policy_makes_operator_updates_change_nothing(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    owner = await kube.create_cr(cp_body())
+    async with (
+        running(service_config(control_plane, kube.ns)) as svc,
+        operator(control_plane, kube, tmp_path, owner) as writer,
+        guard(control_plane, guard_docs(kube.ns, *policy_sets())),
+    ):
+        await neutralised(kube, svc, writer, "policy")
+        assert svc.status()["admissionGuard"]["deleteGuard"] is False
+
+
+async def test_webhook_makes_operator_updates_change_nothing(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path, tls: Tls
+) -> None:
+    owner = await kube.create_cr(cp_body())
+    port = free_port()
+    config = service_config(
+        control_plane,
+        kube.ns,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=port,
+    )
+    async with (
+        running(config) as svc,
+        operator(control_plane, kube, tmp_path, owner) as writer,
+        guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
+    ):
+        await neutralised(kube, svc, writer, "webhook")
+        status = svc.status()["admissionGuard"]
+        assert status["deleteGuard"] is True and status["webhookServing"] is True
+
+
+async def test_operator_delete_of_a_needed_service_is_answered_404(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path, tls: Tls
+) -> None:
+    # gpu-operator's ClusterPolicy with dcgm off deletes nvidia-dcgm by name on every
+    # reconcile, while the GPUCluster needs it (the stable name).
+    owner = await kube.create_cr(cp_body(dcgm={"enabled": False}))
+    await kube.create_cr(gc_body())
+    port = free_port()
+    config = service_config(
+        control_plane,
+        kube.ns,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=port,
+    )
+    docs = guard_docs(kube.ns, *webhook_sets(tls, port, mutation="policy"))
+    assert {d["kind"] for d in docs} == {
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
+    }
+    async with (
+        running(config) as svc,
+        operator(control_plane, kube, tmp_path, owner) as writer,
+        guard(control_plane, docs),
+    ):
+        await settle(svc)
+        before = await kube.service("nvidia-dcgm")
+        assert before is not None
+        await eventually(lambda: _is(writer.delete("nvidia-dcgm", dry_run=True), 404), timeout=30)
+        for _ in range(3):
+            assert await writer.delete("nvidia-dcgm") == 404
+        after = await kube.service("nvidia-dcgm")
+        assert after is not None
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        assert after["spec"]["clusterIP"] == before["spec"]["clusterIP"]
+
+        # Every other delete is allowed: a user's (dry run: it would go through) ...
+        status = 200
+        try:
+            await kube.core.delete_namespaced_service("nvidia-dcgm", kube.ns, dry_run="All")
+        except Exception as exc:  # pragma: no cover - the assertion below says what
+            status = getattr(exc, "status", 0)
+        assert status == 200
+        # ... gpu-operator's of a name we do not guard ...
+        base = f"/api/v1/namespaces/{kube.ns}"
+        other = {"metadata": {"name": "other"}, "spec": {"ports": [{"port": 80}]}}
+        assert control_plane.request("POST", f"{base}/services", other)[0] == 201
+        assert await writer.delete("other") == 200
+        # ... and gpu-operator's once no CR needs the Service any more. A foreign owner
+        # keeps it after the GPUCluster lets go (shared-svc then removes only its refs).
+        code, holder = control_plane.request(
+            "POST", f"{base}/configmaps", {"metadata": {"name": "holder"}}
+        )
+        assert code == 201, holder
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "holder",
+            "uid": holder["metadata"]["uid"],
+        }
+        code, out = control_plane.request(
+            "PATCH",
+            f"{base}/services/nvidia-dcgm",
+            [{"op": "add", "path": "/metadata/ownerReferences/-", "value": ref}],
+            content_type="application/json-patch+json",
+        )
+        assert code == 200, out
+        await kube.patch_cr("GPUCluster", "gpu-cluster", {"spec": {"dcgm": {"enabled": False}}})
+        await settle(svc)
+        await eventually(lambda: _needed_by_none(svc, "nvidia-dcgm"), timeout=15)
+        assert await writer.delete("nvidia-dcgm") == 200
+        assert await kube.service("nvidia-dcgm") is None
+
+
+async def _is(call: Any, code: int) -> bool:
+    return bool(await call == code)
+
+
+async def _needed_by_none(svc: Service, name: str) -> bool:
+    assert svc.controller is not None and svc.controller.last_plan is not None
+    return not any(
+        s.needed_by
+        for s in svc.controller.last_plan.status
+        if s.name == name and s.kind == "Service"
+    )
+
+
+async def test_webhook_down_lets_writes_through_and_shared_svc_repairs(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path, tls: Tls
+) -> None:
+    owner = await kube.create_cr(cp_body())
+    port = free_port()
+    config = service_config(
+        control_plane,
+        kube.ns,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=port,
+    )
+    async with (
+        operator(control_plane, kube, tmp_path, owner) as writer,
+        guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
+    ):
+        async with running(config) as svc:
+            await rolled_out(kube, svc)
+            await guard_effective(writer, "nvidia-dcgm")
+            kept = {n: shape(await kube.service(n) or {}) for n in NAMES}
+        # shared-svc (and its webhook) is down: failurePolicy Ignore lets the PUTs through.
+        for name in NAMES:
+            out = await writer.put(name)
+            assert out["metadata"]["labels"] == {"app": name}
+            assert out["metadata"]["ownerReferences"][0]["controller"] is True
+        async with running(config) as svc:
+            await settle(svc)
+            for name in NAMES:
+                live = shape(await kube.service(name) or {})
+                assert live["labels"] == kept[name]["labels"]
+                assert live["ownerReferences"] == kept[name]["ownerReferences"]
+                assert live["spec"]["selector"] == kept[name]["spec"]["selector"]
+                assert live["uid"] == kept[name]["uid"]
+            # and the guard holds again
+            await guard_effective(writer, "nvidia-dcgm")
+
+
+async def test_without_a_guard_the_fight_is_reported_once_per_service_naming_gpu_operator(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    owner = await kube.create_cr(cp_body())
+    config = service_config(
+        control_plane,
+        kube.ns,
+        conflicting_writer_threshold=3,
+        conflicting_writer_backoff_seconds=600,
+    )
+    async with (
+        running(config) as svc,
+        operator(control_plane, kube, tmp_path, owner) as writer,
+    ):
+        await settle(svc)
+
+        async def fight() -> None:  # gpu-operator while an operand is not ready
+            while True:
+                for name in NAMES:
+                    with contextlib.suppress(Exception):
+                        await writer.put(name)
+                await asyncio.sleep(0.2)
+
+        fighter = asyncio.ensure_future(fight())
+        try:
+
+            async def reported() -> list[dict[str, Any]]:
+                events = await conflicting_writers(kube)
+                return events if len(events) >= len(NAMES) else []
+
+            events = await eventually(reported, timeout=60)
+            missing = await eventually(lambda: kube.events_for("AdmissionGuardMissing"), timeout=15)
+            await asyncio.sleep(2)  # the fight goes on: no second report
+            events = await conflicting_writers(kube)
+        finally:
+            fighter.cancel()
+            await asyncio.gather(fighter, return_exceptions=True)
+        by_object = sorted(e["regarding"]["name"] for e in events)
+        assert by_object == sorted(NAMES), by_object
+        for event in events:
+            assert "gpu-operator / Update" in event["note"], event["note"]
+        assert len(missing) == 1 and missing[0]["type"] == "Warning"
+        assert "gpu-operator" in missing[0]["note"]
+        status = svc.status()
+        assert status["admissionGuard"]["mode"] == "none"
+        assert {c["object"] for c in status["contested"]} == {f"Service/{n}" for n in NAMES}

@@ -1,0 +1,119 @@
+"""The chart's admission guard (templates/admission-policy.yaml, admission-webhooks.yaml):
+what each setting renders, parameterised by namespace, with the names the Python rule
+guards. tests/test_admission_apiserver.py proves the rendered objects on the API server."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared_svc.admission.rules import GUARD_LABEL, GUARDED
+from tests.test_deploy_chart import RenderError, render_docs
+
+WEBHOOK = (
+    "admission.webhook.enabled=true",
+    "admission.webhook.url=https://127.0.0.1:9443",
+    "admission.webhook.caBundle=Q0E=",
+)
+ADMISSION = {
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+}
+
+
+def kinds(*sets: str, namespace: str = "gpu-operator") -> dict[str, dict]:  # type: ignore[type-arg]
+    docs = render_docs(*sets, namespace=namespace)
+    return {d["kind"]: d for d in docs if d["kind"] in ADMISSION}
+
+
+def test_offline_auto_renders_no_policy() -> None:
+    # Helm knows kinds only from discovery; its offline default capabilities list
+    # group/versions, so `helm template` with auto cannot tell: nothing is rendered.
+    assert kinds() == {}
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            ("admission.mutation=policy",),
+            {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"},
+        ),
+        (
+            ("admission.mutation=policy", *WEBHOOK),
+            {
+                "MutatingAdmissionPolicy",
+                "MutatingAdmissionPolicyBinding",
+                "ValidatingWebhookConfiguration",
+            },
+        ),
+        (
+            ("admission.mutation=webhook", *WEBHOOK),
+            {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"},
+        ),
+        # auto where the policy API is not known: the mutating webhook
+        (WEBHOOK, {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}),
+        (("admission.mutation=none", *WEBHOOK), {"ValidatingWebhookConfiguration"}),
+        (("admission.mutation=none", "admission.deleteGuard=false", *WEBHOOK), set()),
+    ],
+)
+def test_what_each_setting_renders(sets: tuple[str, ...], expected: set[str]) -> None:
+    assert set(kinds(*sets)) == expected
+
+
+def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards() -> None:
+    found = kinds(
+        "admission.mutation=policy",
+        *WEBHOOK,
+        "admission.operatorServiceAccount=nvidia-operator",
+        namespace="ops",
+    )
+    for doc in found.values():
+        assert doc["metadata"]["labels"][GUARD_LABEL] == "ops"
+        assert "ops" in doc["metadata"]["name"]
+    policy = found["MutatingAdmissionPolicy"]["spec"]
+    conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
+    assert 'request.namespace == "ops"' in conditions["our-object"]
+    binding = found["MutatingAdmissionPolicyBinding"]["spec"]
+    assert binding["policyName"] == found["MutatingAdmissionPolicy"]["metadata"]["name"]
+    assert binding["matchResources"]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "ops"
+    }
+    listed = re.search(r"in \[([^\]]*)\]", conditions["our-object"])
+    assert listed and set(re.findall(r'"([^"]+)"', listed.group(1))) == set(GUARDED["Service"])
+    assert f'== "{GUARDED["ServiceMonitor"][0]}"' in conditions["our-object"]
+    webhook = found["ValidatingWebhookConfiguration"]["webhooks"][0]
+    assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
+    assert webhook["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/validate-delete",
+        "caBundle": "Q0E=",
+    }
+    user = {c["name"]: c["expression"] for c in webhook["matchConditions"]}["from-gpu-operator"]
+    assert '"system:serviceaccount:ops:nvidia-operator"' in user
+
+
+def test_in_cluster_webhook_calls_the_service() -> None:
+    found = kinds("admission.webhook.enabled=true", "admission.webhook.caBundle=Q0E=")
+    config = found["ValidatingWebhookConfiguration"]["webhooks"][0]["clientConfig"]
+    assert config["service"] == {
+        "name": "shared-svc-webhook",
+        "namespace": "gpu-operator",
+        "port": 443,
+        "path": "/validate-delete",
+    }
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("admission.webhook.enabled=true",), "caBundle"),
+        (("admission.mutation=maybe",), "mutation"),
+        (("admission.webhook.url=http://x",), "url"),
+    ],
+)
+def test_bad_admission_values_fail_the_render(sets: tuple[str, ...], message: str) -> None:
+    with pytest.raises(RenderError, match=message):
+        render_docs(*sets)

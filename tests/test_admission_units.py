@@ -1,0 +1,117 @@
+"""The admission guard's shell pieces without an API server: the webhook handler's
+answers and refusals of bad input, the TLS settings, who ConflictingWriter names, and
+how the guard mode is told."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from shared_svc.admission.guard import guard_mode
+from shared_svc.admission.rules import name_writers, operator_username, operator_writes
+from shared_svc.admission.server import make_webhook_app, tls_context
+from shared_svc.commands.run import load_config
+from shared_svc.errors import UsageError
+
+NS = "gpu-operator"
+OPERATOR = operator_username(NS, "gpu-operator")
+
+
+def entry(manager: str, operation: str, time: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"manager": manager, "operation": operation, "time": time, "fieldsV1": fields}
+
+
+def delete_review(user: str, name: str = "nvidia-dcgm") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "operation": "DELETE",
+            "namespace": NS,
+            "name": name,
+            "resource": {"group": "", "version": "v1", "resource": "services"},
+            "userInfo": {"username": user},
+        },
+    }
+
+
+async def test_webhook_answers_404_to_gpu_operator_and_400_to_garbage() -> None:
+    needed: dict[tuple[str, str], tuple[str, ...]] | None = None
+    app = make_webhook_app(namespace=NS, operator_users=[OPERATOR], needed_by=lambda: needed)
+    async with TestClient(TestServer(app)) as http:
+        # no plan yet: fail open, with a warning
+        res = await (await http.post("/validate-delete", json=delete_review(OPERATOR))).json()
+        assert res["response"]["allowed"] is True and res["response"]["warnings"]
+        needed = {("Service", "nvidia-dcgm"): ("GPUCluster/gpu-cluster",)}
+        res = await (await http.post("/validate-delete", json=delete_review(OPERATOR))).json()
+        assert res["response"]["allowed"] is False
+        assert res["response"]["status"]["code"] == 404
+        assert res["response"]["status"]["reason"] == "NotFound"
+        assert "GPUCluster/gpu-cluster" in res["response"]["status"]["message"]
+        res = await (await http.post("/validate-delete", json=delete_review("alice"))).json()
+        assert res["response"] == {"uid": "u1", "allowed": True}
+        for body in (b"{", b"[]", json.dumps({"kind": "AdmissionReview"}).encode()):
+            answer = await http.post("/mutate", data=body)
+            assert answer.status == 400
+            text = await answer.text()
+            assert text.startswith("bad AdmissionReview:") and text.count("\n") == 1
+
+
+def test_webhook_tls_settings_fail_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(UsageError, match=r"webhook certificate .* cannot be used"):
+        tls_context(str(tmp_path / "missing.crt"), str(tmp_path / "missing.key"))
+    monkeypatch.setenv("SHARED_SVC_WEBHOOK_CERT_FILE", str(tmp_path / "tls.crt"))
+    with pytest.raises(UsageError, match="go together") as err:
+        load_config(argparse.Namespace())
+    assert "\n" not in str(err.value)
+
+
+def test_conflicting_writer_names_the_writer_and_its_operation() -> None:
+    live = {
+        "metadata": {
+            "managedFields": [
+                entry("shared-svc", "Apply", "2026-11-30T10:00:05Z", {"f:spec": {}}),
+                entry("gpu-operator", "Update", "2026-11-30T10:00:09Z", {"f:spec": {}}),
+                entry("kubectl-edit", "Update", "2026-11-30T09:00:00Z", {"f:spec": {}}),
+            ]
+        }
+    }
+    # the field has owners: them, with their operations
+    assert name_writers(live, ["gpu-operator"]) == ["gpu-operator / Update"]
+    # a whole-object PUT removed our field, so nobody owns it: the latest Update's manager
+    assert name_writers(live, []) == ["gpu-operator / Update"]
+    assert name_writers({"metadata": {}}, []) == ["unknown"]
+
+
+def test_operator_writes_are_found_by_name_and_manager() -> None:
+    def svc(name: str, *managers: str) -> dict[str, Any]:
+        return {
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "managedFields": [entry(m, "Update", "", {}) for m in managers],
+            },
+        }
+
+    objects = [
+        svc("nvidia-dcgm", "shared-svc", "gpu-operator"),
+        svc("nvidia-dcgm-exporter", "shared-svc"),
+        svc("unrelated", "gpu-operator"),
+    ]
+    assert operator_writes(objects, "gpu-operator") == ["Service/nvidia-dcgm"]
+
+
+def test_guard_mode() -> None:
+    assert guard_mode({"policy": ["p"], "webhook": [], "delete": []}) == "policy"
+    assert guard_mode({"policy": [], "webhook": ["w"], "delete": ["d"]}) == "webhook"
+    assert guard_mode({"policy": [], "webhook": [], "delete": ["d"]}) == "none"
+    assert guard_mode({"policy": None, "webhook": [], "delete": []}) == "unknown"
+    assert guard_mode({"policy": None, "webhook": ["w"], "delete": []}) == "webhook"
