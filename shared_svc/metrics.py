@@ -78,9 +78,14 @@ class Metrics:
             "Times another field manager was found fighting over a field.",
             registry=r,
         )
+        self.lease_errors = Counter(
+            "shared_svc_lease_errors_total",
+            "Lease requests (acquire or renew) that failed or timed out.",
+            registry=r,
+        )
         self.cache_synced = Gauge(
             "shared_svc_cache_synced",
-            "1 when the cache of a resource is synced.",
+            "1 when the cache of a resource is synced (set by the cache when it changes).",
             ["resource"],
             registry=r,
         )

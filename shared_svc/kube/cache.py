@@ -18,20 +18,118 @@ import asyncio
 import json
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
-from shared_svc.kube.writer import raw_request
 
 log = logging.getLogger(__name__)
 
 K8sObject = dict[str, Any]
+
+# --- robust JSON: fields nobody here judges must not stop the cache ---
+
+MAX_DEPTH = 100
+"""Nesting levels kept in one object; a deeper subtree is replaced by :data:`PRUNED`.
+
+Kubernetes objects nest about 15 levels deep; CRDs with preserved unknown fields accept
+any depth. Python's parser and every recursive function after it (copies, comparisons,
+digests) fail near 1,000, so a hostile 1,200-level field would otherwise stop the cache."""
+PRUNED = f"<pruned by shared-svc: nested deeper than {MAX_DEPTH} levels>"
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+for _b in b"[{":
+    _STEP[_b] = 1
+for _b in b"]}":
+    _STEP[_b] = -1
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text (no recursion)."""
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def _prune(raw: bytes, limit: int) -> bytes:
+    """``raw`` with every array or object below ``limit`` levels replaced by PRUNED."""
+    out: list[bytes] = []
+    depth, cut_from, copied = 0, -1, 0
+    for match in _TOKEN.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth == limit + 1:
+                cut_from = match.start()
+        elif token in (b"]", b"}"):
+            depth -= 1
+            if depth == limit and cut_from >= 0:
+                out += [raw[copied:cut_from], json.dumps(PRUNED).encode()]
+                copied, cut_from = match.end(), -1
+    out.append(raw[copied:])
+    return b"".join(out)
+
+
+def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
+    """``json.loads``, but an object nested deeper than MAX_DEPTH keeps its shallower
+    fields and gets PRUNED in place of the too-deep subtrees (``envelope``: container
+    levels around the objects, 1 for a watch event, 2 for a list). Returns the value and
+    whether anything was pruned."""
+    limit = MAX_DEPTH + envelope
+    if raw.count(b"{") + raw.count(b"[") <= limit or json_depth(raw) <= limit:
+        return json.loads(raw), False
+    return json.loads(_prune(raw, limit)), True
+
+
+def has_pruned(value: Any) -> bool:
+    """Does ``value`` (a parsed object) hold a PRUNED subtree? Iterative, as it is only
+    asked of objects that were parsed with ``loads``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item == PRUNED:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def describe_error(exc: BaseException) -> str:
+    """One stable line for an API error (the same trouble reads the same on every retry)."""
+    if isinstance(exc, ApiException):
+        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+        message = ""
+        if body:
+            try:
+                message = json.loads(body).get("message") or ""
+            except (ValueError, AttributeError):
+                message = str(body)
+        return f"{exc.status} {exc.reason or ''}: {message}".strip(" :")[:300]
+    if isinstance(exc, TimeoutError):
+        return "TimeoutError: no answer in time"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def retry_after(exc: ApiException, default: float = 1.0) -> float:
+    """Seconds the server asked us to wait (Retry-After), else ``default``."""
+    headers: Any = exc.headers or {}
+    value = headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else default
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True)
@@ -80,22 +178,42 @@ class Informer:
         resync_seconds: float = 300.0,
         watch_timeout_seconds: int = 290,
         backoff_max_seconds: float = 30.0,
+        idle_timeout_seconds: float = 75.0,
+        on_synced: Callable[[bool], None] | None = None,
     ) -> None:
         self._api = api
         self.resource = resource
         self._on_change = on_change
+        self._on_synced = on_synced
         self._resync = resync_seconds
         self._watch_timeout = watch_timeout_seconds
+        self._idle_timeout = idle_timeout_seconds
         self._backoff_max = backoff_max_seconds
         self._items: dict[tuple[str, str], K8sObject] = {}
         self.synced = asyncio.Event()
         self.served = True
         self.resource_version = ""
         self.relists = 0
+        self.idle_watches = 0  # watches closed for silence (no event, no bookmark)
+        self.throttled = 0  # 429 answers: waited for, cache kept
         self.last_error: str | None = None
+        self.pruned: set[tuple[str, str]] = set()  # objects kept with a too-deep subtree cut
+        self._failures = 0
+        if on_synced:
+            on_synced(False)
 
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
+
+    def _set_synced(self, value: bool) -> None:
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        if self._on_synced:
+            self._on_synced(value)
 
     def _query(self, params: dict[str, str]) -> list[tuple[str, str]]:
         query = list(params.items())
@@ -105,8 +223,9 @@ class Informer:
             query.append(("fieldSelector", self.resource.field_selector))
         return query
 
-    async def _open_watch(self, params: dict[str, str], *, timeout: float) -> Any:
-        """The watch stream, unread (lists go through raw_request)."""
+    async def _get(self, params: dict[str, str], *, timeout: float | aiohttp.ClientTimeout) -> Any:
+        """The response, unread; a non-2xx answer raises ApiException with its headers
+        (Retry-After) and body."""
         resp = await self._api.call_api(
             self.resource.path,
             "GET",
@@ -119,8 +238,22 @@ class Informer:
         if not 200 <= resp.status <= 299:
             body = await resp.read()
             resp.release()
-            raise ApiException(status=resp.status, reason=body.decode(errors="replace")[:300])
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = body.decode(errors="replace")[:2000]
+            exc.headers = resp.headers
+            raise exc
         return resp
+
+    async def _open_watch(self, params: dict[str, str], *, timeout: float) -> Any:
+        """The watch stream, unread. Besides the total ``timeout``, a stream that sends
+        nothing (no event, no bookmark) for ``idle_timeout_seconds`` is cut: the API server
+        sends a bookmark about every minute, so such a stream is dead."""
+        return await self._get(
+            params,
+            timeout=aiohttp.ClientTimeout(
+                total=timeout, sock_connect=30, sock_read=self._idle_timeout
+            ),
+        )
 
     async def _crd_absent(self) -> bool:
         if not self.resource.crd_name:
@@ -138,8 +271,9 @@ class Informer:
     async def relist(self) -> None:
         """A complete list replaces the cache; raises on failure (the cache keeps its contents)."""
         try:
-            data = await raw_request(
-                self._api, "GET", self.resource.path, query=self._query({}), timeout=60
+            # A list answers at once; silence means a dead (pooled) connection.
+            resp = await self._get(
+                {}, timeout=aiohttp.ClientTimeout(total=60, sock_read=self._idle_timeout)
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -150,6 +284,11 @@ class Informer:
                     f"{self.resource.describe()} answers 404 but its CRD exists"
                 ) from exc
             raise
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        data, pruned = loads(raw, envelope=2)
         items = data.get("items") or []
         # Lists return items without kind/apiVersion; the core wants whole objects.
         api_version = (
@@ -163,6 +302,7 @@ class Informer:
         self._replace(
             items, served=True, resource_version=data.get("metadata", {}).get("resourceVersion", "")
         )
+        self._note_pruned({_key(i) for i in items if has_pruned(i)} if pruned else set())
 
     def _replace(self, items: list[K8sObject], *, served: bool, resource_version: str) -> None:
         new = {_key(i): i for i in items}
@@ -171,12 +311,28 @@ class Informer:
         self.served = served
         self.resource_version = resource_version
         self.relists += 1
-        self.synced.set()
+        self._set_synced(True)
         if changed:
             self._on_change()
 
+    def _note_pruned(self, keys: set[tuple[str, str]]) -> None:
+        """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
+        if keys == self.pruned:
+            return
+        for ns, name in sorted(keys - self.pruned):
+            log.warning(
+                "object nested too deep: kept with the deep part cut",
+                extra={
+                    "resource": self.resource.describe(),
+                    "object": f"{ns}/{name}" if ns else name,
+                    "maxDepth": MAX_DEPTH,
+                },
+            )
+        self.pruned = keys
+
     async def watch_once(self) -> str:
-        """Watches until the server ends the stream. Returns 'timeout', 'gone' or 'stopped'."""
+        """Watches until the stream ends. Returns 'timeout' (the server ended it), 'gone'
+        (410: re-list) or 'idle' (nothing, not even a bookmark, for too long: re-list)."""
         if not self.served:
             return "timeout"
         resp = await self._open_watch(
@@ -188,34 +344,45 @@ class Informer:
             },
             timeout=self._watch_timeout + 30,
         )
+        self._failures = 0
+        self.last_error = None
         async with resp:
             while True:
-                line = await resp.content.readline()
+                try:
+                    line = await resp.content.readline()
+                except (TimeoutError, aiohttp.ServerTimeoutError):
+                    return "idle"
                 if not line:
                     return "timeout"
-                event = json.loads(line)
+                event, pruned = loads(line, envelope=1)
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         return "gone"
-                    raise ApiException(
-                        status=obj.get("code", 500), reason=obj.get("message", "watch error")
+                    exc = ApiException(
+                        status=obj.get("code", 500), reason=obj.get("reason") or "watch error"
                     )
+                    exc.body = json.dumps(obj).encode()
+                    raise exc
                 rv = obj.get("metadata", {}).get("resourceVersion")
                 if rv:
                     self.resource_version = rv
                 if etype == "BOOKMARK":
                     continue
                 key = _key(obj)
-                if etype == "DELETED" and self._items.pop(key, None) is not None:
-                    self._on_change()
+                if pruned and etype != "DELETED":
+                    self._note_pruned(self.pruned | {key})
+                elif key in self.pruned:
+                    self._note_pruned(self.pruned - {key})
+                if etype == "DELETED":
+                    if self._items.pop(key, None) is not None:
+                        self._on_change()
                 elif etype in ("ADDED", "MODIFIED") and self._items.get(key) != obj:
                     self._items[key] = obj
                     self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries."""
-        failures = 0
         loop = asyncio.get_running_loop()
         next_resync = 0.0
         need_list = True
@@ -225,6 +392,8 @@ class Informer:
                     await self.relist()
                     next_resync = loop.time() + self._resync
                     need_list = False
+                    self._failures = 0
+                    self.last_error = None
                 watch = asyncio.ensure_future(self.watch_once())
                 stopper = asyncio.ensure_future(stop.wait())
                 timer = asyncio.ensure_future(asyncio.sleep(max(0.0, next_resync - loop.time())))
@@ -238,32 +407,61 @@ class Informer:
                     outcome = watch.result()
                     if outcome == "gone":
                         need_list = True
+                    elif outcome == "idle":
+                        # A silent stream is a dead one (a half-open connection, a server
+                        # that stopped delivering): the cache may be behind. Re-list.
+                        self.idle_watches += 1
+                        log.warning(
+                            "watch silent for too long; re-listing",
+                            extra={
+                                "resource": self.resource.describe(),
+                                "idle_seconds": self._idle_timeout,
+                            },
+                        )
+                        need_list = True
                     elif not self.served:
                         # Not served: look again soon (a CRD installed later).
                         await sleep_or_stop(stop, min(self._resync, 30.0))
                         need_list = True
-                failures = 0
-                self.last_error = None
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                failures += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                delay = min(self._backoff_max, 0.2 * 2 ** min(failures, 10)) * (
-                    0.5 + random.random() / 2
-                )
-                log.warning(
-                    "watch failed; will re-list",
-                    extra={
-                        "resource": self.resource.describe(),
-                        "error": self.last_error,
-                        "retry_in": round(delay, 2),
-                    },
-                )
-                # Events may have been missed: no reconcile until a complete re-list.
-                self.synced.clear()
-                need_list = True
+            except ApiException as exc:
+                if exc.status != 429:
+                    await self._failed(stop, exc)
+                    need_list = True
+                    continue
+                # "Slow down", not "the cache is wrong": no event was missed (the watch
+                # resumes from our resourceVersion), so keep the cache, synced, and wait.
+                self.throttled += 1
+                delay = retry_after(exc) * (1 + random.random() / 4)
+                if self.last_error is None or not self.last_error.startswith("429"):
+                    log.info(
+                        "API server asks to slow down; cache kept",
+                        extra={"resource": self.resource.describe(), "retry_in": round(delay, 2)},
+                    )
+                self.last_error = describe_error(exc)
                 await sleep_or_stop(stop, delay)
+            except Exception as exc:
+                await self._failed(stop, exc)
+                need_list = True
+
+    async def _failed(self, stop: asyncio.Event, exc: Exception) -> None:
+        self._failures += 1
+        self.last_error = describe_error(exc)
+        delay = min(self._backoff_max, 0.2 * 2 ** min(self._failures, 10)) * (
+            0.5 + random.random() / 2
+        )
+        log.warning(
+            "watch failed; will re-list",
+            extra={
+                "resource": self.resource.describe(),
+                "error": self.last_error,
+                "retry_in": round(delay, 2),
+            },
+        )
+        # Events may have been missed: no reconcile until a complete re-list.
+        self._set_synced(False)
+        await sleep_or_stop(stop, delay)
 
 
 async def gather_until(stop: asyncio.Event, coros: list[Awaitable[None]]) -> None:

@@ -5,6 +5,14 @@ one cannot release the Lease on shutdown (a standby would then wait a whole leas
 duration after every rolling update) and judges expiry by comparing wall clocks of
 different machines. Here, as in client-go, a standby judges expiry by its own
 monotonic clock: a record it has watched go unrenewed for ``lease_duration`` is free.
+
+As in client-go, a leader that has not renewed within ``renew_deadline`` (counted from
+when its last successful renewal was sent) gives up leadership, even while a request
+hangs: every Lease request is cut at the time left before that deadline. Since
+``renew_deadline < lease_duration``, it stops writing before any standby can take over.
+
+Lease errors (API server unreachable, 403, timeouts) are counted on every attempt
+(``on_error``), logged when they change, and kept in ``last_error`` for ``/status``.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
+from shared_svc.kube.cache import describe_error
 from shared_svc.kube.writer import object_path, raw_request
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,7 @@ class LeaseElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         if not lease_duration > renew_deadline > retry_period:
             raise ValueError("need lease duration > renew deadline > retry period")
@@ -51,13 +61,15 @@ class LeaseElector:
         self._renew_deadline = renew_deadline
         self._retry = retry_period
         self._on_change = on_change
+        self._on_error = on_error
         self.is_leader = False
         self.holder: str | None = None
         self.transitions = 0
         self._observed: tuple[str, str] | None = None  # (holder, renewTime)
         self._observed_at = 0.0
-        self._last_renew = 0.0
+        self._last_renew = 0.0  # when the last successful renewal was sent (monotonic)
         self.last_error: str | None = None
+        self.errors = 0
 
     def _set_leader(self, value: bool) -> None:
         if value != self.is_leader:
@@ -65,6 +77,10 @@ class LeaseElector:
             log.info("leadership changed", extra={"leader": value, "identity": self.identity})
             if self._on_change:
                 self._on_change(value)
+
+    def _lose(self, why: str) -> None:
+        log.warning("leadership given up", extra={"identity": self.identity, "reason": why})
+        self._set_leader(False)
 
     def _spec(
         self, *, transitions: int, acquire: bool, old: dict[str, Any] | None
@@ -79,11 +95,30 @@ class LeaseElector:
         }
         return spec
 
-    async def try_acquire_or_renew(self) -> bool:
+    def _record(self, error: str | None) -> None:
+        """Counts every failed attempt; logs only when the error changes (or clears)."""
+        if error is not None:
+            self.errors += 1
+            if self._on_error:
+                self._on_error(error)
+        if error != self.last_error:
+            where = f"{self._ns}/{self._name}"
+            if error is not None:
+                log.warning(
+                    "lease request failed",
+                    extra={"lease": where, "error": error, "leader": self.is_leader},
+                )
+            else:
+                log.info("lease requests succeed again", extra={"lease": where})
+        self.last_error = error
+
+    async def try_acquire_or_renew(self, timeout: float = 30.0) -> bool:
+        """One attempt; each request is cut after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
+        started = loop.time()
         path = object_path("Lease", self._ns, self._name)
         try:
-            lease = await raw_request(self._api, "GET", path)
+            lease = await raw_request(self._api, "GET", path, timeout=timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -93,8 +128,10 @@ class LeaseElector:
                 "metadata": {"name": self._name, "namespace": self._ns},
                 "spec": self._spec(transitions=0, acquire=True, old=None),
             }
-            await raw_request(self._api, "POST", object_path("Lease", self._ns), body=body)
-            self._last_renew = loop.time()
+            await raw_request(
+                self._api, "POST", object_path("Lease", self._ns), body=body, timeout=timeout
+            )
+            self._last_renew = started
             self.holder = self.identity
             return True
         spec = lease.get("spec") or {}
@@ -113,11 +150,12 @@ class LeaseElector:
         transitions = self.transitions if mine else self.transitions + 1
         lease["spec"] = self._spec(transitions=transitions, acquire=not mine, old=spec)
         updated = await raw_request(
-            self._api, "PUT", path, body=lease
+            self._api, "PUT", path, body=lease, timeout=timeout
         )  # resourceVersion guards the race
         new_spec = updated.get("spec") or {}
         self._observed = (new_spec.get("holderIdentity") or "", new_spec.get("renewTime") or "")
-        self._observed_at = self._last_renew = loop.time()
+        self._observed_at = loop.time()
+        self._last_renew = started
         self.holder = self.identity
         self.transitions = transitions
         return True
@@ -127,18 +165,32 @@ class LeaseElector:
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                try:
-                    ok = await self.try_acquire_or_renew()
-                    self.last_error = None
-                except Exception as exc:  # API trouble: keep trying; leadership lapses by deadline
-                    ok = False
-                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                # A leader has until its renew deadline; a candidate gets as long per attempt.
+                budget = (
+                    self._last_renew + self._renew_deadline - loop.time()
+                    if self.is_leader
+                    else self._renew_deadline
+                )
+                ok = False
+                if budget > 0:
+                    try:
+                        ok = await asyncio.wait_for(self.try_acquire_or_renew(budget), budget)
+                        self._record(None)
+                    except asyncio.CancelledError:
+                        raise
+                    except TimeoutError:  # a request hung past the deadline: cut, not awaited
+                        self._record(f"TimeoutError: no answer within {self._renew_deadline:g}s")
+                    except Exception as exc:  # API trouble: keep trying until the deadline
+                        self._record(describe_error(exc))
                 if ok:
                     self._set_leader(True)
-                elif (self.is_leader and loop.time() - self._last_renew > self._renew_deadline) or (
-                    self.is_leader and self.holder not in (None, self.identity)
-                ):
-                    self._set_leader(False)
+                elif self.is_leader:
+                    if self.holder not in (None, self.identity):
+                        self._lose(f"the Lease is held by {self.holder}")
+                    elif budget <= 0 or loop.time() >= self._last_renew + self._renew_deadline:
+                        self._lose(
+                            f"not renewed within the renew deadline ({self._renew_deadline:g}s)"
+                        )
                 await sleep_or_stop(stop, self._retry)
         finally:
             await self.release()
@@ -148,14 +200,15 @@ class LeaseElector:
             return
         self._set_leader(False)
         path = object_path("Lease", self._ns, self._name)
+        timeout = self._renew_deadline  # best effort, bounded: shutdown must not hang on it
         try:
-            lease = await raw_request(self._api, "GET", path)
+            lease = await raw_request(self._api, "GET", path, timeout=timeout)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             lease["spec"].update(
                 {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _now()}
             )
-            await raw_request(self._api, "PUT", path, body=lease)
+            await raw_request(self._api, "PUT", path, body=lease, timeout=timeout)
             log.info("lease released", extra={"identity": self.identity})
         except Exception as exc:  # best effort: the lease expires anyway
             log.warning("lease not released", extra={"error": str(exc)})

@@ -1,0 +1,226 @@
+"""Proxies on 127.0.0.1 between the service and the test API server, to make faults.
+
+- :class:`TcpProxy` forwards bytes. ``freeze()`` stops forwarding on every connection
+  (open and new) while keeping them open: a leader whose network froze. ``blackhole()``
+  silences the connections open now and forever, while new ones work: a watch on a
+  connection that died without a FIN (or a server that stopped delivering).
+- :class:`ThrottlingProxy` terminates TLS with the API server's own certificate and
+  forwards each HTTP request; while ``throttle_watches`` is set it answers every watch
+  request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+from shared_svc.testenv import ControlPlane
+
+
+def kubeconfig_via(cp: ControlPlane, url: str, path: Path) -> Path:
+    """The admin kubeconfig, pointed at ``url`` (the API server's certificate names 127.0.0.1)."""
+    config = yaml.safe_load(cp.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = url
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+class _Pipe:
+    """One proxied connection: two pumps, each of which can be held or silenced."""
+
+    def __init__(self, proxy: TcpProxy) -> None:
+        self.proxy = proxy
+        self.silenced = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                while self.proxy.frozen.is_set() or self.silenced:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)  # hold the bytes: nothing passes, nothing closes
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = asyncio.Event()
+        self.pipes: list[_Pipe] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    @classmethod
+    async def start(cls, cp: ControlPlane) -> TcpProxy:
+        proxy = cls(_port(cp.url))
+        proxy.server = await asyncio.start_server(proxy._serve, "127.0.0.1", 0)
+        proxy.port = proxy.server.sockets[0].getsockname()[1]
+        return proxy
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pipe = _Pipe(self)
+        self.pipes.append(pipe)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        pipe.writers = [writer, up_writer]
+        pipe.tasks = [
+            asyncio.ensure_future(pipe.pump(reader, up_writer)),
+            asyncio.ensure_future(pipe.pump(up_reader, writer)),
+        ]
+        await asyncio.gather(*pipe.tasks, return_exceptions=True)
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    def thaw(self) -> None:
+        self.frozen.clear()
+
+    def blackhole(self) -> int:
+        """Silences every connection open now (they stay open); returns how many."""
+        for pipe in self.pipes:
+            pipe.silenced = True
+        return len(self.pipes)
+
+    async def close(self) -> None:
+        if self.server:
+            self.server.close()
+        for pipe in self.pipes:
+            for w in pipe.writers:
+                with contextlib.suppress(Exception):
+                    w.close()
+            for t in pipe.tasks:
+                t.cancel()
+        for pipe in self.pipes:
+            await asyncio.gather(*pipe.tasks, return_exceptions=True)
+
+
+_HOP = {"transfer-encoding", "content-length", "connection", "keep-alive", "content-encoding"}
+
+
+class ThrottlingProxy:
+    """An HTTPS reverse proxy to the API server that can answer watches with 429."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.throttle_watches = False
+        self._enders: set[asyncio.Event] = set()
+        self.retry_after = 1
+        self.throttled = 0  # 429s answered
+        self.watches = 0  # watch requests passed through
+        self._runner: web.AppRunner | None = None
+        self._session: ClientSession | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @classmethod
+    async def start(cls, cp: ControlPlane) -> ThrottlingProxy:
+        proxy = cls(cp)
+        certs = cp.workdir / "certs"
+        server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ssl.load_cert_chain(certs / "apiserver.crt", certs / "apiserver.key")
+        upstream_ssl = ssl.create_default_context(cafile=str(certs / "apiserver.crt"))
+        proxy._session = ClientSession(
+            connector=TCPConnector(ssl=upstream_ssl), timeout=ClientTimeout(total=None)
+        )
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", proxy._handle)
+        proxy._runner = web.AppRunner(app, access_log=None)
+        await proxy._runner.setup()
+        site = web.TCPSite(proxy._runner, "127.0.0.1", 0, ssl_context=server_ssl)
+        await site.start()
+        server: Any = site._server
+        proxy.port = server.sockets[0].getsockname()[1]
+        return proxy
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") in ("true", "1"):
+            if self.throttle_watches:
+                self.throttled += 1
+                return web.json_response(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": "too many requests, please try again later",
+                        "reason": "TooManyRequests",
+                        "code": 429,
+                    },
+                    status=429,
+                    headers={"Retry-After": str(self.retry_after)},
+                )
+            self.watches += 1
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+        async with self._session.request(
+            request.method,
+            self.cp.url + request.rel_url.raw_path_qs,
+            headers=headers,
+            data=await request.read() if request.can_read_body else None,
+        ) as upstream:
+            resp = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP},
+            )
+            await resp.prepare(request)
+            ender = asyncio.Event()
+            self._enders.add(ender)
+            try:
+                while True:
+                    read = asyncio.ensure_future(upstream.content.readany())
+                    end = asyncio.ensure_future(ender.wait())
+                    await asyncio.wait({read, end}, return_when=asyncio.FIRST_COMPLETED)
+                    end.cancel()
+                    if not read.done():
+                        read.cancel()
+                        break
+                    chunk = read.result()
+                    if not chunk:
+                        break
+                    await resp.write(chunk)
+            finally:
+                self._enders.discard(ender)
+            await resp.write_eof()
+            return resp
+
+    def throttle(self) -> None:
+        """From now on every watch request gets 429; the open watches end (cleanly, as at
+        their timeout), so every client has to open a new one."""
+        self.throttle_watches = True
+        for ender in self._enders:
+            ender.set()
+
+    async def close(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+        if self._session:
+            await self._session.close()

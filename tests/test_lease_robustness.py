@@ -1,0 +1,174 @@
+"""Leader election on the real API server when things go wrong: Lease errors are visible
+(log on change, ``/status``, ``/metrics``), and a leader whose connection freezes gives up
+at its renew deadline, before a standby can take over (never two leaders)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared_svc.service import Service
+from shared_svc.testenv import ControlPlane, free_port
+from tests.apiproxy import TcpProxy, kubeconfig_via
+from tests.kube import eventually
+from tests.svc import Kube, running, service_config
+from tests.test_controller_ops import http_get
+from tests.test_deploy_rbac import as_identity, install_identity, remove_cluster_objects
+
+pytestmark = pytest.mark.apiserver
+
+LEASE_LOGGER = "shared_svc.kube.lease"
+RESOURCES = ("clusterpolicies", "gpuclusters", "services", "daemonsets", "pods", "servicemonitors")
+
+
+def sample(service: Service, metric: str, **labels: str) -> float | None:
+    return service.metrics.registry.get_sample_value(metric, labels)
+
+
+def lease_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == LEASE_LOGGER
+        and r.levelno == logging.WARNING
+        and r.getMessage() == "lease request failed"
+    ]
+
+
+async def status_of(service: Service) -> dict[str, Any]:
+    code, text = await http_get(service.port or 0, "/status")
+    assert code == 200, text
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+async def _errors_at_least(service: Service, n: int) -> bool:
+    return (sample(service, "shared_svc_lease_errors_total") or 0) >= n
+
+
+async def test_missing_lease_rbac_is_logged_once_shown_and_counted(
+    control_plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chart's RBAC rendered without the Lease rules: everything else works (caches
+    synced, ready), the Lease answers 403 on every attempt."""
+    ident = install_identity(control_plane, tmp_path, "leaderElection.enabled=false", "replicas=1")
+    try:
+        await (await as_identity(control_plane, ident)).close()
+        config = service_config(
+            control_plane,
+            ident.namespace,
+            kubeconfig=str(ident.kubeconfig),
+            pod_name="no-lease-rbac",
+            leader_election=True,
+            retry_period_seconds=0.2,
+        )
+        with caplog.at_level(logging.INFO, logger=LEASE_LOGGER):
+            async with running(config) as svc:
+
+                async def ready() -> bool:
+                    return svc.ready()
+
+                await eventually(ready, timeout=30)
+                # Kept current by the caches themselves: nobody has asked for /status yet.
+                assert {
+                    r: sample(svc, "shared_svc_cache_synced", resource=r) for r in RESOURCES
+                } == {r: 1.0 for r in RESOURCES}
+                await eventually(lambda: _errors_at_least(svc, 5), timeout=30)
+                status = await status_of(svc)
+                assert status["leader"] is False
+                assert status["leaseError"].startswith("403 Forbidden"), status["leaseError"]
+                assert "leases" in status["leaseError"]
+                _, metrics = await http_get(svc.port or 0, "/metrics")
+                assert "shared_svc_lease_errors_total" in metrics
+        warned = lease_warnings(caplog)
+        assert len(warned) == 1, [r.__dict__.get("error") for r in warned]
+        assert "403" in warned[0].__dict__["error"]
+    finally:
+        remove_cluster_objects(control_plane, ident)
+
+
+async def test_unreachable_api_server_is_a_lease_error(
+    control_plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kubeconfig pointing at a closed port: the Lease error says so, once in the log,
+    in /status and in the counter; the caches report unsynced without /status being asked."""
+    closed = kubeconfig_via(control_plane, f"https://127.0.0.1:{free_port()}", tmp_path / "kc")
+    config = service_config(
+        control_plane,
+        "default",
+        kubeconfig=str(closed),
+        pod_name="unreachable",
+        leader_election=True,
+        retry_period_seconds=0.2,
+    )
+    with caplog.at_level(logging.INFO, logger=LEASE_LOGGER):
+        async with running(config) as svc:
+            await eventually(lambda: _errors_at_least(svc, 5), timeout=30)
+            assert sample(svc, "shared_svc_cache_synced", resource="services") == 0.0
+            status = await status_of(svc)
+            assert status["leader"] is False and status["leaseHolder"] is None
+            assert "Cannot connect" in status["leaseError"], status["leaseError"]
+    warned = lease_warnings(caplog)
+    assert len(warned) == 1, [r.__dict__.get("error") for r in warned]
+
+
+async def test_a_frozen_leader_gives_up_before_the_standby_takes_over(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """The leader talks to the API server through a TCP proxy that stops forwarding (its
+    requests hang, nothing fails): it must give up at its renew deadline, not when a
+    request finally times out, so the standby never leads alongside it."""
+    timing = {
+        "leader_election": True,
+        "lease_duration_seconds": 6.0,
+        "renew_deadline_seconds": 3.0,
+        "retry_period_seconds": 0.5,
+    }
+    proxy = await TcpProxy.start(control_plane)
+    frozen_cfg = service_config(
+        control_plane,
+        kube.ns,
+        pod_name="frozen",
+        kubeconfig=str(kubeconfig_via(control_plane, proxy.url, tmp_path / "frozen")),
+        **timing,
+    )
+    try:
+        async with running(frozen_cfg) as a:
+
+            async def a_leads() -> bool:
+                return a.is_leader()
+
+            await eventually(a_leads, timeout=15)
+            async with running(
+                service_config(control_plane, kube.ns, pod_name="standby", **timing)
+            ) as b:
+                await eventually(lambda: _ready(b), timeout=30)
+                assert not b.is_leader()
+                proxy.freeze()
+                both = 0
+
+                async def b_took_over() -> bool:
+                    nonlocal both
+                    if a.is_leader() and b.is_leader():
+                        both += 1
+                    return b.is_leader()
+
+                await eventually(b_took_over, timeout=30, interval=0.05)
+                assert not a.is_leader(), "the frozen replica still claims leadership"
+                assert both == 0, f"two leaders in {both} samples"
+                assert sample(a, "leader_election_master_status", name="shared-svc") == 0.0
+                assert a.elector is not None and a.elector.last_error is not None
+                assert "TimeoutError" in a.elector.last_error
+                assert (sample(a, "shared_svc_lease_errors_total") or 0) >= 1
+                proxy.thaw()  # let the frozen replica's caches stop cleanly
+    finally:
+        proxy.thaw()
+        await proxy.close()
+
+
+async def _ready(service: Service) -> bool:
+    return service.ready()
