@@ -106,6 +106,7 @@ class Service:
             "leader": self.is_leader(),
             "leaderElection": self.config.leader_election,
             "leaseHolder": self.elector.holder if self.elector else self.config.pod_name,
+            "leaseError": self.elector.last_error if self.elector else None,
             "dryRun": self.config.dry_run,
             "namespace": self.config.namespace,
             "selectorMode": self.config.selector_mode,
@@ -135,6 +136,7 @@ class Service:
                     renew_deadline=cfg.renew_deadline_seconds,
                     retry_period=cfg.retry_period_seconds,
                     on_change=lambda lead: self._on_leadership(lead),
+                    on_error=lambda _: self.metrics.lease_errors.inc(),
                 )
             else:
                 leader_gauge.set(1)
