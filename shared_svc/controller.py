@@ -25,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.rules import name_writers
-from shared_svc.aio import sleep_or_stop, wait_any
+from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.kube.cache import Informer, Resource
 from shared_svc.kube.events import EventRecorder
@@ -38,6 +38,9 @@ from shared_svc.reconcile.planner import plan as make_plan
 log = logging.getLogger(__name__)
 
 SERVICE_MONITOR_GV = "/apis/monitoring.coreos.com/v1"
+# The loop beats at least this often while it waits, backoff included (liveness: the loop
+# turns; whether reconciles succeed is /status and /metrics, not /livez).
+HEARTBEAT_SECONDS = 5.0
 
 
 def _utc() -> str:
@@ -93,6 +96,10 @@ class ServicesController:
         self._metrics = metrics
         self._is_leader = is_leader
         self._wake = asyncio.Event()
+        # Ends a backoff early: the caches re-synced (after an outage) or discovery changed.
+        self._retry_now = asyncio.Event()
+        self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
+        self._relists: dict[int, int] = {}  # id(informer) -> relists seen
         self._informers: dict[str, Informer] = {}
         self._sm_informer: Informer | None = None
         self._sm_task: asyncio.Task[None] | None = None
@@ -136,13 +143,29 @@ class ServicesController:
         }
 
     def _informer(self, resource: Resource) -> Informer:
-        return Informer(
+        informer = Informer(
             self._api,
             resource,
-            on_change=self.trigger,
+            on_change=lambda: self._cache_changed(informer),
             resync_seconds=self._config.resync_seconds,
             backoff_max_seconds=min(30.0, self._config.backoff_max_seconds),
         )
+        return informer
+
+    def _cache_changed(self, informer: Informer) -> None:
+        relists = informer.relists
+        if self._relists.get(id(informer)) != relists:
+            # A (re-)list, e.g. the watches back after an API-server outage: the failures
+            # before it say nothing about now, so retry at once instead of after the backoff.
+            self._relists[id(informer)] = relists
+            self._retry_now.set()
+            if (
+                informer is self._sm_informer
+                and not informer.served
+                and self.service_monitor_served
+            ):
+                self._rediscover.set()  # the ServiceMonitor CRD is gone: no need to wait
+        self.trigger()
 
     def trigger(self) -> None:
         self._wake.set()
@@ -209,8 +232,10 @@ class ServicesController:
             if served != self.service_monitor_served:
                 log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
                 self.service_monitor_served = served
+                self._retry_now.set()  # what failed before may work now
                 self.trigger()
-            await sleep_or_stop(stop, self._config.discovery_seconds)
+            await wait_any(self._rediscover, stop, self._config.discovery_seconds)
+            self._rediscover.clear()
         self._sm_stop.set()
         if self._sm_task:
             await asyncio.gather(self._sm_task, return_exceptions=True)
@@ -229,39 +254,49 @@ class ServicesController:
     async def _loop(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         next_resync = loop.time() + self._config.resync_seconds
-        delay: float | None = None  # backoff after a failure
+        retry_at: float | None = None  # after a failure: no reconcile before this
+        waiting_for_caches = False
         while not stop.is_set():
             self.heartbeat = time.monotonic()
-            timeout = max(0.0, min(next_resync - loop.time(), 5.0 if delay is None else delay))
+            if self._retry_now.is_set():
+                self._retry_now.clear()
+                self._failures = 0
+                if retry_at is not None:
+                    log.info("caches re-synced or discovery changed: retrying now")
+                    retry_at = loop.time()  # the backoff is over: reconcile at once
+            if retry_at is not None and loop.time() < retry_at:
+                # Backing off, beating all along; only a re-sync or discovery cuts it short.
+                wait = min(retry_at - loop.time(), HEARTBEAT_SECONDS)
+                await wait_any(self._retry_now, stop, wait)
+                continue
+            retry = retry_at is not None
+            retry_at = None
+            tick = 0.5 if waiting_for_caches else HEARTBEAT_SECONDS
+            timeout = 0.0 if retry else max(0.0, min(next_resync - loop.time(), tick))
             woke = await wait_any(self._wake, stop, timeout)
             if stop.is_set():
                 break
-            if not woke and loop.time() < next_resync and delay is None:
+            if not (woke or retry or waiting_for_caches) and loop.time() < next_resync:
                 continue  # heartbeat tick
-            if woke and self._config.coalesce_seconds and delay is None:
+            if woke and not retry and self._config.coalesce_seconds:
                 await asyncio.sleep(self._config.coalesce_seconds)  # let a burst finish
             self._wake.clear()
             self._metrics.workqueue_depth.labels(CONTROLLER).set(0)
             if loop.time() >= next_resync:
                 next_resync = loop.time() + self._config.resync_seconds
-            if not self.caches_synced():
-                # An informer that syncs (again) triggers; look again soon regardless.
+            waiting_for_caches = not self.caches_synced()
+            if waiting_for_caches:
+                # An informer that syncs (again) triggers; the short tick looks again anyway.
                 self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
-                delay = 0.5
-                self._wake.set()
                 continue
-            ok = await self.reconcile_once()
-            if ok:
+            if await self.reconcile_once():
                 self._failures = 0
-                delay = None
             else:
                 self._failures += 1
                 self._metrics.workqueue_retries.labels(CONTROLLER).inc()
                 base = self._config.backoff_base_seconds * 2 ** min(self._failures, 30)
                 delay = min(self._config.backoff_max_seconds, base) * (0.5 + random.random() / 2)
-                self._wake.set()  # retry when the backoff expires
-                await sleep_or_stop(stop, delay)
-                delay = None
+                retry_at = loop.time() + delay
 
     def snapshot(self) -> World:
         i = self._informers
@@ -384,25 +419,32 @@ class ServicesController:
                 continue
             if not self._is_leader():
                 raise RuntimeError("lost leadership during reconcile")
-            if action.action == "delete":
-                await self._writer.delete(
-                    action.kind, ns, action.name, dict(action.preconditions or {})
-                )
-                self._metrics.writes.labels("delete", action.kind).inc()
-                writes += 1
-                self._applied.pop(key, None)
-            else:
-                if action.json_patch:
-                    await self._writer.json_patch(
-                        action.kind, ns, action.name, list(action.json_patch)
+            try:
+                if action.action == "delete":
+                    await self._writer.delete(
+                        action.kind, ns, action.name, dict(action.preconditions or {})
                     )
-                    self._metrics.writes.labels("patch", action.kind).inc()
+                    self._metrics.writes.labels("delete", action.kind).inc()
                     writes += 1
-                if action.apply is not None:
-                    await self._writer.apply(action.apply)
-                    self._metrics.writes.labels("apply", action.kind).inc()
-                    writes += 1
-                    self._applied[key] = action.apply
+                    self._applied.pop(key, None)
+                else:
+                    if action.json_patch:
+                        await self._writer.json_patch(
+                            action.kind, ns, action.name, list(action.json_patch)
+                        )
+                        self._metrics.writes.labels("patch", action.kind).inc()
+                        writes += 1
+                    if action.apply is not None:
+                        await self._writer.apply(action.apply)
+                        self._metrics.writes.labels("apply", action.kind).inc()
+                        writes += 1
+                        self._applied[key] = action.apply
+            except ApiException as exc:
+                if exc.status == 404 and action.kind == "ServiceMonitor":
+                    # "404 page not found": the ServiceMonitor API may be gone. Look now,
+                    # not at the next discovery pass.
+                    self._rediscover.set()
+                raise
             log.info(
                 "wrote",
                 extra={

@@ -534,7 +534,9 @@ def test_a_file_that_is_not_a_kubeconfig_is_one_line_exit_2(tmp_path: Any) -> No
         timeout=60,
     )
     assert proc.returncode == 2
+    # One line after the start-up log line (version and configuration, JSON).
+    starting, error = proc.stderr.splitlines()
+    assert json.loads(starting)["msg"] == "starting"
     assert (
-        proc.stderr
-        == f"shared-svc: error: kubeconfig {bad} is not a kubeconfig (it names no clusters)\n"
+        error == f"shared-svc: error: kubeconfig {bad} is not a kubeconfig (it names no clusters)"
     )

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import re
 import signal
 import sys
 from typing import Any
 
 from pydantic import ValidationError
 
+from shared_svc import __version__
 from shared_svc.config import Config
 from shared_svc.errors import UsageError
+
+log = logging.getLogger("shared_svc")
+
+# Settings never logged as they are (none holds a credential today; the kubeconfig is a path).
+_SECRET = re.compile(r"token|password|secret|credential", re.IGNORECASE)
 
 
 def _bool(value: str) -> bool:
@@ -71,12 +79,21 @@ def load_config(args: argparse.Namespace) -> Config:
         raise UsageError(f"invalid configuration: {problems}") from exc
 
 
+def effective_config(config: Config) -> dict[str, Any]:
+    """Every setting as the service uses it (after environment and flags), secrets hidden."""
+    return {
+        k: "<redacted>" if _SECRET.search(k) and v is not None else v
+        for k, v in config.model_dump(mode="json").items()
+    }
+
+
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args)
     from shared_svc import logs
     from shared_svc.service import Service
 
     logs.configure(config.log_level)
+    log.info("starting", extra={"version": __version__, "config": effective_config(config)})
 
     async def main() -> None:
         stop = asyncio.Event()

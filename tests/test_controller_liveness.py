@@ -1,0 +1,56 @@
+"""Liveness means "the loop is not wedged", not "reconciles succeed" (issue 10, item 2).
+
+A persistent write error (here an admission policy refusing every Service write) keeps
+reconciles failing and backing off; /livez must stay 200 all along, with a stall
+threshold far below the backoff. /livez still fails when the loop really stops beating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from shared_svc import controller as controller_module
+from shared_svc import service as service_module
+from shared_svc.testenv import ControlPlane
+from tests.kube import eventually
+from tests.refusals import ServiceWritesRefused
+from tests.svc import Kube, cp_body, running, service_config
+from tests.test_controller_ops import http_get
+
+pytestmark = pytest.mark.apiserver
+
+STALL = 1.5
+
+
+async def test_livez_stays_ok_while_writes_keep_failing(
+    control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "STALL_SECONDS", STALL)
+    monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 0.25)
+    await kube.create_cr(cp_body())
+    # Every retry waits 3-6 s, then 6-12 s, ...: each backoff is longer than the stall.
+    config = service_config(
+        control_plane, kube.ns, backoff_base_seconds=1.5, backoff_max_seconds=300.0
+    )
+    async with ServiceWritesRefused(kube.api, kube.ns), running(config) as svc:
+        ctrl = svc.controller
+        assert ctrl is not None
+
+        async def failing() -> bool:
+            return ctrl._failures >= 1
+
+        await eventually(failing, timeout=30)
+        assert "refused by a test policy" in (svc.status()["lastReconcile"]["error"] or "")
+        answers = []
+        deadline = time.monotonic() + 3 * STALL
+        while time.monotonic() < deadline:
+            answers.append((await http_get(svc.port or 0, "/livez"))[0])
+            await asyncio.sleep(0.1)
+        assert set(answers) == {200}, answers
+        assert ctrl._failures >= 1 and svc.status()["lastReconcile"]["result"] == "error"
+        # A loop that really stops beating is reported.
+        ctrl.heartbeat = time.monotonic() - 2 * STALL
+        assert svc.alive() is False
