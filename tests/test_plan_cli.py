@@ -185,3 +185,25 @@ def test_output_is_deterministic_whatever_the_document_order(
     forward = write(tmp_path, "f.yaml", yaml.safe_dump_all(docs))
     backward = write(tmp_path, "b.yaml", yaml.safe_dump_all(list(reversed(docs))))
     assert run(capsys, "-f", forward)[1] == run(capsys, "-f", backward)[1]
+
+
+def test_json_is_read_as_json_and_a_flow_mapping_as_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Tab-indented JSON (jq --tab) is no YAML: it is read with the JSON parser.
+    tabs = write(tmp_path, "tabs.json", json.dumps(CP, indent="\t"))
+    flow = write(tmp_path, "flow.yaml", "{kind: ClusterPolicy, metadata: {name: cluster-policy}}\n")
+    for path in (tabs, flow):
+        code, out, err = run(capsys, "-f", path, "-o", "json")
+        assert (code, err) == (0, "")
+        assert len(json.loads(out)["objects"]) == 2
+
+
+def test_stdin_is_read_up_to_the_size_limit_only(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shared_svc.commands.plan.MAX_BYTES", 100)
+    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(CP) + "#" * 200))
+    code, out, err = run(capsys, "-f", "-")
+    assert (code, out) == (2, "")
+    assert err == "shared-svc: error: -: larger than 100 bytes\n"

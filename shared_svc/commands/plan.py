@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from shared_svc.errors import UsageError
+from shared_svc.manifests import MAX_BYTES, InputError, load_documents, size_text
 from shared_svc.reconcile.model import K8sObject, Plan, Settings, World
 from shared_svc.reconcile.planner import plan
 
@@ -123,23 +124,27 @@ def load_world(files: list[str], namespace: str) -> World:
 
 
 def _read(name: str) -> str:
-    if name == "-":
-        return sys.stdin.read()
+    """The text of a file or stdin, at most MAX_BYTES (read no further)."""
     try:
-        return Path(name).read_text(encoding="utf-8")
+        if name == "-":
+            text = sys.stdin.read(MAX_BYTES + 1)
+        else:
+            with Path(name).open("rb") as handle:
+                text = handle.read(MAX_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UsageError(f"cannot read {name}: {reason}") from exc
+    if len(text) > MAX_BYTES:
+        raise UsageError(f"{name}: larger than {size_text(MAX_BYTES)}")
+    return text
 
 
 def _objects(name: str, text: str) -> Iterator[K8sObject]:
+    # Bounded parsing and the well-formed gate: the planner sees JSON values only.
     try:
-        documents = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise UsageError(f"{name}: invalid YAML{at}: {problem}") from exc
+        documents = load_documents(text)
+    except InputError as exc:
+        raise UsageError(f"{name}: {exc}") from None
     for number, document in enumerate(documents, start=1):
         if document is None:
             continue

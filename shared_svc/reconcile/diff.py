@@ -73,7 +73,11 @@ def _service_spec_changes(want: dict[str, Any], live: dict[str, Any]) -> list[st
     for port in live_ports if isinstance(live_ports, list) else []:
         if isinstance(port, dict):
             normal = _normal_port(port)
-            by_key.setdefault((normal["port"], normal["protocol"]), normal)
+            key = (normal["port"], normal["protocol"])
+            # A port that is no int or a protocol that is no string (a list, a map) is
+            # never one of ours: it cannot key the map, and our apply replaces it.
+            if isinstance(key[0], int) and not isinstance(key[0], bool) and isinstance(key[1], str):
+                by_key.setdefault(key, normal)
     if any(by_key.get((p["port"], p["protocol"])) != p for p in want["ports"]):
         changed.append("spec.ports")
     # A field we leave unset is the API server's or another manager's: not compared here
