@@ -44,7 +44,21 @@ OPERATOR_SHAPE: dict[str, dict[str, Any]] = {
         "port": {"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"},
         "itp": "Cluster",
     },
+    # GPUCluster's (facts 1.1): the state label its clean-up deletes by
+    "nvidia-dcgm-dra": {
+        "annotations": None,
+        "port": {"name": "dcgm", "port": 5555, "targetPort": 5555, "protocol": "TCP"},
+        "itp": "Local",
+        "state": "state-dcgm",
+    },
+    "nvidia-dcgm-exporter-dra": {
+        "annotations": {"prometheus.io/scrape": "true"},
+        "port": {"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"},
+        "itp": "Cluster",
+        "state": "state-dcgm-exporter",
+    },
 }
+STATE_LABEL = "nvidia.com/gpu-operator.state"
 
 
 @dataclass(frozen=True)
@@ -182,10 +196,9 @@ class SimulatedOperator:
     def username(self) -> str:
         return operator_username(self.ns, "gpu-operator")
 
-    def body(self, name: str, live: dict[str, Any]) -> dict[str, Any]:
-        shape = OPERATOR_SHAPE[name]
+    def metadata(self, name: str, live: dict[str, Any]) -> dict[str, Any]:
         meta = self.owner["metadata"]
-        metadata: dict[str, Any] = {
+        return {
             "name": name,
             "namespace": self.ns,
             "resourceVersion": live["metadata"]["resourceVersion"],
@@ -201,6 +214,12 @@ class SimulatedOperator:
                 }
             ],
         }
+
+    def body(self, name: str, live: dict[str, Any]) -> dict[str, Any]:
+        shape = OPERATOR_SHAPE[name]
+        metadata = self.metadata(name, live)
+        if "state" in shape:
+            metadata["labels"][STATE_LABEL] = shape["state"]
         if shape["annotations"]:
             metadata["annotations"] = shape["annotations"]
         return {
@@ -228,6 +247,27 @@ class SimulatedOperator:
         )
         result: dict[str, Any] = self.api.sanitize_for_serialization(out)
         return result
+
+    async def put_monitor(self, name: str = "nvidia-dcgm-exporter") -> dict[str, Any]:
+        """ClusterPolicy's ServiceMonitor step (facts 4): a whole-object update."""
+        custom = client.CustomObjectsApi(self.api)
+        args = ("monitoring.coreos.com", "v1", self.ns, "servicemonitors", name)
+        live = await custom.get_namespaced_custom_object(*args)
+        body = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": self.metadata(name, live),
+            "spec": {
+                "jobLabel": "app",
+                "namespaceSelector": {"matchNames": [self.ns]},
+                "selector": {"matchLabels": {"app": name}},
+                "endpoints": [{"port": "gpu-metrics", "path": "/metrics"}],
+            },
+        }
+        out: dict[str, Any] = await custom.replace_namespaced_custom_object(
+            *args, body, field_manager=self.FIELD_MANAGER
+        )
+        return out
 
     async def delete(self, name: str, *, dry_run: bool = False) -> int:
         kwargs = {"dry_run": "All"} if dry_run else {}

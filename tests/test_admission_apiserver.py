@@ -324,3 +324,37 @@ async def test_without_a_guard_the_fight_is_reported_once_per_service_naming_gpu
         status = svc.status()
         assert status["admissionGuard"]["mode"] == "none"
         assert {c["object"] for c in status["contested"]} == {f"Service/{n}" for n in NAMES}
+
+
+async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """GPUCluster's PUTs carry the state label its clean-up deletes by: the guard keeps it
+    off. ClusterPolicy's ServiceMonitor PUT changes nothing either."""
+    monitor = {"enabled": True, "serviceMonitor": {"enabled": True, "interval": "30s"}}
+    gc = await kube.create_cr(gc_body(dcgmExporter=monitor))
+    cp = await kube.create_cr(cp_body(dcgmExporter=monitor))
+    async with (
+        running(service_config(control_plane, kube.ns)) as svc,
+        operator(control_plane, kube, tmp_path, gc) as gc_writer,
+        guard(control_plane, guard_docs(kube.ns, *policy_sets())),
+    ):
+        cp_writer = SimulatedOperator(gc_writer.api, kube.ns, cp)
+        await settle(svc)
+        await guard_effective(gc_writer, "nvidia-dcgm-dra")
+        dra = ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra")
+        before = {n: shape(await kube.service(n) or {}) for n in dra}
+        sm_before = await kube.service_monitor("nvidia-dcgm-exporter")
+        assert sm_before is not None
+        ours = writes(svc)
+        for name in dra:
+            answered = await gc_writer.put(name)
+            assert "nvidia.com/gpu-operator.state" not in answered["metadata"]["labels"]
+        sm = await cp_writer.put_monitor()
+        assert sm["metadata"]["resourceVersion"] == sm_before["metadata"]["resourceVersion"]
+        assert sm["metadata"]["labels"] == sm_before["metadata"]["labels"]
+        assert sm["spec"] == sm_before["spec"]
+        await settle(svc)
+        assert {n: shape(await kube.service(n) or {}) for n in dra} == before
+        assert writes(svc) == ours
+        assert await conflicting_writers(kube) == []
