@@ -5,6 +5,8 @@ how the guard mode is told."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -115,3 +117,47 @@ def test_guard_mode() -> None:
     assert guard_mode({"policy": [], "webhook": [], "delete": ["d"]}) == "none"
     assert guard_mode({"policy": None, "webhook": [], "delete": []}) == "unknown"
     assert guard_mode({"policy": None, "webhook": ["w"], "delete": []}) == "webhook"
+
+
+async def test_webhook_certificate_is_reloaded_when_rotated(tmp_path: Path) -> None:
+    import shutil
+    import ssl
+
+    from aiohttp import web
+
+    from shared_svc.admission.server import CertReloader
+    from tests.admission import make_tls
+
+    first, second = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(first.cert_file, cert)
+    shutil.copy(first.key_file, key)
+    certs = CertReloader(str(cert), str(key))
+    app = make_webhook_app(namespace=NS, operator_users=[OPERATOR], needed_by=lambda: None)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certs.context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def handshake(tls: Any) -> bool:
+        trust = ssl.create_default_context(cadata=base64.b64decode(tls.ca_bundle).decode())
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=trust)
+        except ssl.SSLError:
+            return False
+        writer.close()
+        return True
+
+    try:
+        assert await handshake(first) and not await handshake(second)
+        assert certs.reload_if_changed() is False  # nothing changed
+        key.write_text("not a key")  # a rotation caught half-way: keep the old pair
+        assert certs.reload_if_changed() is False and certs.last_error
+        assert await handshake(first)
+        shutil.copy(second.cert_file, cert)
+        shutil.copy(second.key_file, key)
+        assert certs.reload_if_changed() is True and certs.reloads == 1
+        assert await handshake(second) and not await handshake(first)
+    finally:
+        await runner.cleanup()

@@ -178,6 +178,7 @@ class AdmissionGuard:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.webhook_port: int | None = None
+        self.certs: Any = None  # server.CertReloader while the webhook serves
         self.monitor = GuardMonitor(
             api,
             namespace=config.namespace,
@@ -205,9 +206,9 @@ class AdmissionGuard:
         if cfg.webhook_cert_file and cfg.webhook_key_file:
             from aiohttp import web
 
-            from shared_svc.admission.server import make_webhook_app, tls_context
+            from shared_svc.admission.server import CertReloader, make_webhook_app
 
-            context = tls_context(cfg.webhook_cert_file, cfg.webhook_key_file)
+            self.certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
             app = make_webhook_app(
                 namespace=cfg.namespace,
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
@@ -216,13 +217,21 @@ class AdmissionGuard:
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             site = web.TCPSite(
-                self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=context
+                self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=self.certs.context
             )
             await site.start()
             sockets = getattr(site._server, "sockets", None) or []
             self.webhook_port = sockets[0].getsockname()[1] if sockets else cfg.webhook_port
             log.info("serving the admission webhook", extra={"port": self.webhook_port})
-        self._task = asyncio.ensure_future(self.monitor.run(self._stop))
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        monitor = asyncio.ensure_future(self.monitor.run(self._stop))
+        while not self._stop.is_set():
+            if self.certs is not None:
+                self.certs.reload_if_changed()
+            await sleep_or_stop(self._stop, self._config.discovery_seconds)
+        await monitor
 
     async def stop(self) -> None:
         self._stop.set()
@@ -234,4 +243,7 @@ class AdmissionGuard:
         self.webhook_port = None
 
     def status(self) -> dict[str, Any]:
-        return self.monitor.status()
+        out = self.monitor.status()
+        if self.certs is not None:
+            out["certificate"] = {"reloads": self.certs.reloads, "lastError": self.certs.last_error}
+        return out

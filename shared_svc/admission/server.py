@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -70,3 +71,39 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
             f"webhook certificate {cert_file} / key {key_file} cannot be used: {exc}"
         ) from exc
     return context
+
+
+class CertReloader:
+    """The server's TLS context, reloaded when the certificate or key file changes
+    (cert-manager or the chart rotates the Secret; kubelet swaps the mounted files).
+    New connections get the new pair; a pair that does not load keeps the old one."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self.context = tls_context(cert_file, key_file)
+        self._stamp = self._mtimes()
+        self.reloads = 0
+        self.last_error: str | None = None
+
+    def _mtimes(self) -> tuple[int, int] | None:
+        try:
+            return (os.stat(self.cert_file).st_mtime_ns, os.stat(self.key_file).st_mtime_ns)
+        except OSError:
+            return None
+
+    def reload_if_changed(self) -> bool:
+        stamp = self._mtimes()
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            # half-written rotation: keep serving the old pair, try again next time
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+            log.warning("webhook certificate not reloaded", extra={"error": self.last_error})
+            return False
+        self._stamp = stamp
+        self.reloads += 1
+        self.last_error = None
+        log.info("webhook certificate reloaded", extra={"certFile": self.cert_file})
+        return True
