@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv lint typecheck unit proptest-long bench
+.PHONY: demo test venv testenv testenv-gpu-operator lint typecheck unit proptest-long bench
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 testenv:
 	bash testenv/build.sh >/dev/null
 
+# The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
+testenv-gpu-operator:
+	nice -n 10 bash testenv/gpu-operator/build.sh >/dev/null
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -23,7 +27,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv lint typecheck
+test: venv testenv testenv-gpu-operator lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 
 demo: venv testenv

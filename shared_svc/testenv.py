@@ -537,6 +537,9 @@ def start(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=RBAC",
         "--disable-admission-plugins=ServiceAccount",
+        # As in kubeadm clusters: gpu-operator's DaemonSets run privileged containers
+        # (without it, its validator DaemonSet is refused and it never reaches state-dcgm).
+        "--allow-privileged=true",
         f"--token-auth-file={workdir / 'tokens.csv'}",
         "--event-ttl=1h",
         "--v=1",

@@ -9,6 +9,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc import testenv
+from shared_svc import testenv_gpu_operator as gpu_env
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube
 
@@ -25,6 +26,42 @@ def control_plane() -> Iterator[testenv.ControlPlane]:
         pytest.fail(f"test control plane did not start: {exc}", pytrace=False)
     try:
         yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_operator_nodes() -> tuple[str, ...]:
+    """The GPU nodes the ``gpu_operator`` fixture creates; a test module overrides this
+    fixture to have others (more nodes: :func:`gpu_env.add_gpu_node` later works too)."""
+    return ("gpu-node-0",)
+
+
+@pytest.fixture(scope="module")
+def gpu_operator(
+    gpu_operator_nodes: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[gpu_env.GpuOperator]:
+    """The real gpu-operator on a control plane of the test module's own (its CRDs, not
+    the project's; see shared_svc/testenv_gpu_operator.py), with GPU nodes and no
+    ClusterPolicy yet. ``.control_plane`` is that control plane; its workdir (kept after
+    the session, under pytest's basetemp) holds ``gpu-operator.log``. Stopped, with the
+    control plane, at the end of the module even when tests fail."""
+    workdir = tmp_path_factory.mktemp("gpu-operator")
+    try:
+        cp = gpu_env.start_control_plane(workdir)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"control plane for gpu-operator did not start: {exc}", pytrace=False)
+    try:
+        for node in gpu_operator_nodes:
+            gpu_env.add_gpu_node(cp, node)
+        try:
+            op = gpu_env.start(cp)
+        except testenv.ControlPlaneError as exc:
+            pytest.fail(f"gpu-operator did not start: {exc}", pytrace=False)
+        try:
+            yield op
+        finally:
+            op.stop()
     finally:
         cp.stop()
 
