@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import signal
 import subprocess
@@ -119,10 +120,11 @@ class GpuOperatorError(ControlPlaneError):
     """gpu-operator could not be built or started; the message says why."""
 
 
+@functools.cache
 def build() -> Path:
-    """Runs the cached build (``nice -n 10``: it is heavy); returns the directory holding
-    ``gpu-operator``, ``opt/gpu-operator/`` (its states), ``crds/`` and ``rbac/``.
-    ``SHARED_SVC_GPU_OPERATOR_DIR`` names such a directory instead."""
+    """Runs the cached build (``nice -n 10``: it is heavy) once per process; returns the
+    directory holding ``gpu-operator``, ``opt/gpu-operator/`` (its states), ``crds/`` and
+    ``rbac/``. ``SHARED_SVC_GPU_OPERATOR_DIR`` names such a directory instead."""
     override = os.environ.get("SHARED_SVC_GPU_OPERATOR_DIR")
     if override:
         return Path(override)
