@@ -22,7 +22,7 @@ from tests.test_controller_ops import http_get
 
 pytestmark = pytest.mark.apiserver
 
-STALL = 1.5
+STALL = 3.0
 
 
 async def test_livez_stays_ok_while_writes_keep_failing(
@@ -31,9 +31,9 @@ async def test_livez_stays_ok_while_writes_keep_failing(
     monkeypatch.setattr(service_module, "STALL_SECONDS", STALL)
     monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 0.25)
     await kube.create_cr(cp_body())
-    # Every retry waits 3-6 s, then 6-12 s, ...: each backoff is longer than the stall.
+    # Every retry waits 4-8 s, then 8-16 s, ...: each backoff is longer than the stall.
     config = service_config(
-        control_plane, kube.ns, backoff_base_seconds=1.5, backoff_max_seconds=300.0
+        control_plane, kube.ns, backoff_base_seconds=4.0, backoff_max_seconds=300.0
     )
     async with ServiceWritesRefused(kube.api, kube.ns), running(config) as svc:
         ctrl = svc.controller
