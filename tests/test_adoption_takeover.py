@@ -174,3 +174,13 @@ def test_a_managed_object_is_never_taken_over_again() -> None:
     result = plan(world(CP, svc, *[s for s in settled_world.services if s is not svc]), Settings())
     action = action_of(result, "Service", "nvidia-dcgm-exporter")
     assert action.action == "unchanged"
+
+
+def test_odd_trees_are_left_alone_not_lost_and_never_raise() -> None:
+    live = adopted_service()
+    odd = {"f:metadata": "x", "f:spec": {"f:type": 5, "f:ports": [1], "f:selector": {}}}
+    live["metadata"]["managedFields"] = [entry("gpu-operator", "Update", odd)]
+    new = take_over(live, SERVICE_PATHS)
+    assert new is not None
+    assert new[0]["fieldsV1"] == {"f:metadata": "x", "f:spec": {"f:type": 5, "f:ports": [1]}}
+    assert new[1]["fieldsV1"] == {"f:spec": {"f:selector": {}}}

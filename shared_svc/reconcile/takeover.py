@@ -59,8 +59,8 @@ def _pop(tree: dict[str, Any], path: FieldPath) -> Any:
             return None  # absent, or owned whole above this level: not ours to split
         parents.append(node)
         node = child
-    if not isinstance(node, dict) or path[-1] not in node:
-        return None
+    if not isinstance(node.get(path[-1]), dict):
+        return None  # absent, or not a set of fields (never from an API server): left alone
     taken = node.pop(path[-1])
     # An empty set under a field would mean "owns the field itself": drop emptied parents.
     for parent, key in zip(reversed(parents), reversed(path[:-1]), strict=True):
@@ -72,6 +72,8 @@ def _pop(tree: dict[str, Any], path: FieldPath) -> Any:
 
 def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Both sets of fields. An empty tree owns the field itself, which is "." beside children."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return copy.deepcopy(b if isinstance(b, dict) else a)  # not a set of fields: kept as is
     if not a or not b:
         rest = a or b
         return {".": {}, **copy.deepcopy(rest)} if rest else {}
