@@ -3,7 +3,9 @@
 Level-triggered: an event only says "look again"; every reconcile reads the whole
 namespace from the caches. Events coalesce into one pending reconcile (a flag, not a
 queue), and reconciles never overlap. A failed reconcile is retried with exponential
-backoff; every write also passes the writer's token bucket. Only the leader writes;
+backoff, cut short when a cache re-lists (the watches are back after an outage) or
+discovery changes; the loop beats its heartbeat all along (liveness = the loop turns).
+Every write also passes the writer's token bucket. Only the leader writes;
 a standby keeps its caches warm and plans, so it can take over at once.
 """
 
