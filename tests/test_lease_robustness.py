@@ -4,17 +4,21 @@ at its renew deadline, before a standby can take over (never two leaders)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared_svc import testenv
 from shared_svc.service import Service
 from shared_svc.testenv import ControlPlane, free_port
 from tests.apiproxy import TcpProxy, kubeconfig_via
-from tests.kube import eventually
+from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, running, service_config
 from tests.test_controller_ops import http_get
 from tests.test_deploy_rbac import as_identity, install_identity, remove_cluster_objects
@@ -172,3 +176,45 @@ async def test_a_frozen_leader_gives_up_before_the_standby_takes_over(
 
 async def _ready(service: Service) -> bool:
     return service.ready()
+
+
+async def test_a_leader_gives_up_while_etcd_does_not_answer() -> None:
+    """Own control plane: etcd is paused (SIGSTOP) for a while, so every Lease request hangs
+    in the API server. The leader must give up at its renew deadline, and lead again once
+    etcd is back."""
+    loop = asyncio.get_running_loop()
+    cp = await loop.run_in_executor(None, testenv.start)
+    try:
+        admin = await api_client(cp)
+        ns = await make_namespace(admin, "etcd-paused")
+        await admin.close()
+        config = service_config(
+            cp,
+            ns,
+            pod_name="etcd-paused",
+            leader_election=True,
+            lease_duration_seconds=6.0,
+            renew_deadline_seconds=3.0,
+            retry_period_seconds=0.5,
+        )
+        async with running(config) as svc:
+
+            async def leads() -> bool:
+                return svc.is_leader()
+
+            async def follows() -> bool:
+                return not svc.is_leader()
+
+            await eventually(leads, timeout=15)
+            etcd = cp.processes["etcd"]
+            os.killpg(etcd.pid, signal.SIGSTOP)
+            try:
+                await eventually(follows, timeout=20, interval=0.05)
+                assert svc.elector is not None and svc.elector.last_error is not None
+                assert "TimeoutError" in svc.elector.last_error
+            finally:
+                os.killpg(etcd.pid, signal.SIGCONT)
+            await eventually(leads, timeout=60)
+            assert svc.elector.last_error is None
+    finally:
+        cp.stop()

@@ -6,6 +6,20 @@ connection errors it reconnects with capped exponential backoff; every
 ``resync_seconds`` it re-lists anyway. ``synced`` is set only after a complete list,
 and cleared while a re-list is needed, so a reconcile never runs on partial data.
 
+Three troubles do not clear ``synced``:
+
+- ``429 Too Many Requests`` means "slow down": the cache waits ``Retry-After`` and
+  resumes its watch from the resourceVersion it has (nothing is missed).
+- A watch that brings nothing, not even the bookmark the API server sends about once a
+  minute, for ``idle_timeout_seconds`` is dead (a half-open connection, a server that
+  stopped delivering): it is closed and the cache re-lists.
+- An object nested deeper than :data:`MAX_DEPTH` (an unknown field a CRD preserves) is
+  kept with the too-deep subtrees replaced by :data:`PRUNED`, so its known fields still
+  count; dropping a ClusterPolicy would read as "deleted".
+
+``on_synced`` is called whenever ``synced`` changes (the ``shared_svc_cache_synced``
+gauge).
+
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
 restarted API server can answer 404 for custom resources before it has loaded their
