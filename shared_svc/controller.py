@@ -31,9 +31,10 @@ from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.kube.cache import Informer, Resource
 from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.writer import FIELD_MANAGER, Writer, raw_request
+from shared_svc.kube.writer import FIELD_MANAGER, Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
+from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.model import Action, ObjectRef, Plan, Report, World
 from shared_svc.reconcile.planner import plan as make_plan
 
@@ -119,6 +120,7 @@ class ServicesController:
         self._corrections: dict[tuple[str, str, str], deque[float]] = {}
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
         self._failures = 0
+        self._namespace_reported = False  # OperatorNamespaceMissing sent in this episode
         self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
 
     # --- caches ---
@@ -320,8 +322,8 @@ class ServicesController:
         started = time.monotonic()
         self.reconciling = True
         result, error, writes = "success", None, 0
+        world = self.snapshot()
         try:
-            world = self.snapshot()
             plan = make_plan(
                 world,
                 self._config.core_settings(service_monitor_served=self.service_monitor_served),
@@ -346,11 +348,14 @@ class ServicesController:
             else:
                 writes = await self._execute(plan, world)
                 await self._emit_occurrences(plan)
+            self._namespace_reported = False
             return True
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
             self._metrics.reconcile_errors.labels(CONTROLLER).inc()
             log.warning("reconcile failed", extra={"error": error})
+            if namespace_gone(exc):
+                await self._report_namespace_missing(world)
             return False
         finally:
             duration = time.monotonic() - started
@@ -379,6 +384,14 @@ class ServicesController:
                     },
                 )
             reconcile_id.reset(token)
+
+    async def _report_namespace_missing(self, world: World) -> None:
+        """Once per episode (until a reconcile succeeds again): the retries stay in the logs."""
+        if self._namespace_reported:
+            return
+        for report in namespace_missing_reports(world, self._config.namespace):
+            await self._emit(report)
+        self._namespace_reported = True
 
     def _record_plan_metrics(self, plan: Plan) -> None:
         m = self._metrics
@@ -555,6 +568,7 @@ class ServicesController:
                     "name": s.name,
                     "neededBy": list(s.needed_by),
                     "selector": s.selector,
+                    "heldBack": s.held_back,
                     "gates": [
                         {"stack": g.stack, "open": g.open, "failing": list(g.failing)}
                         for g in s.gates

@@ -302,3 +302,33 @@ async def test_a_cr_recreated_at_once_gets_new_services(kk: Kube, svc: Service) 
     assert s is not None and [r["uid"] for r in s["metadata"]["ownerReferences"]] == [
         cp["metadata"]["uid"]
     ]
+
+
+async def test_operator_namespace_deleted_under_shared_svc_is_retried_with_backoff(
+    kcm_plane: testenv.ControlPlane, kk: Kube, svc: Service
+) -> None:
+    await kk.create_cr(cp_body())
+    await settle(svc)
+    await kk.core.delete_namespace(kk.ns)
+
+    async def namespace_gone() -> bool:
+        names = [n.metadata.name for n in (await kk.core.list_namespace()).items]
+        return kk.ns not in names
+
+    await eventually(namespace_gone, timeout=60)
+    failures = svc.metrics.registry.get_sample_value(
+        "controller_runtime_reconcile_errors_total", {"controller": "shared-services"}
+    )
+    await asyncio.sleep(6)
+    later = svc.metrics.registry.get_sample_value(
+        "controller_runtime_reconcile_errors_total", {"controller": "shared-services"}
+    )
+    # Backoff, not a hot loop: with a 2 s backoff cap (test settings), a handful of tries.
+    assert later is not None and failures is not None and 1 <= later - failures <= 8
+    assert svc.controller is not None and svc.controller.last_reconcile["result"] == "error"
+    reported = [
+        e
+        for e in await kk.events_for("OperatorNamespaceMissing", namespace="default")
+        if e["regarding"]["kind"] == "ClusterPolicy"
+    ]
+    assert len(reported) == 1, reported

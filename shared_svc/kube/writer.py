@@ -71,6 +71,38 @@ async def raw_request(
     return json.loads(raw) if raw else None
 
 
+def status_of(exc: BaseException) -> dict[str, Any]:
+    """The ``Status`` object an API error carries (empty when it is not one)."""
+    if not isinstance(exc, ApiException) or not exc.body:
+        return {}
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) and status.get("kind") == "Status" else {}
+
+
+def namespace_gone(exc: BaseException) -> bool:
+    """Whether a write was refused because its namespace is gone or being deleted.
+
+    The API server's NamespaceLifecycle admission answers 404 NotFound naming the namespace
+    (a deleted namespace), or 403 Forbidden with cause NamespaceTerminating.
+    """
+    status = status_of(exc)
+    details = status.get("details")
+    if not isinstance(details, dict):
+        return False
+    if status.get("code") == 404:
+        return details.get("kind") == "namespaces"
+    causes = details.get("causes")
+    return (
+        status.get("code") == 403
+        and isinstance(causes, list)
+        and any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
+    )
+
+
 class TokenBucket:
     def __init__(self, rate: float, burst: int) -> None:
         self._rate = rate
