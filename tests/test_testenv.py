@@ -135,11 +135,20 @@ def test_stop_keeps_the_directory_and_fails_while_a_process_survives(
 
 
 @pytest.mark.apiserver
-def test_start_then_stop_leaves_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        ((), {"etcd", "kube-apiserver"}),
+        (("--controller-manager",), {"etcd", "kube-apiserver", "kube-controller-manager"}),
+    ],
+)
+def test_start_then_stop_leaves_no_process(
+    tmp_path: Path, flags: tuple[str, ...], names: set[str]
+) -> None:
     state_dir = tmp_path / "testenv"
     shared_svc = [sys.executable, "-m", "shared_svc"]
     started = subprocess.run(
-        [*shared_svc, "testenv", "start", "--dir", str(state_dir)],
+        [*shared_svc, "testenv", "start", "--dir", str(state_dir), *flags],
         capture_output=True,
         text=True,
         check=False,
@@ -148,7 +157,7 @@ def test_start_then_stop_leaves_no_process(tmp_path: Path) -> None:
     assert started.returncode == 0, started.stderr
     pids: dict[str, int] = json.loads((state_dir / "state.json").read_text())["pids"]
     try:
-        assert pids.keys() == {"etcd", "kube-apiserver"}
+        assert pids.keys() == names
         assert all(process_alive(pid, name) for name, pid in pids.items())
         stopped = subprocess.run(
             [*shared_svc, "testenv", "stop", "--dir", str(state_dir)],
@@ -158,10 +167,9 @@ def test_start_then_stop_leaves_no_process(tmp_path: Path) -> None:
             timeout=120,
         )
         assert (stopped.returncode, stopped.stdout) == (0, "stopped\n"), stopped.stderr
-        assert {name: process_alive(pid) for name, pid in pids.items()} == {
-            "etcd": False,
-            "kube-apiserver": False,
-        }
+        assert {name: process_alive(pid) for name, pid in pids.items()} == dict.fromkeys(
+            names, False
+        )
         assert not state_dir.exists()
     finally:
         testenv.stop_processes(pids, timeout=5)

@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
         )
+        if name == "start":
+            p.add_argument(
+                "--controller-manager",
+                action="store_true",
+                help="also run kube-controller-manager (garbage collector, EndpointSlices)",
+            )
         if name == "stop":
             p.add_argument(
                 "--timeout",
@@ -83,7 +89,7 @@ def _start(args: argparse.Namespace) -> int:
     if state:
         _kill(args.dir, state)
     try:
-        cp = testenv.start(workdir=args.dir / "cp")
+        cp = testenv.start(workdir=args.dir / "cp", controller_manager=args.controller_manager)
     except testenv.ControlPlaneError as exc:
         raise UsageError(str(exc)) from exc
     state = {
