@@ -19,5 +19,8 @@ render() {  # render OUTPUT DESCRIPTION [--set k=v]...
 }
 # admission.mutation=policy: the plain manifests are for Kubernetes >= 1.36, which serves
 # the MutatingAdmissionPolicy (helm install decides from the cluster's discovery instead).
-render "$here/manifests/shared-svc.yaml" "(Services controller)" --set admission.mutation=policy
-render "$here/manifests/shared-svc-upgrade.yaml" "(Services and driver-upgrade controllers)" --set admission.mutation=policy --set controllers.upgrade=true
+# admission.preDeleteHook=false: kubectl would run the uninstall Job at once; the plain
+# manifests' uninstall deletes the guard first by hand (docs/install.md).
+plain=(--set admission.mutation=policy --set admission.preDeleteHook=false)
+render "$here/manifests/shared-svc.yaml" "(Services controller)" "${plain[@]}"
+render "$here/manifests/shared-svc-upgrade.yaml" "(Services and driver-upgrade controllers)" "${plain[@]}" --set controllers.upgrade=true

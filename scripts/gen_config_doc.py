@@ -63,6 +63,7 @@ CHART_VALUES = {
     "upgrade_workers": "upgrade.workers",
     "operator_service_account": "admission.operatorServiceAccount",
     "operator_field_manager": "admission.operatorFieldManager",
+    "webhook_port": "admission.webhook.port",
 }
 # Config field -> what the chart does instead of offering a value.
 NOT_IN_CHART = {
@@ -70,9 +71,8 @@ NOT_IN_CHART = {
     "pod_name": "the pod's name (fieldRef)",
     "kubeconfig": "not set: in-cluster configuration",
     "bind_address": "not set: all interfaces (probes, metrics Service)",
-    "webhook_cert_file": "not set yet: the webhook's serving certificate (issue 9 item 3)",
-    "webhook_key_file": "not set yet: the webhook's serving certificate (issue 9 item 3)",
-    "webhook_port": "not set yet: the webhook's serving certificate (issue 9 item 3)",
+    "webhook_cert_file": "`tls.crt` of the Secret `admission.certificate` provides, mounted (with the webhook on)",
+    "webhook_key_file": "`tls.key` of the same Secret, mounted (with the webhook on)",
 }
 
 HEADER = """\

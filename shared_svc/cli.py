@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "shared_svc.commands.plan",
     "shared_svc.commands.run",
     "shared_svc.commands.upgrade",
+    "shared_svc.commands.admission",
     "shared_svc.commands.demo",
     "shared_svc.commands.testenv",
 )

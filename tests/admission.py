@@ -104,7 +104,7 @@ def guard_docs(namespace: str, *sets: str) -> list[Doc]:
 
 
 def policy_sets() -> tuple[str, ...]:
-    return ("admission.mutation=policy",)
+    return ("admission.mutation=policy", "admission.webhook.enabled=false")
 
 
 def webhook_sets(tls: Tls, port: int, *, mutation: str = "webhook") -> tuple[str, ...]:
@@ -112,6 +112,7 @@ def webhook_sets(tls: Tls, port: int, *, mutation: str = "webhook") -> tuple[str
         f"admission.mutation={mutation}",
         "admission.webhook.enabled=true",
         f"admission.webhook.url=https://127.0.0.1:{port}",
+        "admission.certificate.source=external",
         f"admission.webhook.caBundle={tls.ca_bundle}",
     )
 

@@ -14,6 +14,7 @@ from tests.test_deploy_chart import RenderError, render_docs
 WEBHOOK = (
     "admission.webhook.enabled=true",
     "admission.webhook.url=https://127.0.0.1:9443",
+    "admission.certificate.source=external",
     "admission.webhook.caBundle=Q0E=",
 )
 ADMISSION = {
@@ -29,18 +30,28 @@ def kinds(*sets: str, namespace: str = "gpu-operator") -> dict[str, dict]:  # ty
     return {d["kind"]: d for d in docs if d["kind"] in ADMISSION}
 
 
-def test_offline_auto_renders_no_policy() -> None:
+def test_offline_auto_renders_the_webhooks_not_the_policy() -> None:
     # Helm knows kinds only from discovery; its offline default capabilities list
-    # group/versions, so `helm template` with auto cannot tell: nothing is rendered.
-    assert kinds() == {}
+    # group/versions, so `helm template` with auto cannot tell: the mutating webhook (which
+    # works on every version) and the delete guard, both on by default.
+    assert set(kinds()) == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    assert kinds("admission.webhook.enabled=false") == {}
 
 
 @pytest.mark.parametrize(
     ("sets", "expected"),
     [
         (
-            ("admission.mutation=policy",),
+            ("admission.mutation=policy", "admission.webhook.enabled=false"),
             {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"},
+        ),
+        (
+            ("admission.mutation=policy",),
+            {
+                "MutatingAdmissionPolicy",
+                "MutatingAdmissionPolicyBinding",
+                "ValidatingWebhookConfiguration",
+            },
         ),
         (
             ("admission.mutation=policy", *WEBHOOK),
@@ -96,7 +107,7 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
 
 
 def test_in_cluster_webhook_calls_the_service() -> None:
-    found = kinds("admission.webhook.enabled=true", "admission.webhook.caBundle=Q0E=")
+    found = kinds()
     config = found["ValidatingWebhookConfiguration"]["webhooks"][0]["clientConfig"]
     assert config["service"] == {
         "name": "shared-svc-webhook",
@@ -109,7 +120,9 @@ def test_in_cluster_webhook_calls_the_service() -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (("admission.webhook.enabled=true",), "caBundle"),
+        (("admission.certificate.source=external",), "caBundle"),
+        (("admission.webhook.caBundle=Q0E=",), "source=external"),
+        (("admission.certificate.source=vault",), "source"),
         (("admission.mutation=maybe",), "mutation"),
         (("admission.webhook.url=http://x",), "url"),
     ],

@@ -93,8 +93,7 @@ def test_settings_the_chart_fixes_are_fixed_in_the_deployment(gen: ModuleType) -
         "pod_name",
         "kubeconfig",
         "bind_address",
-        # the webhook server's settings come with the chart's certificates (issue 9 item 3)
+        # the webhook's certificate: the mounted Secret of admission.certificate
         "webhook_cert_file",
         "webhook_key_file",
-        "webhook_port",
     }

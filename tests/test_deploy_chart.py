@@ -23,9 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy" / "chart" / "shared-svc"
 MANIFESTS = REPO / "deploy" / "manifests"
 # Plain manifest -> the --set flags it was rendered with (deploy/render.sh).
+PLAIN_SETS = ("admission.mutation=policy", "admission.preDeleteHook=false")
 PLAIN = {
-    "shared-svc.yaml": ("admission.mutation=policy",),
-    "shared-svc-upgrade.yaml": ("admission.mutation=policy", "controllers.upgrade=true"),
+    "shared-svc.yaml": PLAIN_SETS,
+    "shared-svc-upgrade.yaml": (*PLAIN_SETS, "controllers.upgrade=true"),
 }
 UPGRADE_ON = ("controllers.upgrade=true",)
 
@@ -184,12 +185,85 @@ def role_table(docs: list[Doc]) -> dict[tuple[str, str, str], set[Any]]:
     }
 
 
+GUARD = "shared-svc-gpu-operator-guard"
+WEBHOOK_SECRET = "shared-svc-webhook-tls"
+# The hook Jobs' own identities (templates/webhook-certs-job.yaml, admission-uninstall.yaml):
+# the certificate Job creates its Secret and patches only our webhook configurations; the
+# uninstall Job deletes only our binding, webhook configurations and generated Secret.
+CERTS_ROLE = {
+    ("", "secrets", ("create",), ()),
+    ("", "secrets", ("get", "update"), (WEBHOOK_SECRET,)),
+}
+CERTS_CLUSTER_ROLE = {
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("get", "patch"), (GUARD,)),
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ("get", "patch"), (GUARD,)),
+}
+REMOVE_ROLE = {("", "secrets", ("delete",), (WEBHOOK_SECRET,))}
+REMOVE_CLUSTER_ROLE = {
+    ("admissionregistration.k8s.io", plural, ("delete",), (GUARD,))
+    for plural in (
+        "mutatingadmissionpolicybindings",
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    )
+}
+HOOK_ROLES = {
+    ("Role", "shared-svc-certs", "gpu-operator"): CERTS_ROLE,
+    ("ClusterRole", "shared-svc-certs-gpu-operator", ""): CERTS_CLUSTER_ROLE,
+    ("Role", "shared-svc-guard-remove", "gpu-operator"): REMOVE_ROLE,
+    ("ClusterRole", "shared-svc-guard-remove-gpu-operator", ""): REMOVE_CLUSTER_ROLE,
+}
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
+
+def roles_of(docs: list[Doc], service_account: str) -> set[tuple[str, str, str]]:
+    """(kind, name, namespace) of each role bound to ``service_account``."""
+    out = set()
+    for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+        if any(s["name"] == service_account for s in binding["subjects"]):
+            ns = (
+                binding["metadata"].get("namespace", "") if binding["kind"] == "RoleBinding" else ""
+            )
+            out.add((binding["roleRef"]["kind"], binding["roleRef"]["name"], ns))
+    return out
+
+
 def test_rbac_is_exactly_what_the_services_controller_calls() -> None:
-    assert role_table(render_docs()) == {
+    docs = render_docs()
+    assert role_table(docs) == {
         ("Role", "shared-svc", "gpu-operator"): SERVICES_ROLE,
         ("Role", "shared-svc-cluster-events", "default"): EVENTS_ONLY,
         ("ClusterRole", "shared-svc", ""): CR_READER,
+        **HOOK_ROLES,
     }
+    # Each identity holds its own roles only.
+    assert roles_of(docs, "shared-svc") == {
+        ("Role", "shared-svc", "gpu-operator"),
+        ("Role", "shared-svc-cluster-events", "default"),
+        ("ClusterRole", "shared-svc", ""),
+    }
+    assert roles_of(docs, "shared-svc-certs") == {
+        ("Role", "shared-svc-certs", "gpu-operator"),
+        ("ClusterRole", "shared-svc-certs-gpu-operator", ""),
+    }
+    assert roles_of(docs, "shared-svc-guard-remove") == {
+        ("Role", "shared-svc-guard-remove", "gpu-operator"),
+        ("ClusterRole", "shared-svc-guard-remove-gpu-operator", ""),
+    }
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("admission.mutation=policy",), ("admission.certificate.source=certManager",), PLAIN_SETS],
+)
+def test_shared_svc_never_writes_admission_objects_or_secrets(sets: tuple[str, ...]) -> None:
+    docs = render_docs(*sets, *UPGRADE_ON)
+    table = role_table(docs)
+    for key in roles_of(docs, "shared-svc"):
+        for group, resource, verbs, _ in table[key]:
+            if group == "admissionregistration.k8s.io":
+                assert not WRITES & set(verbs), (key, resource, verbs)
+            assert resource != "secrets", key
 
 
 def test_upgrade_controller_adds_its_cluster_role_only_when_on() -> None:
@@ -228,12 +302,15 @@ def test_pod_delete_is_granted_only_with_delete_after_timeout() -> None:
 def test_no_wildcards_secrets_or_escalation_anywhere() -> None:
     for docs in (render_docs(), render_docs(*UPGRADE_ON, "serviceMonitor.enabled=true")):
         for doc in docs:
+            hook_role = (doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace", ""))
             for rule in doc.get("rules") or []:
                 words = [*rule.get("apiGroups", []), *rule.get("resources", []), *rule["verbs"]]
                 assert "*" not in words, doc["metadata"]["name"]
-                assert not {"secrets", "configmaps", "clusterroles", "roles", "namespaces"} & set(
-                    rule.get("resources", [])
-                )
+                # Secrets: only the hook Jobs' roles (exactly, test above), never shared-svc's.
+                forbidden = {"configmaps", "clusterroles", "roles", "namespaces"}
+                if hook_role not in HOOK_ROLES:
+                    forbidden.add("secrets")
+                assert not forbidden & set(rule.get("resources", []))
                 assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(
                     rule["verbs"]
                 )
@@ -241,11 +318,21 @@ def test_no_wildcards_secrets_or_escalation_anywhere() -> None:
 
 def test_bindings_name_the_chart_service_account_in_the_operator_namespace() -> None:
     docs = render_docs(name="gpu-svc", namespace="ops")
-    sa = one(docs, "ServiceAccount")
+    sa = one(docs, "ServiceAccount", "gpu-svc-shared-svc")
     assert sa["metadata"] == {**sa["metadata"], "name": "gpu-svc-shared-svc", "namespace": "ops"}
     for binding in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):
+        # each hook Job's binding names that Job's own ServiceAccount (its role's prefix)
+        account = next(
+            n
+            for n in (
+                "gpu-svc-shared-svc-certs",
+                "gpu-svc-shared-svc-guard-remove",
+                "gpu-svc-shared-svc",
+            )
+            if binding["metadata"]["name"].startswith(n)
+        )
         assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "gpu-svc-shared-svc", "namespace": "ops"}
+            {"kind": "ServiceAccount", "name": account, "namespace": "ops"}
         ]
     namespaces = {(d["kind"], d["metadata"]["name"]): d["metadata"].get("namespace") for d in docs}
     assert namespaces[("Role", "gpu-svc-shared-svc-cluster-events")] == "default"
@@ -259,8 +346,14 @@ def test_bindings_name_the_chart_service_account_in_the_operator_namespace() -> 
 
 def test_namespace_value_moves_every_namespaced_object() -> None:
     docs = render_docs("namespace=nvidia-gpu", namespace="elsewhere")
+    cluster_scoped = (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    )
     for d in docs:
-        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+        if d["kind"] in cluster_scoped:
             assert "namespace" not in d["metadata"]
         elif d["metadata"]["name"] != "shared-svc-cluster-events":
             assert d["metadata"]["namespace"] == "nvidia-gpu", d["kind"]
@@ -277,7 +370,7 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert deploy["spec"]["replicas"] == 2
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "shared-svc" and pod["automountServiceAccountToken"] is True
-    assert one(docs, "ServiceAccount").get("automountServiceAccountToken") is False, (
+    assert one(docs, "ServiceAccount", "shared-svc").get("automountServiceAccountToken") is False, (
         "only the Deployment opts in"
     )
     assert pod["securityContext"] == {
@@ -294,7 +387,10 @@ def test_deployment_is_hardened_and_probed() -> None:
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "webhook", "containerPort": 8443, "protocol": "TCP"},
+    ]
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
@@ -324,7 +420,7 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert pod["terminationGracePeriodSeconds"] >= DRAIN_SECONDS + lease_duration
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
-    service = one(docs, "Service")
+    service = one(docs, "Service", "shared-svc-metrics")
     assert service["spec"]["selector"] == selector
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
@@ -337,7 +433,7 @@ def test_service_monitor_and_single_replica_options() -> None:
         "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom", "port=9090"
     )
     sm = one(docs, "ServiceMonitor")
-    service = one(docs, "Service")
+    service = one(docs, "Service", "shared-svc-metrics")
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
@@ -393,6 +489,7 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
         "operator_field_manager",
         "gpu-op-manager",
     ),
+    "admission.webhook.port=9443": ("SHARED_SVC_WEBHOOK_PORT", "webhook_port", 9443),
     "upgrade.runtimeClasses={nvidia,kata}": (
         "SHARED_SVC_UPGRADE_RUNTIME_CLASSES",
         "upgrade_runtime_classes",
@@ -488,6 +585,9 @@ def test_every_chart_setting_is_covered_by_a_value_case() -> None:
     settings["admission"] = {
         k: values["admission"][k] for k in ("operatorServiceAccount", "operatorFieldManager")
     }
+    # the webhook server's port; the other admission values render objects, not settings
+    # (tests/test_admission_install_chart.py covers every one of them)
+    settings["admission"]["webhook"] = {"port": values["admission"]["webhook"]["port"]}
 
     def leaves(tree: dict[str, Any], prefix: str = "") -> set[str]:
         out: set[str] = set()

@@ -46,6 +46,9 @@ KINDS = {
     "ServiceMonitor": ("servicemonitors", True),
     "MutatingAdmissionPolicy": ("mutatingadmissionpolicies", False),
     "MutatingAdmissionPolicyBinding": ("mutatingadmissionpolicybindings", False),
+    "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
+    "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
+    "Job": ("jobs", True),
 }
 DRIVER = "rbactest"  # a driver name of its own: no other test's upgrade controller sees these nodes
 

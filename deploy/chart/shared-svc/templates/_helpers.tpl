@@ -52,11 +52,53 @@ webhook, or auto where the policy is not served. */}}
 {{- if and .Values.admission.webhook.enabled (or (eq $mode "webhook") (and (eq $mode "auto") (not $served))) -}}true{{- end -}}
 {{- end -}}
 
-{{/* clientConfig of the webhook configurations, for one path. */}}
+{{/* Name of the guard's admission objects (cluster-scoped: the namespace is part of it). */}}
+{{- define "shared-svc.guardName" -}}
+{{- printf "%s-%s-guard" (include "shared-svc.fullname" .) (include "shared-svc.namespace" .) -}}
+{{- end -}}
+
+{{/* "true" when the validating (delete-guard) webhook is rendered. */}}
+{{- define "shared-svc.admissionValidatingWebhook" -}}
+{{- if and .Values.admission.webhook.enabled .Values.admission.deleteGuard -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when a webhook configuration is rendered (so a serving certificate is needed). */}}
+{{- define "shared-svc.anyWebhook" -}}
+{{- if or (include "shared-svc.admissionMutatingWebhook" .) (include "shared-svc.admissionValidatingWebhook" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Deployment serves the webhooks in the cluster (behind the Service
+<fullname>-webhook); with admission.webhook.url the API server calls that URL instead. */}}
+{{- define "shared-svc.webhookServing" -}}
+{{- if and (include "shared-svc.anyWebhook" .) (not .Values.admission.webhook.url) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "shared-svc.webhookSecret" -}}
+{{- .Values.admission.certificate.secretName | default (printf "%s-webhook-tls" (include "shared-svc.fullname" .)) -}}
+{{- end -}}
+
+{{/* Annotations of the webhook configurations: cert-manager's CA injector fills the
+caBundle from the Certificate's Secret. */}}
+{{- define "shared-svc.webhookAnnotations" -}}
+{{- if eq .Values.admission.certificate.source "certManager" -}}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s-webhook" (include "shared-svc.namespace" .) (include "shared-svc.fullname" .) | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* clientConfig of the webhook configurations, for one path. The caBundle is rendered
+only with certificate.source=external: otherwise the hook Job (chart) or cert-manager's CA
+injector (certManager) writes it, and a rendered value would be reset on every upgrade
+or sync. */}}
 {{- define "shared-svc.webhookClientConfig" -}}
 {{- $w := .root.Values.admission.webhook -}}
-{{- if not $w.caBundle -}}
-{{- fail "admission.webhook.enabled needs admission.webhook.caBundle (base64 PEM of the CA that signed the webhook's serving certificate)" -}}
+{{- $external := eq .root.Values.admission.certificate.source "external" -}}
+{{- if and $external (not $w.caBundle) -}}
+{{- fail "admission.certificate.source=external needs admission.webhook.caBundle (base64 PEM of the CA that signed the webhook's serving certificate)" -}}
+{{- end -}}
+{{- if and (not $external) $w.caBundle -}}
+{{- fail "admission.webhook.caBundle goes with admission.certificate.source=external (chart and certManager write the caBundle themselves)" -}}
 {{- end -}}
 {{- if $w.url }}
 url: {{ printf "%s%s" (trimSuffix "/" $w.url) .path | quote }}
@@ -67,5 +109,50 @@ service:
   port: 443
   path: {{ .path | quote }}
 {{- end }}
+{{- if $external }}
 caBundle: {{ $w.caBundle | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod settings shared by the hook Jobs: same image, identity rules and placement. */}}
+{{- define "shared-svc.hookPod" -}}
+restartPolicy: Never
+serviceAccountName: {{ .sa }}
+automountServiceAccountToken: true
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- with .root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+containers:
+  - name: {{ .container }}
+    image: "{{ .root.Values.image.repository }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}"
+    imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+    args:
+      {{- toYaml .args | nindent 6 }}
+    resources:
+      requests:
+        cpu: 10m
+        memory: 64Mi
+      limits:
+        memory: 128Mi
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      runAsNonRoot: true
+      capabilities:
+        drop: [ALL]
 {{- end -}}

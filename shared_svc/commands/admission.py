@@ -1,0 +1,308 @@
+"""``shared-svc admission``: what the chart's hook Jobs run (docs/install.md, "Certificates"
+and "Uninstall"). Each runs under a ServiceAccount of its own; shared-svc itself never
+writes admission configurations.
+
+``certs`` keeps the webhook's serving certificate in a Secret: it creates the Secret when
+it is missing, keeps it when it is valid (across upgrades: nothing in the chart changes
+per render), replaces it when it is expiring, broken or names other hosts, and then puts
+its CA into the ``caBundle`` of the named webhook configurations that exist (the chart
+runs it before install/upgrade, for the Secret the pods mount, and after, for the
+configurations).
+
+``remove`` deletes the guard's switches before Helm deletes the rest: the policy binding
+first, then the webhook configurations, then (when named) the generated Secret. Objects
+already gone count as removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shared_svc.errors import UsageError
+
+T = TypeVar("T")
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+WEBHOOK_KINDS = {
+    "mutating": "mutatingwebhookconfigurations",
+    "validating": "validatingwebhookconfigurations",
+}
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _object_name(text: str, what: str) -> str:
+    if not _NAME.match(text) or len(text) > 253:
+        raise argparse.ArgumentTypeError(f"{what} {text!r} is not a Kubernetes object name")
+    return text
+
+
+def secret_ref(text: str) -> tuple[str, str]:
+    namespace, sep, name = text.partition("/")
+    if not sep or not namespace or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
+    return _object_name(namespace, "namespace"), _object_name(name, "name")
+
+
+def webhook_ref(text: str) -> tuple[str, str]:
+    kind, sep, name = text.partition("/")
+    if not sep or kind not in WEBHOOK_KINDS:
+        raise argparse.ArgumentTypeError(f"expected mutating/NAME or validating/NAME, got {text!r}")
+    return kind, _object_name(name, "name")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "admission",
+        help="the admission guard's certificate and uninstall steps (the chart's hook Jobs)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="admission_command", metavar="SUBCOMMAND")
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+    certs = commands.add_parser(
+        "certs",
+        help="create or keep the webhook's serving certificate Secret; patch the caBundle",
+        description="Create the Secret when missing, keep it when valid, replace it when "
+        "expiring or wrong; then put its ca.crt into the caBundle of each named webhook "
+        "configuration that exists.",
+    )
+    certs.add_argument("--secret", required=True, type=secret_ref, metavar="NAMESPACE/NAME")
+    certs.add_argument(
+        "--service",
+        required=True,
+        type=lambda t: _object_name(t, "service"),
+        help="the webhook Service (names <service>.<namespace>.svc)",
+    )
+    certs.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        metavar="NAME_OR_IP",
+        help="another name or IP address (a webhook reached by URL, e.g. 127.0.0.1)",
+    )
+    certs.add_argument(
+        "--webhook", action="append", default=[], type=webhook_ref, metavar="KIND/NAME"
+    )
+    certs.add_argument("--validity-days", type=_positive, default=None)
+    certs.add_argument("--renew-before-days", type=_positive, default=None)
+    certs.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, in-cluster)")
+    certs.set_defaults(handler=_certs)
+
+    remove = commands.add_parser(
+        "remove",
+        help="delete the guard's binding and webhook configurations (then the Secret)",
+        description="Delete, in this order, the MutatingAdmissionPolicyBinding, the webhook "
+        "configurations and the Secret named; objects already gone are fine.",
+    )
+    remove.add_argument(
+        "--policy-binding",
+        action="append",
+        default=[],
+        type=lambda t: _object_name(t, "binding"),
+        metavar="NAME",
+    )
+    remove.add_argument(
+        "--webhook", action="append", default=[], type=webhook_ref, metavar="KIND/NAME"
+    )
+    remove.add_argument("--secret", type=secret_ref, default=None, metavar="NAMESPACE/NAME")
+    remove.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, in-cluster)")
+    remove.set_defaults(handler=_remove)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
+    """Connect (kubeconfig or in-cluster), run ``body(api)``, close; API trouble is one line."""
+    from aiohttp import ClientError
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.commands.upgrade import _api_message
+    from shared_svc.config import Config
+    from shared_svc.service import make_api_client
+
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG") or None
+    if kubeconfig is None and (Path.home() / ".kube" / "config").exists():
+        kubeconfig = str(Path.home() / ".kube" / "config")
+    config = Config.model_construct(kubeconfig=kubeconfig)
+
+    async def main() -> T:
+        api = await make_api_client(config)
+        try:
+            return await body(api)
+        finally:
+            await api.close()
+
+    try:
+        return asyncio.run(main())
+    except ApiException as exc:
+        raise UsageError(f"the API server refused: {exc.status} {_api_message(exc)}") from None
+    except (TimeoutError, ClientError, OSError) as exc:
+        raise UsageError(f"cannot reach the API server: {exc or type(exc).__name__}") from None
+
+
+def _status(exc: BaseException) -> int | None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    return int(exc.status) if isinstance(exc, ApiException) else None
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from shared_svc.admission import certs
+
+    namespace, name = args.secret
+    try:
+        spec = certs.cert_spec(
+            args.service,
+            namespace,
+            extra_sans=args.san,
+            validity_days=args.validity_days or certs.VALIDITY_DAYS,
+        )
+    except certs.CertError as exc:
+        raise UsageError(str(exc)) from None
+    renew_before = args.renew_before_days or certs.RENEW_BEFORE_DAYS
+    if renew_before >= spec.validity_days:
+        raise UsageError(
+            f"--renew-before-days {renew_before} must be below the validity ({spec.validity_days})"
+        )
+
+    async def body(api: Any) -> int:
+        data = await ensure_secret(api, namespace, name, spec, renew_before)
+        for kind, webhook in args.webhook:
+            await patch_ca_bundle(api, kind, webhook, data[certs.CA])
+        return 0
+
+    return _run(args, body)
+
+
+async def ensure_secret(
+    api: Any, namespace: str, name: str, spec: Any, renew_before: int
+) -> dict[str, str]:
+    """The Secret's data after creating, keeping or replacing it (one line printed)."""
+    from shared_svc.admission import certs
+    from shared_svc.kube.writer import raw_request
+
+    path = f"/api/v1/namespaces/{namespace}/secrets"
+    for _ in range(3):  # another Job (or replica of this one) may write at the same time
+        try:
+            live = await raw_request(api, "GET", f"{path}/{name}")
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            live = None
+        data = (live or {}).get("data")
+        now = dt.datetime.now(dt.UTC)
+        reason = certs.renewal_reason(data, spec, now, renew_before_days=renew_before)
+        if reason is None and data is not None:
+            print(f"secret {namespace}/{name}: kept (valid until {certs.not_after(data)})")
+            return dict(data)
+        fresh = certs.make_pair(spec, now)
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": {"shared-svc.nvidia.com/generated-by": "shared-svc admission certs"},
+            },
+            "data": fresh,
+        }
+        try:
+            if live is None:
+                await raw_request(api, "POST", path, body=body)
+                print(f"secret {namespace}/{name}: created")
+            else:
+                body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+                body["metadata"]["labels"] = live["metadata"].get("labels") or {}
+                body["type"] = live.get("type", "kubernetes.io/tls")  # type is immutable
+                await raw_request(api, "PUT", f"{path}/{name}", body=body)
+                print(f"secret {namespace}/{name}: replaced ({reason})")
+        except Exception as exc:
+            if _status(exc) in (409,):  # created or changed meanwhile: look again
+                continue
+            raise
+        return fresh
+    raise UsageError(f"secret {namespace}/{name} keeps changing under us; try again")
+
+
+async def patch_ca_bundle(api: Any, kind: str, name: str, ca_bundle: str) -> None:
+    from shared_svc.admission.certs import ca_bundle_patch
+    from shared_svc.kube.writer import raw_request
+
+    path = f"{ADMISSION}/{WEBHOOK_KINDS[kind]}/{name}"
+    for _ in range(3):
+        try:
+            live = await raw_request(api, "GET", path)
+        except Exception as exc:
+            if _status(exc) == 404:
+                print(f"{kind} webhook configuration {name}: not installed, skipped")
+                return
+            raise
+        ops = ca_bundle_patch(live, ca_bundle)
+        if not ops:
+            print(f"{kind} webhook configuration {name}: caBundle current")
+            return
+        try:
+            await raw_request(
+                api, "PATCH", path, body=ops, content_type="application/json-patch+json"
+            )
+        except Exception as exc:
+            if _status(exc) in (409, 422):  # changed between GET and PATCH: look again
+                continue
+            raise
+        print(f"{kind} webhook configuration {name}: caBundle set")
+        return
+    raise UsageError(f"{kind} webhook configuration {name} keeps changing under us; try again")
+
+
+def _remove(args: argparse.Namespace) -> int:
+    targets = [
+        (f"policy binding {b}", f"{ADMISSION}/mutatingadmissionpolicybindings/{b}")
+        for b in args.policy_binding
+    ]
+    targets += [
+        (f"{kind} webhook configuration {n}", f"{ADMISSION}/{WEBHOOK_KINDS[kind]}/{n}")
+        for kind, n in args.webhook
+    ]
+    if args.secret:
+        namespace, name = args.secret
+        targets.append(
+            (f"secret {namespace}/{name}", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        )
+
+    async def body(api: Any) -> int:
+        from shared_svc.kube.writer import raw_request
+
+        for what, path in targets:
+            try:
+                await raw_request(api, "DELETE", path)
+            except Exception as exc:
+                if _status(exc) != 404:
+                    raise
+                print(f"{what}: already gone")
+                continue
+            print(f"{what}: deleted")
+        return 0
+
+    return _run(args, body)
