@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shared_svc.testenv import ControlPlane
-from tests.admission import ADMISSION_API, guard_docs
+from tests.admission import ADMISSION_API, guard_docs, install
 from tests.kube import eventually
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
 from tests.test_admission_apiserver import free_port, guard, operator
@@ -138,6 +138,16 @@ async def test_certificate_jobs_create_keep_patch_and_the_api_server_trusts_the_
                     and now["metadata"]["resourceVersion"]
                     == configs[kind]["metadata"]["resourceVersion"]
                 )  # type: ignore[index]
+
+            # A re-apply of the rendered configurations (an upgrade, a GitOps sync with
+            # server-side apply) keeps the caBundle: the chart does not render the field.
+            install(cp, guard_docs(ns, *sets))
+            for path in config_paths.values():
+                now = get(cp, path)
+                assert (
+                    now
+                    and now["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+                )
 
             # The Job's identity: our configurations and Secret only.
             token = cp.service_account_token(ns, "shared-svc-certs")
