@@ -161,3 +161,54 @@ async def test_webhook_certificate_is_reloaded_when_rotated(tmp_path: Path) -> N
         assert await handshake(second) and not await handshake(first)
     finally:
         await runner.cleanup()
+
+
+async def test_guard_webhook_logs_a_malformed_request_once_without_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import ssl
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    from shared_svc.admission.guard import AdmissionGuard
+    from tests.admission import make_tls
+
+    tls = make_tls(tmp_path)
+    config = SimpleNamespace(
+        namespace=NS,
+        operator_field_manager="gpu-operator",
+        operator_service_account="gpu-operator",
+        discovery_seconds=3600.0,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        bind_address="127.0.0.1",
+        webhook_port=0,
+    )
+    unreachable = Configuration(host="https://127.0.0.1:1")
+    async with ApiClient(unreachable) as api:
+        guard = AdmissionGuard(
+            api,
+            config,
+            recorder=None,
+            controller=None,
+            is_leader=lambda: False,  # type: ignore[arg-type]
+        )
+        await guard.start()
+        try:
+            trust = ssl.create_default_context(cadata=base64.b64decode(tls.ca_bundle).decode())
+            caplog.set_level(logging.DEBUG)
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", guard.webhook_port, ssl=trust
+            )
+            writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+        finally:
+            await guard.stop()
+    assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+    bad = [r for r in caplog.records if "bad HTTP request" in r.getMessage()]
+    assert [r.levelno for r in bad] == [logging.INFO]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -207,6 +207,7 @@ class AdmissionGuard:
             from aiohttp import web
 
             from shared_svc.admission.server import CertReloader, make_webhook_app
+            from shared_svc.http import make_runner
 
             self.certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
             app = make_webhook_app(
@@ -214,7 +215,9 @@ class AdmissionGuard:
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
                 needed_by=self.needed_by,
             )
-            self._runner = web.AppRunner(app, access_log=None)
+            # The same server settings as the probes': a malformed request is one INFO line,
+            # a client that never completes a request is closed.
+            self._runner = make_runner(app)
             await self._runner.setup()
             site = web.TCPSite(
                 self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=self.certs.context
