@@ -1,0 +1,564 @@
+"""shared-svc on the real gpu-operator upgrade flow (issue 14, "What it must show").
+
+The real gpu-operator (its upgrade controller runs k8s-operator-libs' state machine) on a
+control plane of this module's own, 2 GPU nodes, ClusterPolicy with the driver on,
+``autoUpgrade: true``, ``maxParallelUpgrades: 1`` and ``daemonsets.updateStrategy:
+OnDelete``; a driver version bump starts each upgrade. The test plays the DaemonSet
+controller, the kubelet and the driver-manager (tests/upgrade_flow.py); shared-svc runs
+its upgrade controller (``Service``) against it. On each node: a declared consumer pod, a
+pod of a DaemonSet prepared with ``shared-svc upgrade prepare-daemonset``, both with a 5 s
+termination grace period they use in full, and an unrelated pod.
+
+- With the gate set by ``shared-svc upgrade configure-gate --apply``: on every node each
+  freed consumer is gone (its DELETED event) before the node reaches
+  ``pod-restart-required``, and the driver unloads with no consumer left; shared-svc
+  restores at ``upgrade-done``; nothing else is evicted; its node writes are its own keys.
+- Without the gate: ``GPUConsumerGateMissing`` on the ClusterPolicy when shared-svc
+  starts, and ``GPUConsumersAtDriverRestart`` on each node, where a freed consumer was
+  indeed still there at ``pod-restart-required``.
+
+Pod deletions and state-label changes are ordered by their resourceVersions (one etcd:
+its global revision), not by clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc import testenv_gpu_operator as gpu_env
+from shared_svc.cli import main as cli
+from shared_svc.kube.upgrade_io import FIELD_MANAGER
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.testenv import ControlPlane
+from tests.kube import api_client, eventually
+from tests.svc import running, service_config
+from tests.upgrade_flow import (
+    DRIVER_DS,
+    HASH,
+    OPERATOR_NS,
+    PARKED,
+    RECORD,
+    STATE,
+    VALIDATOR_APP,
+    Cluster,
+    K8sObject,
+    Recorder,
+    explained,
+    is_ready,
+    list_items,
+)
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.gpu_operator]
+
+NODES = ("gpu-node-0", "gpu-node-1")
+APPS = "ml"  # the consumers' namespace
+CONSUMER_KEY = "nvidia.com/gpu-driver-upgrade.consumer"
+CONSUMER = {CONSUMER_KEY: "true"}
+EXPORTER = "gpu-exporter"  # the prepared DaemonSet
+GRACE = 5
+CP_PATH = f"/apis/nvidia.com/v1/clusterpolicies/{gpu_env.CLUSTER_POLICY}"
+SPEC: dict[str, Any] = {
+    "daemonsets": {"updateStrategy": "OnDelete", "rollingUpdate": None},
+    "driver": {
+        "enabled": True,
+        "upgradePolicy": {
+            "autoUpgrade": True,
+            "maxParallelUpgrades": 1,
+            "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+            "drain": {"enable": False, "force": False, "timeoutSeconds": 300},
+        },
+    },
+    # Only the driver and the validator (always deployed): less to play.
+    "dcgm": {"enabled": False},
+    "dcgmExporter": {"enabled": False},
+}
+FLOW_TIMEOUT = 240.0  # the flow's own 2-minute requeue fits in it, should a beat be missed
+# The upgrade library's own annotations it removes again (start times of its timeouts).
+TIMERS = {
+    "annotations:nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time",
+    "annotations:nvidia.com/gpu-driver-upgrade-validation-start-time",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_operator_nodes() -> tuple[str, ...]:
+    return NODES
+
+
+@dataclass
+class World:
+    cp: ControlPlane
+    op: gpu_env.GpuOperator
+    api: ApiClient
+    cluster: Cluster
+    versions: list[str] = field(default_factory=lambda: ["580.82.07"])
+
+    def log(self) -> str:
+        return f"gpu-operator log {self.op.log}; stand-in errors {self.cluster.errors[-5:]}"
+
+
+def _stop_seconds(pod: K8sObject) -> float:
+    """How long a pod takes to stop once asked. Consumers hold the GPU: on gpu-node-0 the
+    declared pod uses its whole grace period and the DaemonSet pod stops after 2 s, on
+    gpu-node-1 the other way round, so on each node another kind is the last to go (and
+    alone holds the gate at the end). Everything else stops at once."""
+    if pod["metadata"]["namespace"] != APPS:
+        return 0.0
+    app = str((pod["metadata"].get("labels") or {}).get("app"))
+    last = {"trainer": NODES[0], EXPORTER: NODES[1]}.get(app)
+    if last is None:
+        return float(GRACE)
+    return float(GRACE) if pod["spec"]["nodeName"] == last else 3.0
+
+
+def _is_consumer(pod: K8sObject) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return pod["metadata"]["namespace"] == APPS and labels.get(CONSUMER_KEY) == "true"
+
+
+async def _post(api: ApiClient, path: str, body: dict[str, Any]) -> None:
+    try:
+        await raw_request(api, "POST", path, body=body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+async def _driver_pods(api: ApiClient) -> list[K8sObject]:
+    return await list_items(
+        api, f"/api/v1/namespaces/{OPERATOR_NS}/pods?labelSelector=app%3D{DRIVER_DS}"
+    )
+
+
+async def _newest_driver_hash(api: ApiClient) -> str | None:
+    revisions = await list_items(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions")
+    mine = [r for r in revisions if r["metadata"]["name"].startswith(f"{DRIVER_DS}-")]
+    if not mine:
+        return None
+    newest = max(mine, key=lambda r: int(r["revision"]))
+    name: str = newest["metadata"]["name"]
+    return name.removeprefix(f"{DRIVER_DS}-")
+
+
+async def _nodes(api: ApiClient) -> dict[str, K8sObject]:
+    return {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
+
+
+async def _unsettled(w: World, *, version: str) -> str | None:
+    """What is missing before every node is upgrade-done on the newest driver revision
+    (of ``version``), driver and validator pods Ready, nothing of shared-svc's left, the
+    prepared DaemonSet's pod Ready on every node; None when all that holds."""
+    assert w.op.alive(), f"gpu-operator exited:\n{w.op.tail()}"
+    newest = await _newest_driver_hash(w.api)
+    try:
+        ds = await raw_request(
+            w.api, "GET", f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets/{DRIVER_DS}"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return "no driver DaemonSet yet"
+        raise
+    images = [c["image"] for c in ds["spec"]["template"]["spec"]["containers"]]
+    if not any(version in image for image in images):
+        return f"driver DaemonSet not at {version}: {images}"
+    nodes = await _nodes(w.api)
+    pods = await list_items(w.api, "/api/v1/pods")
+    for name in NODES:
+        meta = nodes[name]["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        if labels.get(STATE) != "upgrade-done":
+            return f"{name}: state {labels.get(STATE)}"
+        if PARKED in labels or RECORD in annotations:
+            return f"{name}: shared-svc's keys still there"
+        here = [p for p in pods if p["spec"].get("nodeName") == name]
+        driver = [p for p in here if (p["metadata"].get("labels") or {}).get("app") == DRIVER_DS]
+        if len(driver) != 1 or not is_ready(driver[0]):
+            return f"{name}: driver pods {[p['metadata']['name'] for p in driver]} not Ready"
+        if (driver[0]["metadata"].get("labels") or {}).get(HASH) != newest:
+            return f"{name}: driver pod not of the newest revision {newest}"
+        for app in (VALIDATOR_APP, EXPORTER):
+            if not any(
+                (p["metadata"].get("labels") or {}).get("app") == app and is_ready(p) for p in here
+            ):
+                return f"{name}: no Ready {app} pod"
+    return None
+
+
+async def _wait(what: str, check: Callable[[], Awaitable[str | None]], w: World) -> None:
+    """Polls ``check`` (what is missing, or None) until it says nothing is, at most
+    FLOW_TIMEOUT seconds; fails with the last answer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FLOW_TIMEOUT
+    while (missing := await check()) is not None:
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not done within {FLOW_TIMEOUT}s: {missing}; {w.log()}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+async def world(gpu_operator: gpu_env.GpuOperator) -> AsyncIterator[World]:
+    """gpu-operator with the driver installed on both nodes (the stand-ins running), and
+    the prepared consumer DaemonSet (``shared-svc upgrade prepare-daemonset``) on both."""
+    cp = gpu_operator.control_plane
+    api = await api_client(cp)
+    stop = asyncio.Event()
+    cluster = Cluster(
+        api,
+        NODES,
+        namespaces=(APPS,),
+        stop_seconds=_stop_seconds,
+        consumer=_is_consumer,
+    )
+    task = asyncio.ensure_future(cluster.run(stop))
+    w = World(cp, gpu_operator, api, cluster)
+    try:
+        await _post(api, "/api/v1/namespaces", {"metadata": {"name": APPS}})
+        await _post(
+            api,
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            {"metadata": {"name": "nvidia"}, "handler": "nvidia"},
+        )
+        spec = gpu_env.deep_merge(SPEC, {"driver": {"version": w.versions[-1]}})
+        await asyncio.to_thread(gpu_env.apply_cluster_policy, cp, spec)
+        await _post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", _exporter())
+        code = await asyncio.to_thread(
+            cli,
+            [
+                "upgrade",
+                "prepare-daemonset",
+                f"{APPS}/{EXPORTER}",
+                "--kubeconfig",
+                str(cp.kubeconfig),
+            ],
+        )
+        assert code == 0
+        await _wait("driver install", lambda: _unsettled(w, version=w.versions[-1]), w)
+        yield w
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await api.close()
+
+
+def _exporter() -> dict[str, Any]:
+    """A GPU-consumer DaemonSet (a standalone dcgm-exporter, say), not yet prepared."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": EXPORTER, "namespace": APPS},
+        "spec": {
+            "selector": {"matchLabels": {"app": EXPORTER}},
+            "template": {
+                "metadata": {"labels": {"app": EXPORTER}},
+                "spec": {
+                    "terminationGracePeriodSeconds": GRACE,
+                    "containers": [{"name": "exporter", "image": "registry.invalid/exporter:1"}],
+                },
+            },
+        },
+    }
+
+
+def _bare_pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": APPS, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": GRACE,
+            "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
+        },
+    }
+
+
+@dataclass
+class Upgrade:
+    """What one driver upgrade did, seen by the recorder."""
+
+    rec: Recorder
+    declared: dict[str, K8sObject]  # node -> the declared consumer pod on it
+    exporter: dict[str, K8sObject]  # node -> the prepared DaemonSet's pod on it
+    unrelated: dict[str, K8sObject]  # node -> the unrelated pod on it
+    started_rv: int  # the bump
+    gate: dict[str, Any]
+    status: dict[str, Any]
+
+    def freed(self, node: str) -> list[K8sObject]:
+        return [self.declared[node], self.exporter[node]]
+
+    def reached(self, node: str, state: str, after: int | None = None) -> int:
+        """The revision at which ``node`` first had ``state`` after the bump (or ``after``)."""
+        since = self.started_rv if after is None else after
+        rv = next(
+            (r for r, value in self.rec.states(node) if value == state and r > since),
+            None,
+        )
+        assert rv is not None, f"{node} never reached {state}: {self.rec.states(node)}"
+        return rv
+
+
+async def _workloads(w: World) -> tuple[dict[str, K8sObject], ...]:
+    """The declared pod and the unrelated pod on each node (created if an earlier upgrade
+    evicted them), all Ready; returns them and the prepared DaemonSet's pods."""
+    for node in NODES:
+        for name, labels in (
+            (f"trainer-{node}", {"app": "trainer", **CONSUMER}),
+            (f"web-{node}", {"app": "web"}),
+        ):
+            await _post(w.api, f"/api/v1/namespaces/{APPS}/pods", _bare_pod(name, node, labels))
+
+    async def ready() -> tuple[dict[str, K8sObject], ...] | None:
+        pods = await list_items(w.api, f"/api/v1/namespaces/{APPS}/pods")
+        out: tuple[dict[str, K8sObject], ...] = ({}, {}, {})
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp") or not is_ready(pod):
+                continue
+            app = str((pod["metadata"].get("labels") or {}).get("app"))
+            index = {"trainer": 0, EXPORTER: 1, "web": 2}[app]
+            out[index][pod["spec"]["nodeName"]] = pod
+        return out if all(len(part) == len(NODES) for part in out) else None
+
+    result: tuple[dict[str, K8sObject], ...] = await eventually(ready, timeout=60)
+    for pod in result[1].values():  # the prepare-daemonset template: label and affinity
+        assert pod["metadata"]["labels"][CONSUMER_KEY] == "true"
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert all(
+            {"key": PARKED, "operator": "DoesNotExist"} in t["matchExpressions"] for t in terms
+        )
+    return result
+
+
+async def _gate_events(api: ApiClient, reason: str) -> dict[str, K8sObject]:
+    items = await list_items(api, "/apis/events.k8s.io/v1/namespaces/default/events")
+    return {
+        f"{e['metadata']['name']}@{e['metadata']['resourceVersion']}": e
+        for e in items
+        if e.get("reason") == reason
+    }
+
+
+async def _node_events(api: ApiClient, node: str, reason: str) -> list[K8sObject]:
+    items = await list_items(api, "/apis/events.k8s.io/v1/namespaces/default/events")
+    return [
+        e
+        for e in items
+        if e.get("reason") == reason
+        and (e.get("regarding") or {}).get("kind") == "Node"
+        and e["regarding"]["name"] == node
+    ]
+
+
+async def _upgrade(w: World, *, gate: bool) -> Upgrade:
+    """Sets the gate (configure-gate --apply) or removes it, starts shared-svc and the
+    recorder, bumps the driver version and waits until both nodes are upgraded and
+    shared-svc has restored them."""
+    declared, exporter, unrelated = await _workloads(w)
+    if gate:
+        code = await asyncio.to_thread(
+            cli, ["upgrade", "configure-gate", "--apply", "--kubeconfig", str(w.cp.kubeconfig)]
+        )
+        assert code == 0
+    else:
+        await raw_request(
+            w.api,
+            "PATCH",
+            CP_PATH,
+            body={"spec": {"driver": {"upgradePolicy": {"waitForCompletion": None}}}},
+            content_type=MERGE_PATCH,
+        )
+    before = await _gate_events(w.api, "GPUConsumerGateMissing")
+    config = service_config(
+        w.cp,
+        OPERATOR_NS,
+        services_controller=False,
+        upgrade_controller=True,
+        upgrade_poll_seconds=0.5,
+        upgrade_resync_seconds=10.0,
+    )
+    rec = Recorder(w.api)
+    rec_stop = asyncio.Event()
+    rec_task = asyncio.ensure_future(rec.run(rec_stop))
+    try:
+        await rec.started()
+        async with running(config) as service:
+            upgrades = service.upgrade
+            assert upgrades is not None
+
+            async def gate_seen() -> dict[str, Any] | None:
+                return None if upgrades.gate is None else upgrades.gate.as_dict()
+
+            verdict: dict[str, Any] = await eventually(gate_seen, timeout=30)
+            if not gate:
+                # The Warning on the ClusterPolicy at start (a new Event, or the series bumped).
+                async def warned() -> list[K8sObject]:
+                    now = await _gate_events(w.api, "GPUConsumerGateMissing")
+                    return [e for k, e in now.items() if k not in before]
+
+                fresh = await eventually(warned, timeout=30)
+                assert fresh[0]["type"] == "Warning"
+                assert fresh[0]["regarding"]["kind"] == "ClusterPolicy"
+                assert fresh[0]["regarding"]["name"] == gpu_env.CLUSTER_POLICY
+                assert "races the driver restart" in fresh[0]["note"]
+            w.cluster.at_unload.clear()
+            version = f"580.95.{len(w.versions):02d}"
+            w.versions.append(version)
+            bumped = await raw_request(
+                w.api,
+                "PATCH",
+                CP_PATH,
+                body={"spec": {"driver": {"version": version}}},
+                content_type=MERGE_PATCH,
+            )
+            started_rv = int(bumped["metadata"]["resourceVersion"])
+            await _wait("upgrade", lambda: _both_upgraded(w, rec, started_rv, version), w)
+            status = service.status()
+    finally:
+        rec_stop.set()
+        await asyncio.wait_for(rec_task, 30)
+    return Upgrade(rec, declared, exporter, unrelated, started_rv, verdict, status)
+
+
+async def _both_upgraded(w: World, rec: Recorder, after: int, version: str) -> str | None:
+    for node in NODES:
+        if not any(v == "pod-restart-required" and r > after for r, v in rec.states(node)):
+            return f"{node} not through pod-restart-required yet: {rec.states(node)}"
+    return await _unsettled(w, version=version)
+
+
+def _name(pod: K8sObject) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+async def _reported(w: World, up: Upgrade, node: str, reason: str) -> list[K8sObject]:
+    """shared-svc's Events of ``reason`` on ``node`` written during this upgrade."""
+    events = await _node_events(w.api, node, reason)
+    return [e for e in events if int(e["metadata"]["resourceVersion"]) > up.started_rv]
+
+
+async def _check_common(w: World, up: Upgrade) -> None:
+    """What holds with or without the gate: one node at a time, shared-svc parks at the
+    first freeing state and restores at upgrade-done, evicts nothing else, writes only
+    its own node keys, and never a key of another writer."""
+    rec = up.rec
+    for node in NODES:
+        cordon = up.reached(node, "cordon-required")
+        restart = up.reached(node, "pod-restart-required")
+        done = up.reached(node, "upgrade-done", after=restart)
+        assert cordon < restart
+        parked = rec.label_changes(node, PARKED)  # from before the bump
+        assert [v for _, v in parked] == [None, "true", None], parked
+        (_, _), (set_at, _), (removed_at, _) = parked
+        assert cordon < set_at, (node, rec.states(node), parked)
+        assert removed_at > done, (node, rec.states(node), parked)
+        record = [
+            (e.rv, RECORD in (e.obj["metadata"].get("annotations") or {}))
+            for e in rec.node_events(node)
+            if e.rv > up.started_rv
+        ]
+        assert any(present for _, present in record) and not record[-1][1]
+        # Nothing else evicted: the unrelated pod was never asked to go.
+        web = up.unrelated[node]
+        assert rec.pod_deletion_requested(web["metadata"]["uid"]) is None, _name(web)
+        # Written by shared-svc on the node: its parked label and record, nothing else.
+        owned = rec.managers_of_node_keys(node)
+        assert owned.get(FIELD_MANAGER) == {f"labels:{PARKED}", f"annotations:{RECORD}"}, owned
+        others = {key for m, keys in owned.items() if m != FIELD_MANAGER for key in keys}
+        assert f"labels:{PARKED}" not in others and f"annotations:{RECORD}" not in others
+        # Nobody's key was dropped but shared-svc's own and the flow's timers.
+        assert rec.dropped_keys(node) <= {f"labels:{PARKED}", f"annotations:{RECORD}", *TIMERS}
+        # And it said so on the node (Events follow the writes: a bounded wait).
+        await eventually(lambda n=node: _reported(w, up, n, "GPUConsumersRestored"), timeout=10)
+    # maxParallelUpgrades 1: the second node starts only when the first is done.
+    first, second = sorted(NODES, key=lambda n: up.reached(n, "cordon-required"))
+    first_done = up.reached(first, "upgrade-done", after=up.reached(first, "cordon-required"))
+    assert first_done < up.reached(second, "cordon-required")
+    # Among the pods of the consumers' namespace only the freed ones were asked to go.
+    asked = {
+        e.uid
+        for e in rec.events
+        if e.kind == "pod"
+        and e.obj["metadata"]["namespace"] == APPS
+        and e.obj["metadata"].get("deletionTimestamp")
+        and e.rv > up.started_rv
+    }
+    freed = {p["metadata"]["uid"] for n in NODES for p in up.freed(n)}
+    assert asked == freed, (asked, freed)
+    assert w.op.alive(), w.op.tail()
+
+
+async def test_with_the_gate_every_freed_consumer_is_gone_before_the_driver_restarts(
+    world: World,
+) -> None:
+    up = await _upgrade(world, gate=True)
+    with explained(up.rec, (APPS,)):
+        await _check_gated(world, up)
+
+
+async def _check_gated(world: World, up: Upgrade) -> None:
+    assert up.gate["state"] == "ok", up.gate
+    rec = up.rec
+    for node in NODES:
+        cordon = up.reached(node, "cordon-required")
+        waiting = up.reached(node, "wait-for-jobs-required")
+        deleting = up.reached(node, "pod-deletion-required")
+        restart = up.reached(node, "pod-restart-required")
+        parked_at = rec.label_changes(node, PARKED)[1][0]
+        assert parked_at < restart
+        for pod in up.freed(node):
+            uid = pod["metadata"]["uid"]
+            asked = rec.pod_deletion_requested(uid)
+            gone = rec.pod_deleted(uid)
+            assert asked is not None and gone is not None, _name(pod)
+            # Asked to go in a freeing state; gone (the kubelet confirmed) while the flow
+            # held the node in wait-for-jobs-required, so before the driver restart.
+            assert cordon < asked < restart, (node, _name(pod), asked)
+            assert waiting < gone < deleting < restart, (node, _name(pod), gone)
+        # The driver unloaded with no consumer on the node; freed reported, no Warning.
+        assert world.cluster.at_unload[node] == [[]], world.cluster.at_unload
+        assert await _reported(world, up, node, "GPUConsumersFreed"), node
+        assert not await _reported(world, up, node, "GPUConsumersAtDriverRestart")
+    assert up.status["upgrade"]["gate"]["state"] == "ok"
+    await _check_common(world, up)
+
+
+async def test_without_the_gate_shared_svc_warns_at_start_and_per_node(world: World) -> None:
+    up = await _upgrade(world, gate=False)
+    with explained(up.rec, (APPS,)):
+        await _check_ungated(world, up)
+
+
+async def _check_ungated(world: World, up: Upgrade) -> None:
+    assert up.gate["state"] == "missing", up.gate
+    rec = up.rec
+    for node in NODES:
+        restart = up.reached(node, "pod-restart-required")
+        late = sorted(
+            _name(p)
+            for p in up.freed(node)
+            if (rec.pod_deleted(p["metadata"]["uid"]) or 0) > restart
+        )
+        # The race is real: a freed consumer was still on the node at pod-restart-required
+        # (and the driver-manager found it when it came to unload the driver).
+        assert late, (node, rec.states(node))
+        assert any(world.cluster.at_unload[node]), world.cluster.at_unload
+        fresh = await _reported(world, up, node, "GPUConsumersAtDriverRestart")
+        assert fresh, node
+        assert fresh[0]["type"] == "Warning"
+        # It names the consumer that was certainly still there (the one using its whole
+        # grace period on this node), and only consumers freed on this node.
+        last = next(p for p in up.freed(node) if _stop_seconds(p) == GRACE)
+        named = set(re.findall(rf"{APPS}/[a-z0-9.-]+[a-z0-9]", fresh[0]["note"]))
+        assert _name(last) in named, (_name(last), fresh[0]["note"])
+        assert named <= {_name(p) for p in up.freed(node)}, fresh[0]["note"]
+    await _check_common(world, up)

@@ -1,0 +1,709 @@
+"""Stand-ins for the real gpu-operator upgrade flow (issue 14): what a cluster would do
+around gpu-operator and its upgrade library (k8s-operator-libs), on a control plane with
+no kubelet and no controllers.
+
+:class:`Cluster` plays, in one loop (so the three never race each other):
+
+- the **DaemonSet controller**, for gpu-operator's DaemonSets and the test's own: a
+  ControllerRevision per pod template (named ``<ds>-<hash>``, labelled with the
+  DaemonSet's selector, ``revision`` = newest + 1: what the upgrade library compares the
+  driver pods' ``controller-revision-hash`` with), one pod per eligible node
+  (``nodeSelector`` and required node affinity, so the parked label moves a prepared
+  DaemonSet off a node), pods on nodes no longer eligible deleted (with their own grace
+  period), ``OnDelete`` left alone and ``RollingUpdate`` replaced, and the status
+  (``desiredNumberScheduled`` = the pods it wants, which the library checks against the
+  driver pods it finds);
+- the **kubelet**: pods bound to a node become Running with every container Ready (a
+  replacement driver pod only once the driver-manager is done); a terminating pod is
+  finished (deleted with grace 0, the kubelet's confirmation) once its containers have
+  stopped: ``stop_seconds(pod)`` after it was asked to go, at most its termination grace
+  period (then they are killed). After a change it touches a harmless node
+  label (:data:`BEAT`): the upgrade flow does not watch pods and re-checks them only on
+  its 2-minute requeue or on a node label change;
+- the **driver-manager** (the new driver pod's init container): on a node whose driver
+  was loaded, it parks the operands (``nvidia.com/gpu.deploy.*`` ``true`` ->
+  ``paused-for-driver-upgrade``), waits until their pods are gone, unloads the driver
+  (which waits while a GPU consumer is still on the node: recorded in ``at_unload``),
+  restores the labels, and the driver container starts.
+
+:class:`Recorder` watches nodes and pods and keeps every event with its resourceVersion;
+with one etcd the resourceVersions are its global revisions, so they order a pod's
+deletion against a node's state-label change exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
+
+K8sObject = dict[str, Any]
+
+OPERATOR_NS = "gpu-operator"
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+PARKED = "nvidia.com/gpu-driver-upgrade.parked"
+RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
+DRIVER_DS = "nvidia-driver-daemonset"
+VALIDATOR_APP = "nvidia-operator-validator"
+HASH = "controller-revision-hash"
+BEAT = "upgrade-flow.test/kubelet-beat"
+PAUSED = "paused-for-driver-upgrade"
+# What k8s-driver-manager parks before it unloads the driver (its fetchCurrentLabels).
+DEPLOY_KEYS = tuple(
+    f"nvidia.com/gpu.deploy.{name}"
+    for name in (
+        "operator-validator",
+        "container-toolkit",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+        "dcgm",
+        "mig-manager",
+        "nvsm",
+        "sandbox-validator",
+        "sandbox-device-plugin",
+        "vgpu-device-manager",
+    )
+)
+# The operand pods it waits for (app=...), in the operator namespace.
+OPERAND_APPS = (
+    VALIDATOR_APP,
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-dcgm",
+)
+# Field managers of the stand-ins (their node writes are told apart in managedFields).
+KUBELET = "test-kubelet"
+DS_CONTROLLER = "test-daemonset-controller"
+DRIVER_MANAGER = "test-driver-manager"
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _labels(obj: K8sObject) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("labels") or {})
+
+
+def _controller_uid(obj: K8sObject) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            uid: str = ref["uid"]
+            return uid
+    return None
+
+
+def is_ready(pod: K8sObject) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    statuses = status.get("containerStatuses") or []
+    return bool(statuses) and all(s.get("ready") for s in statuses)
+
+
+def _expression_holds(expr: dict[str, Any], labels: dict[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"node affinity operator {op} not played by the stand-in")
+
+
+def node_eligible(template_spec: dict[str, Any], node: K8sObject) -> bool:
+    """The DaemonSet controller's placement: nodeSelector and required node affinity
+    (terms ORed, expressions ANDed); enforced on running pods too."""
+    labels = _labels(node)
+    selector = template_spec.get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    required = (
+        ((template_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+    return any(
+        all(_expression_holds(e, labels) for e in term.get("matchExpressions") or [])
+        for term in required
+    )
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+async def list_items(api: ApiClient, path: str) -> list[K8sObject]:
+    items: list[K8sObject] = (await raw_request(api, "GET", path))["items"]
+    return items
+
+
+async def patch_node_labels(
+    api: ApiClient, node: str, labels: dict[str, str | None], manager: str
+) -> None:
+    await raw_request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        body={"metadata": {"labels": labels}},
+        content_type=MERGE_PATCH,
+        query=[("fieldManager", manager)],
+    )
+
+
+@dataclass
+class _Unload:
+    """The driver-manager's progress on one replacement driver pod."""
+
+    node: str
+    parked: list[str] = field(default_factory=list)
+    phase: str = "park"
+
+
+class Cluster:
+    """DaemonSet controller, kubelet and driver-manager for ``nodes`` (see the module doc).
+
+    ``stop_seconds(pod)``: how long the pod's containers take to stop once asked (its
+    grace period caps it). ``consumer(pod)``: the pod keeps the driver from unloading."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        nodes: tuple[str, ...],
+        *,
+        namespaces: tuple[str, ...],
+        stop_seconds: Callable[[K8sObject], float],
+        consumer: Callable[[K8sObject], bool],
+        tick: float = 0.1,
+    ) -> None:
+        self.api = api
+        self.nodes = nodes
+        self.namespaces = (OPERATOR_NS, *namespaces)
+        self.stop_seconds = stop_seconds
+        self.consumer = consumer
+        self.tick = tick
+        self.errors: list[str] = []
+        # node -> names of consumers still on it when its driver was to be unloaded
+        self.at_unload: dict[str, list[list[str]]] = {}
+        self._loaded: set[str] = set()  # nodes whose driver module is loaded
+        self._unloads: dict[str, _Unload] = {}  # replacement driver pod uid -> progress
+        self._unloaded: set[str] = set()  # replacement driver pods whose unload is done
+        self._terminating: dict[str, float] = {}  # pod uid -> monotonic time it may go
+        self._beats: set[str] = set()
+        self._beat = itertools.count()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except (ApiException, aiohttp.ClientError, TimeoutError) as exc:
+                # A conflict or a blip: the next tick looks again (as the real ones do).
+                self.errors.append(f"{type(exc).__name__}: {getattr(exc, 'status', exc)}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.tick)
+
+    async def step(self) -> None:
+        nodes = {
+            n["metadata"]["name"]: n
+            for n in await list_items(self.api, "/api/v1/nodes")
+            if n["metadata"]["name"] in self.nodes
+        }
+        pods = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
+        if await self._kubelet_finish(pods):
+            pods = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
+        daemonsets = [
+            d
+            for d in await list_items(self.api, "/apis/apps/v1/daemonsets")
+            if d["metadata"]["namespace"] in self.namespaces
+        ]
+        revisions = await list_items(self.api, "/apis/apps/v1/controllerrevisions")
+        for ds in daemonsets:
+            await self._daemonset(ds, nodes, pods, revisions)
+        await self._driver_manager(nodes, pods)
+        await self._kubelet_start(pods)
+        beats, self._beats = self._beats, set()
+        for node in sorted(beats):
+            await patch_node_labels(self.api, node, {BEAT: str(next(self._beat))}, KUBELET)
+
+    def _ours(self, pod: K8sObject) -> bool:
+        return (
+            pod["spec"].get("nodeName") in self.nodes
+            and pod["metadata"]["namespace"] in self.namespaces
+        )
+
+    # --- kubelet ---
+
+    async def _kubelet_finish(self, pods: list[K8sObject]) -> bool:
+        """Finishes terminating pods whose containers stopped; True if any went."""
+        went = False
+        clock = time.monotonic()
+        for pod in pods:
+            meta = pod["metadata"]
+            if not meta.get("deletionTimestamp"):
+                continue
+            grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+            due = self._terminating.setdefault(
+                meta["uid"], clock + min(self.stop_seconds(pod), grace)
+            )
+            if clock < due:
+                continue
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+            try:
+                await raw_request(self.api, "DELETE", path, body=body)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+            self._terminating.pop(meta["uid"], None)
+            self._beats.add(pod["spec"]["nodeName"])
+            went = True
+        return went
+
+    async def _kubelet_start(self, pods: list[K8sObject]) -> None:
+        for pod in pods:
+            meta = pod["metadata"]
+            node = pod["spec"]["nodeName"]
+            driver = _labels(pod).get("app") == DRIVER_DS
+            if driver and is_ready(pod):
+                self._loaded.add(node)
+            if meta.get("deletionTimestamp") or is_ready(pod):
+                continue
+            if driver:
+                if node in self._loaded and meta["uid"] not in self._unloaded:
+                    self._unloads.setdefault(meta["uid"], _Unload(node))
+                    continue  # its init container (the driver-manager) is still at work
+                self._loaded.add(node)
+            await self.make_ready(pod)
+            self._beats.add(node)
+
+    async def make_ready(self, pod: K8sObject) -> None:
+        meta = pod["metadata"]
+        started = now_rfc3339()
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image") or "unknown",
+                "imageID": "",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": started}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        status = {
+            "status": {
+                "phase": "Running",
+                "hostIP": "192.0.2.10",
+                "podIP": "10.244.0.10",
+                "startTime": started,
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": started}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": statuses,
+            }
+        }
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        try:
+            await raw_request(self.api, "PATCH", path, body=status, content_type=MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # --- driver-manager ---
+
+    async def _driver_manager(self, nodes: dict[str, K8sObject], pods: list[K8sObject]) -> None:
+        live = {p["metadata"]["uid"] for p in pods}
+        for uid, unload in list(self._unloads.items()):
+            if uid not in live:
+                del self._unloads[uid]
+                continue
+            node = nodes.get(unload.node)
+            if node is None:
+                continue
+            labels = _labels(node)
+            if unload.phase == "park":
+                unload.parked = [k for k in DEPLOY_KEYS if labels.get(k) == "true"]
+                if unload.parked:
+                    await patch_node_labels(
+                        self.api, unload.node, dict.fromkeys(unload.parked, PAUSED), DRIVER_MANAGER
+                    )
+                unload.phase = "operands"
+            elif unload.phase == "operands":
+                if not any(
+                    p["spec"]["nodeName"] == unload.node
+                    and p["metadata"]["namespace"] == OPERATOR_NS
+                    and _labels(p).get("app") in OPERAND_APPS
+                    for p in pods
+                ):
+                    unload.phase = "unload"
+            elif unload.phase == "unload":
+                holding = sorted(
+                    f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                    for p in pods
+                    if p["spec"]["nodeName"] == unload.node and self.consumer(p)
+                )
+                attempts = self.at_unload.setdefault(unload.node, [])
+                if not attempts or attempts[-1] != holding:
+                    attempts.append(holding)
+                if not holding:  # rmmod succeeds; else it retries (the module is busy)
+                    if unload.parked:
+                        await patch_node_labels(
+                            self.api,
+                            unload.node,
+                            dict.fromkeys(unload.parked, "true"),
+                            DRIVER_MANAGER,
+                        )
+                    self._unloaded.add(uid)
+                    del self._unloads[uid]
+
+    # --- DaemonSet controller ---
+
+    async def _daemonset(
+        self,
+        ds: K8sObject,
+        nodes: dict[str, K8sObject],
+        pods: list[K8sObject],
+        revisions: list[K8sObject],
+    ) -> None:
+        meta, spec = ds["metadata"], ds["spec"]
+        name, ns, uid = meta["name"], meta["namespace"], meta["uid"]
+        template = spec["template"]
+        current = template_hash(template)
+        await self._revision(ds, current, revisions)
+        owned = [p for p in pods if _controller_uid(p) == uid]
+        strategy = (spec.get("updateStrategy") or {}).get("type", "RollingUpdate")
+        wanted = 0
+        for node_name, node in sorted(nodes.items()):
+            here = [p for p in owned if p["spec"]["nodeName"] == node_name]
+            live = [p for p in here if not p["metadata"].get("deletionTimestamp")]
+            if not node_eligible(template["spec"], node):
+                for pod in live:
+                    await self._delete(pod)
+                continue
+            wanted += 1
+            if strategy == "RollingUpdate":
+                for pod in live:
+                    if _labels(pod).get(HASH) != current:
+                        await self._delete(pod)
+            if not here:
+                await self._create_pod(ds, node_name, current)
+        updated = [p for p in owned if _labels(p).get(HASH) == current]
+        ready = sum(1 for p in owned if is_ready(p) and not p["metadata"].get("deletionTimestamp"))
+        status = {
+            "observedGeneration": meta.get("generation", 1),
+            "desiredNumberScheduled": wanted,
+            "currentNumberScheduled": len(owned),
+            "updatedNumberScheduled": len(updated),
+            "numberMisscheduled": 0,
+            "numberReady": ready,
+            "numberAvailable": ready,
+            "numberUnavailable": max(wanted - ready, 0),
+        }
+        old = ds.get("status") or {}
+        if any(old.get(k, 0) != v for k, v in status.items()):
+            await raw_request(
+                self.api,
+                "PATCH",
+                f"/apis/apps/v1/namespaces/{ns}/daemonsets/{name}/status",
+                body={"status": status},
+                content_type=MERGE_PATCH,
+                query=[("fieldManager", DS_CONTROLLER)],
+            )
+
+    async def _revision(self, ds: K8sObject, current: str, revisions: list[K8sObject]) -> None:
+        meta = ds["metadata"]
+        mine = [r for r in revisions if _controller_uid(r) == meta["uid"]]
+        newest = max((int(r.get("revision", 0)) for r in mine), default=0)
+        name = f"{meta['name']}-{current}"
+        found = next((r for r in mine if r["metadata"]["name"] == name), None)
+        path = f"/apis/apps/v1/namespaces/{meta['namespace']}/controllerrevisions"
+        if found is None:
+            body = {
+                "apiVersion": "apps/v1",
+                "kind": "ControllerRevision",
+                "metadata": {
+                    "name": name,
+                    "namespace": meta["namespace"],
+                    "labels": {**ds["spec"]["selector"]["matchLabels"], HASH: current},
+                    "ownerReferences": [self._owner(ds)],
+                },
+                "data": {"spec": {"template": ds["spec"]["template"]}},
+                "revision": newest + 1,
+            }
+            await raw_request(self.api, "POST", path, body=body)
+        elif int(found.get("revision", 0)) != newest:
+            await raw_request(
+                self.api,
+                "PATCH",
+                f"{path}/{name}",
+                body={"revision": newest + 1},
+                content_type=MERGE_PATCH,
+            )
+        else:
+            return
+        # A new revision is what starts an upgrade; the flow notices on a node label change.
+        self._beats.update(self.nodes)
+
+    @staticmethod
+    def _owner(ds: K8sObject) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": ds["metadata"]["name"],
+            "uid": ds["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    async def _create_pod(self, ds: K8sObject, node: str, current: str) -> None:
+        template = ds["spec"]["template"]
+        tmeta = template.get("metadata") or {}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": f"{ds['metadata']['name']}-",
+                "namespace": ds["metadata"]["namespace"],
+                "labels": {
+                    **(tmeta.get("labels") or {}),
+                    HASH: current,
+                    "pod-template-generation": str(ds["metadata"].get("generation", 1)),
+                },
+                "annotations": dict(tmeta.get("annotations") or {}),
+                "ownerReferences": [self._owner(ds)],
+            },
+            "spec": {**template["spec"], "nodeName": node},
+        }
+        await raw_request(
+            self.api,
+            "POST",
+            f"/api/v1/namespaces/{ds['metadata']['namespace']}/pods",
+            body=body,
+            query=[("fieldManager", DS_CONTROLLER)],
+        )
+
+    async def _delete(self, pod: K8sObject) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        body = {"preconditions": {"uid": meta["uid"]}}  # the pod's own grace period
+        try:
+            await raw_request(self.api, "DELETE", path, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+
+# --- the recorder ---
+
+
+@dataclass
+class Event:
+    kind: str  # "node" or "pod"
+    type: str  # ADDED, MODIFIED, DELETED
+    rv: int
+    at: float  # monotonic, when it arrived
+    obj: K8sObject
+
+    @property
+    def name(self) -> str:
+        name: str = self.obj["metadata"]["name"]
+        return name
+
+    @property
+    def uid(self) -> str:
+        uid: str = self.obj["metadata"]["uid"]
+        return uid
+
+
+class Recorder:
+    """Every node and pod event from the moment it started (list, then watch from there)."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+        self.events: list[Event] = []
+        self.start_rv = 0
+        self._ready = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        lists = [await raw_request(self.api, "GET", p) for p in ("/api/v1/nodes", "/api/v1/pods")]
+        self.start_rv = min(int(data["metadata"]["resourceVersion"]) for data in lists)
+        watches = [
+            asyncio.ensure_future(self._watch(kind, path, data["metadata"]["resourceVersion"]))
+            for kind, path, data in zip(
+                ("node", "pod"), ("/api/v1/nodes", "/api/v1/pods"), lists, strict=True
+            )
+        ]
+        self._ready.set()
+        try:
+            await stop.wait()
+        finally:
+            failed = [t.exception() for t in watches if t.done() and not t.cancelled()]
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+        for exc in failed:  # a watch that ended early: the record would have a hole
+            raise AssertionError(f"the recorder's watch ended early: {exc!r}")
+
+    async def started(self) -> None:
+        await self._ready.wait()
+
+    async def _watch(self, kind: str, path: str, rv: str) -> None:
+        query = [("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "600")]
+        resp = await self.api.call_api(
+            path,
+            "GET",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=700),
+        )
+        async with resp:
+            while line := await resp.content.readline():
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                    raise AssertionError(f"{kind} watch: {event}")
+                rv_now = int(obj["metadata"]["resourceVersion"])
+                self.events.append(Event(kind, event["type"], rv_now, time.monotonic(), obj))
+
+    # --- questions ---
+
+    def node_events(self, node: str) -> list[Event]:
+        return [e for e in self.events if e.kind == "node" and e.name == node]
+
+    def states(self, node: str) -> list[tuple[int, str | None]]:
+        """The node's state-label values in order, each with the revision it appeared at."""
+        out: list[tuple[int, str | None]] = []
+        for e in self.node_events(node):
+            value = _labels(e.obj).get(STATE)
+            if not out or out[-1][1] != value:
+                out.append((e.rv, value))
+        return out
+
+    def reached(self, node: str, state: str) -> int | None:
+        """The revision at which ``node`` first had ``state``."""
+        return next((rv for rv, value in self.states(node) if value == state), None)
+
+    def label_changes(self, node: str, key: str) -> list[tuple[int, str | None]]:
+        out: list[tuple[int, str | None]] = []
+        for e in self.node_events(node):
+            value = _labels(e.obj).get(key)
+            if not out or out[-1][1] != value:
+                out.append((e.rv, value))
+        return out
+
+    def pod_deleted(self, uid: str) -> int | None:
+        """The revision at which the pod with ``uid`` was removed (its DELETED event)."""
+        return next(
+            (e.rv for e in self.events if e.kind == "pod" and e.type == "DELETED" and e.uid == uid),
+            None,
+        )
+
+    def pod_deletion_requested(self, uid: str) -> int | None:
+        """The revision at which the pod first had a deletionTimestamp."""
+        return next(
+            (
+                e.rv
+                for e in self.events
+                if e.kind == "pod" and e.uid == uid and e.obj["metadata"].get("deletionTimestamp")
+            ),
+            None,
+        )
+
+    def managers_of_node_keys(self, node: str) -> dict[str, set[str]]:
+        """For each field manager: every label/annotation/spec field it owned in any
+        version of the node seen (``labels:<key>``, ``annotations:<key>``, ``spec:<f>``)."""
+        owned: dict[str, set[str]] = {}
+        for e in self.node_events(node):
+            for entry in e.obj["metadata"].get("managedFields") or []:
+                fields = owned.setdefault(entry["manager"], set())
+                meta = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
+                for section in ("labels", "annotations"):
+                    for key in meta.get(f"f:{section}") or {}:
+                        if key.startswith("f:"):
+                            fields.add(f"{section}:{key[2:]}")
+                for key in (entry.get("fieldsV1") or {}).get("f:spec") or {}:
+                    fields.add(f"spec:{key[2:]}")
+        return owned
+
+    def dropped_keys(self, node: str) -> set[str]:
+        """Every label or annotation (``labels:<key>``, ``annotations:<key>``) that one
+        version of the node had and the next did not."""
+        dropped: set[str] = set()
+        previous: set[str] | None = None
+        for e in self.node_events(node):
+            meta = e.obj["metadata"]
+            keys = {f"labels:{k}" for k in meta.get("labels") or {}} | {
+                f"annotations:{k}" for k in meta.get("annotations") or {}
+            }
+            if previous is not None:
+                dropped |= previous - keys
+            previous = keys
+        return dropped
+
+    def timeline(self, namespaces: tuple[str, ...]) -> str:
+        """The recorded node state/parked/cordon changes and the pod deletions in
+        ``namespaces``, one line each (for failure messages)."""
+        lines: list[str] = []
+        seen: dict[str, tuple[Any, ...]] = {}
+        t0 = self.events[0].at if self.events else 0.0
+        for e in self.events:
+            meta = e.obj["metadata"]
+            if e.kind == "node":
+                labels = meta.get("labels") or {}
+                what: tuple[Any, ...] = (
+                    labels.get(STATE),
+                    f"parked={labels.get(PARKED)}",
+                    f"record={RECORD in (meta.get('annotations') or {})}",
+                    f"cordoned={bool(e.obj['spec'].get('unschedulable'))}",
+                )
+                if seen.get(e.name) == what:
+                    continue
+                seen[e.name] = what
+            elif meta["namespace"] in namespaces and (
+                e.type == "DELETED" or meta.get("deletionTimestamp")
+            ):
+                key = f"{meta['namespace']}/{e.name}"
+                what = ("gone",) if e.type == "DELETED" else ("terminating",)
+                if seen.get(key) == what:
+                    continue
+                seen[key] = what
+            else:
+                continue
+            lines.append(
+                f"{e.at - t0:7.3f}s rv {e.rv} {e.kind} {e.name}: {' '.join(map(str, what))}"
+            )
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def explained(rec: Recorder, namespaces: tuple[str, ...]) -> Iterator[None]:
+    """A failed assertion inside comes with the recorded timeline."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\ntimeline:\n{rec.timeline(namespaces)}") from None
