@@ -92,7 +92,9 @@ class Config(BaseSettings):
         default=60.0, gt=0, description="Re-check whether ServiceMonitor is served."
     )
     coalesce_seconds: float = Field(
-        default=0.2, ge=0, description="Wait after an event so bursts become one reconcile."
+        default=0.2,
+        ge=0,
+        description="Least spacing between a reconcile and the next one an event starts: an event while idle is served at once, a burst becomes few reconciles.",
     )
     backoff_base_seconds: float = Field(
         default=0.005, gt=0, description="First retry delay after a failed reconcile."

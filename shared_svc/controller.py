@@ -2,7 +2,9 @@
 
 Level-triggered: an event only says "look again"; every reconcile reads the whole
 namespace from the caches. Events coalesce into one pending reconcile (a flag, not a
-queue), and reconciles never overlap. A failed reconcile is retried with exponential
+queue), and reconciles never overlap. An event while idle is served at once; one that
+arrives during a reconcile, or less than ``coalesce_seconds`` after it, waits until that
+spacing has passed, so a burst becomes few reconciles. A failed reconcile is retried with exponential
 backoff, cut short when a cache re-lists (the watches are back after an outage) or
 discovery changes; the loop beats its heartbeat all along (liveness = the loop turns).
 Every write also passes the writer's token bucket. Only the leader writes;
@@ -260,6 +262,7 @@ class ServicesController:
         loop = asyncio.get_running_loop()
         next_resync = loop.time() + self._config.resync_seconds
         retry_at: float | None = None  # after a failure: no reconcile before this
+        last_end = -float("inf")  # loop time at which the last reconcile ended
         waiting_for_caches = False
         while not stop.is_set():
             self.heartbeat = time.monotonic()
@@ -283,8 +286,10 @@ class ServicesController:
                 break
             if not (woke or retry or waiting_for_caches) and loop.time() < next_resync:
                 continue  # heartbeat tick
-            if woke and not retry and self._config.coalesce_seconds:
-                await asyncio.sleep(self._config.coalesce_seconds)  # let a burst finish
+            spacing = self._config.coalesce_seconds - (loop.time() - last_end)
+            if woke and not retry and spacing > 0:
+                # Woken during or just after a reconcile: a burst is on, gather the rest of it.
+                await asyncio.sleep(spacing)
             self._wake.clear()
             self._metrics.workqueue_depth.labels(CONTROLLER).set(0)
             if loop.time() >= next_resync:
@@ -294,7 +299,9 @@ class ServicesController:
                 # An informer that syncs (again) triggers; the short tick looks again anyway.
                 self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
                 continue
-            if await self.reconcile_once():
+            ok = await self.reconcile_once()
+            last_end = loop.time()
+            if ok:
                 self._failures = 0
             else:
                 self._failures += 1

@@ -220,3 +220,109 @@ def test_pending_gauge_drops_to_zero_when_a_reason_goes_away() -> None:
     assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 2
     ctrl._record_plan_metrics(Plan())
     assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 0
+
+
+class SyncedCache:
+    """Stands in for an informer whose cache is synced (all the loop asks of it)."""
+
+    def __init__(self) -> None:
+        self.synced = asyncio.Event()
+        self.synced.set()
+
+
+class LoopProbe:
+    """The Services controller's loop, with its reconciles and its sleeps logged in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, coalesce_seconds: float) -> None:
+        import types
+
+        import shared_svc.controller as controller_module
+
+        self.log: list[str] = []
+        self.ctrl = ServicesController(
+            None,  # type: ignore[arg-type]
+            Config(coalesce_seconds=coalesce_seconds, resync_seconds=3600),
+            recorder=None,  # type: ignore[arg-type]
+            writer=None,  # type: ignore[arg-type]
+            metrics=Metrics(),
+            is_leader=lambda: True,
+        )
+        self.ctrl._informers = {"pods": SyncedCache()}  # type: ignore[dict-item]
+
+        async def sleep(seconds: float) -> None:
+            self.log.append("sleep")
+            await asyncio.sleep(seconds)
+
+        async def reconcile_once() -> bool:
+            self.log.append("reconcile")
+            await asyncio.sleep(0)  # changes may arrive while it runs
+            return True
+
+        # The controller module's asyncio, with sleep logged (the test's own is untouched).
+        logged = types.SimpleNamespace(**{**vars(asyncio), "sleep": sleep})
+        monkeypatch.setattr(controller_module, "asyncio", logged)
+        monkeypatch.setattr(self.ctrl, "reconcile_once", reconcile_once)
+        self.stop = asyncio.Event()
+        self.task = asyncio.ensure_future(self.ctrl._loop(self.stop))
+
+    def change(self) -> None:
+        self.log.append("change")
+        self.ctrl.trigger()
+
+    async def idle(self, seconds: float) -> None:
+        await asyncio.wait([self.task], timeout=seconds)
+        assert not self.task.done()
+
+    async def until(self, reconciles: int) -> None:
+        for _ in range(500):
+            if self.log.count("reconcile") >= reconciles:
+                return
+            await self.idle(0.01)
+        raise AssertionError(f"{reconciles} reconcile(s) expected: {self.log}")
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.task
+
+
+async def test_a_lone_change_is_reconciled_without_a_coalescing_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A spacing of an hour: any coalescing wait before the first reconcile would hold it back.
+    probe = LoopProbe(monkeypatch, coalesce_seconds=3600)
+    await probe.idle(0.05)
+    probe.change()
+    await probe.until(1)
+    assert probe.log == ["change", "reconcile"]
+    await probe.close()
+
+
+async def test_a_change_after_the_spacing_is_reconciled_without_a_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probe = LoopProbe(monkeypatch, coalesce_seconds=0.05)
+    probe.change()
+    await probe.until(1)
+    await probe.idle(0.2)  # idle for longer than the spacing
+    probe.log.clear()
+    probe.change()
+    await probe.until(1)
+    assert probe.log == ["change", "reconcile"]
+    await probe.close()
+
+
+async def test_a_burst_of_changes_becomes_few_reconciles(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = LoopProbe(monkeypatch, coalesce_seconds=0.05)
+    await probe.idle(0.05)
+    for _ in range(50):
+        probe.change()
+        await asyncio.sleep(0)  # the loop runs between two changes
+    await probe.until(2)
+    await probe.idle(0.2)  # whatever was still pending has run
+    first = probe.log.index("reconcile")
+    assert "sleep" not in probe.log[:first], probe.log  # the first one without a wait
+    assert "sleep" in probe.log, probe.log  # the rest of the burst was gathered
+    assert 2 <= probe.log.count("reconcile") <= 3, probe.log
+    last_change = len(probe.log) - 1 - probe.log[::-1].index("change")
+    assert "reconcile" in probe.log[last_change:], probe.log  # the last change is served
+    await probe.close()
