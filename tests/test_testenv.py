@@ -217,13 +217,16 @@ def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) 
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     dirs = {out.strip() for out, _ in outputs}
     assert len(dirs) == 1, dirs
-    assert len(builds(tmp_path)) == 3, "kube-apiserver, etcd and helmrender, each built once"
+    assert len(builds(tmp_path)) == 4, (
+        "kube-apiserver, kube-controller-manager, etcd and helmrender, each built once"
+    )
     assert any("waiting for it" in err for _, err in outputs), "the second run waited"
     (directory,) = dirs
     assert sorted(p.name for p in Path(directory).iterdir()) == [
         "etcd",
         "helmrender",
         "kube-apiserver",
+        "kube-controller-manager",
     ]
 
     # The cached path: no build at all, the same directory.
@@ -231,4 +234,4 @@ def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) 
         ["bash", str(BUILD)], env=env, capture_output=True, text=True, check=True
     )
     assert again.stdout.strip() == directory and "cached build" in again.stderr
-    assert len(builds(tmp_path)) == 3
+    assert len(builds(tmp_path)) == 4
