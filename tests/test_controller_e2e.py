@@ -145,7 +145,10 @@ async def test_selectors_follow_the_rollout_gate(kube: Kube, svc: Service) -> No
 async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(
     kube: Kube, svc: Service
 ) -> None:
-    gc = await kube.create_cr(gc_body(dcgm={"enabled": True}))
+    # Created off, so gpu-operator's Services exist before shared-svc needs them (it serves
+    # a change at once: with the stacks on, it could create them first).
+    off = {"enabled": False}
+    gc = await kube.create_cr(gc_body(dcgm=off, dcgmExporter=off))
     owner = {
         "apiVersion": "nvidia.com/v1alpha1",
         "kind": "GPUCluster",
@@ -172,6 +175,8 @@ async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(
             kube.ns, body, field_manager="gpu-operator"
         )
         before[name] = (created.metadata.uid, created.spec.cluster_ip)
+    on = {"enabled": True}
+    await kube.patch_cr("GPUCluster", "gpu-cluster", {"spec": {"dcgm": on, "dcgmExporter": on}})
     await settle(svc)
     for name, (uid, ip) in before.items():
         s = await kube.service(name)
