@@ -30,8 +30,9 @@ typecheck: venv
 test: venv testenv testenv-gpu-operator lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 
+# make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).
 demo: venv testenv
-	$(BIN)/shared-svc demo
+	$(BIN)/shared-svc demo $(if $(GPU_OPERATOR),--with-gpu-operator)
 
 proptest-long: venv
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest proptests

@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +229,36 @@ class GpuOperator:
             return ""
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def log_lines(self, since: str = "") -> list[dict[str, Any]]:
+        """Its JSON log lines stamped ``since`` (an RFC 3339 second, :func:`now`) or later."""
+        lines: list[dict[str, Any]] = []
+        if not self.log.exists():
+            return lines
+        for raw in self.log.read_text(errors="replace").splitlines():
+            if raw.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    line = json.loads(raw)
+                    if isinstance(line, dict) and str(line.get("ts", "")) >= since:
+                        lines.append(line)
+        return lines
+
+    def reconciles(self, since: str = "") -> int:
+        """ClusterPolicy reconciles since ``since``: each one logs its state-dcgm step."""
+        return sum(
+            1
+            for line in self.log_lines(since)
+            if line.get("msg") == "ClusterPolicy step completed"
+            and line.get("state:") == "state-dcgm"
+        )
+
+    def updates(self, since: str = "") -> Counter[str]:
+        """Its whole-object updates of Services since ``since``, by name (as logged)."""
+        return Counter(
+            str(line.get("Service"))
+            for line in self.log_lines(since)
+            if line.get("msg") == "Found Resource, updating..." and "Service" in line
+        )
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM to its process group (the mount namespace goes with it), SIGKILL after
         ``timeout``."""
@@ -353,6 +386,28 @@ def wait_for(check: Callable[[], _T], timeout: float = 30.0, what: str = "condit
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout}s; last value: {last!r}")
         time.sleep(0.2)
+
+
+def now() -> str:
+    """The current second as gpu-operator stamps its log lines (``ts``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def request_counts(cp: ControlPlane, resource: str = "services") -> Counter[tuple[str, str]]:
+    """The API server's own count of requests on ``resource`` (its ``/metrics``, no
+    subresources): (verb, code) -> count. Subtract two counts for what happened between."""
+    status, text = cp.request("GET", "/metrics")
+    if status != 200:
+        raise ControlPlaneError(f"/metrics: {status} {text}")
+    out: Counter[tuple[str, str]] = Counter()
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if labels.get("resource") == resource and not labels.get("subresource"):
+                out[labels.get("verb", ""), labels.get("code", "")] += int(
+                    float(line.rsplit(" ", 1)[1])
+                )
+    return out
 
 
 def _ok(status: int, body: Any, what: str) -> Any:

@@ -27,11 +27,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--keep", action="store_true", help="leave the control plane running at the end"
     )
+    parser.add_argument(
+        "--with-gpu-operator",
+        action="store_true",
+        help="instead: shared-svc next to the real gpu-operator with the chart's admission "
+        "guard (builds gpu-operator from its Go module on first use: minutes)",
+    )
     parser.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from shared_svc import testenv
+
+    if args.with_gpu_operator:
+        from shared_svc.commands import demo_gpu_operator
+
+        log = Path(tempfile.gettempdir()) / "shared-svc-demo-gpu-operator.log"
+        return demo_gpu_operator.run(log, keep=args.keep)
 
     say(
         "shared-svc demo: one API server (real kube-apiserver + etcd on 127.0.0.1), no kubelet, no controllers."
@@ -251,9 +263,11 @@ async def _settle(service: Any) -> None:
     print("warning: the service did not converge within 2 minutes; see its log", file=sys.stderr)
 
 
-async def _show(core: Any) -> None:
+async def _show(core: Any, names: tuple[str, ...] | None = None) -> None:
     rows = []
     for s in sorted((await core.list_namespaced_service(NS)).items, key=lambda s: s.metadata.name):
+        if names is not None and s.metadata.name not in names:
+            continue
         owners = ",".join(
             f"{r.kind}/{r.name}{'(controller)' if r.controller else ''}"
             for r in s.metadata.owner_references or []
