@@ -225,6 +225,8 @@ async def test_two_replicas_one_writer_and_handover(
         assert leader.elector is not None
         leader.elector.release = no_release  # type: ignore[method-assign]
         leader.elector._retry = 3600  # stop renewing, as a dead process would
+        assert leader.controller is not None
+        leader.controller._is_leader = lambda: False  # ...and stop writing (it reconciles at once)
         killed_at = time.monotonic()
         await eventually(lambda: _true(standby.is_leader()), timeout=10, interval=0.05)
         handover = time.monotonic() - killed_at
