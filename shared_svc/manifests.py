@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import yaml
@@ -138,15 +140,15 @@ def _fail(problem: str, node: Any) -> NoReturn:
     raise InputError(f"{problem} at line {mark.line + 1}" if mark is not None else problem)
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader with bounded nesting and alias expansion, and JSON scalars only.
+class _Bounds(yaml.composer.Composer, yaml.constructor.SafeConstructor):
+    """Bounded nesting and alias expansion, and JSON scalars only, over any YAML parser.
 
     Timestamps stay the text they were written as (what Kubernetes' YAML decoder does);
-    ``!!binary``, ``!!set``, ``!!omap`` and ``!!pairs`` are refused.
+    ``!!binary``, ``!!set``, ``!!omap`` and ``!!pairs`` are refused. The nodes are composed
+    here, in Python, whichever parser (libyaml's or PyYAML's) produces the events.
     """
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    def _init_bounds(self) -> None:
         self._depth = 0
         self._open: set[str] = set()  # anchors whose node is being composed
         self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to
@@ -157,7 +159,7 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().compose_document()
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
+        event = self.peek_event()  # type: ignore[attr-defined]
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open:
                 _fail(f"recursive YAML alias *{event.anchor}", event)
@@ -201,12 +203,37 @@ class _BoundedLoader(yaml.SafeLoader):
         _fail(f"!!{node.tag.rpartition(':')[2]} is not a JSON value", node)
 
 
-_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
-_BoundedLoader.add_constructor(
-    "tag:yaml.org,2002:timestamp", _BoundedLoader.construct_timestamp_text
-)
+_Bounds.add_constructor("tag:yaml.org,2002:int", _Bounds.construct_yaml_int)  # type: ignore[type-var]
+_Bounds.add_constructor("tag:yaml.org,2002:timestamp", _Bounds.construct_timestamp_text)  # type: ignore[type-var]
 for _tag in ("binary", "set", "omap", "pairs"):
-    _BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _BoundedLoader.refuse)
+    _Bounds.add_constructor(f"tag:yaml.org,2002:{_tag}", _Bounds.refuse)  # type: ignore[type-var]
+
+
+class _BoundedLoader(_Bounds, yaml.SafeLoader):
+    """The bounds over PyYAML's pure-Python reader, scanner and parser."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.SafeLoader.__init__(self, stream)
+        self._init_bounds()
+
+
+_FastLoader: Any = None
+if getattr(yaml, "__with_libyaml__", False):
+    from yaml._yaml import CParser
+
+    class _CBoundedLoader(_Bounds, CParser, yaml.resolver.Resolver):
+        """The same bounds and composer over libyaml's scanner and parser (C): the same
+        documents, a few times faster. Composer comes before CParser, so the Python
+        composer (with the bounds) builds the nodes, never libyaml's."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._init_bounds()
+
+    _FastLoader = _CBoundedLoader
 
 
 def _json_int(text: str) -> int:
@@ -242,7 +269,7 @@ def load_documents(text: str) -> list[Any]:
             pass  # not JSON after all (a YAML flow mapping, several documents): read as YAML
         else:
             return [_document(value, 1)]
-    loader = _BoundedLoader(text)
+    loader = (_FastLoader or _BoundedLoader)(text)
     documents: list[Any] = []
     try:
         while loader.check_node():
@@ -251,12 +278,147 @@ def load_documents(text: str) -> list[Any]:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
+        if "maximum nesting depth" in problem:  # libyaml's own bound, far above ours
+            raise InputError(f"nested deeper than {MAX_DEPTH} levels{at}") from None
         raise InputError(f"invalid YAML{at}: {problem}") from None
     except RecursionError:  # not expected past the depth bound; never a traceback
         raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
     finally:
         loader.dispose()
     return documents
+
+
+# ---------------------------------------------------------------- a big JSON List, streamed
+
+MAX_STREAM_BYTES = 1024 * 1024 * 1024  # one JSON file read item by item (kubectl get -o json)
+_CHUNK = 1 << 20
+_DECODER = json.JSONDecoder(parse_int=_json_int, parse_constant=_json_constant)
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class NotJSON(ValueError):
+    """The text is not one JSON value (it may be YAML)."""
+
+
+class _Chunks:
+    """JSON values decoded one at a time from text read in chunks."""
+
+    def __init__(self, read: Callable[[int], str]) -> None:
+        self._read = read
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
+        self.total = 0  # characters read
+        self.lines = 0  # newlines before buf
+
+    def _more(self, at_least: int) -> bool:
+        if self.eof:
+            return False
+        data = self._read(max(_CHUNK, at_least))
+        if not data:
+            self.eof = True
+            return False
+        self.total += len(data)
+        if self.total > MAX_STREAM_BYTES:
+            raise InputError(f"larger than {size_text(MAX_STREAM_BYTES)}")
+        self.lines += self.buf.count("\n", 0, self.pos)
+        self.buf = self.buf[self.pos :] + data
+        self.pos = 0
+        return True
+
+    def fail(self, problem: str, pos: int | None = None) -> NoReturn:
+        at = self.pos if pos is None else pos
+        raise NotJSON(
+            f"invalid JSON at line {self.lines + self.buf.count(chr(10), 0, at) + 1}: {problem}"
+        )
+
+    def peek(self) -> str:
+        """The next character after white space ("" at the end)."""
+        while True:
+            match = _WS.match(self.buf, self.pos)
+            self.pos = match.end() if match else self.pos
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._more(0):
+                return ""
+
+    def punctuation(self, allowed: str) -> str:
+        char = self.peek()
+        if not char or char not in allowed:
+            self.fail(f"expecting one of {' '.join(allowed)}")
+        self.pos += 1
+        return char
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                truncated = exc.msg.startswith("Unterminated") or exc.pos >= len(self.buf) - 64
+                if not (truncated and self._more(len(self.buf) - self.pos)):
+                    self.fail(exc.msg, exc.pos)
+                if len(self.buf) - self.pos > MAX_BYTES:
+                    raise InputError(f"a value larger than {size_text(MAX_BYTES)}") from None
+                continue
+            except RecursionError:
+                raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+            if end == len(self.buf) and isinstance(value, int | float) and self._more(0):
+                continue  # a number may go on in the next chunk
+            self.pos = end
+            return value
+
+
+def _gated(value: Any, path: list[str | int], depth: int) -> Any:
+    try:
+        return _tree(value, depth)
+    except _Bad as exc:
+        raise InputError(f"document 1: {_path([*path, *exc.path])}: {exc.problem}") from None
+
+
+def load_json_stream(read: Callable[[int], str], keep: Callable[[Any], Any]) -> Any:
+    """One JSON object read in chunks; the members of its ``items`` array one at a time.
+
+    For ``kubectl get -o json`` output of any size (up to :data:`MAX_STREAM_BYTES`):
+    each item goes through ``keep`` (which may return less of it) and then through the
+    well-formed gate, so only what ``keep`` returns is held. Every other member is read
+    whole and gated. The JSON bounds of :func:`load_documents` hold (64-bit integers, no
+    NaN, nesting, each value at most :data:`MAX_BYTES`), but what ``keep`` drops is only
+    parsed. Raises :class:`NotJSON` when the text is not one JSON object (read it as
+    YAML then), :class:`InputError` (one line) for JSON beyond the bounds.
+    """
+    chunks = _Chunks(read)
+    chunks.punctuation("{")
+    document: dict[str, Any] = {}
+    streamed: set[str] = set()
+    if chunks.peek() == "}":
+        chunks.pos += 1
+    else:
+        while True:
+            if chunks.peek() != '"':
+                chunks.fail("expecting a property name in double quotes")
+            key = chunks.value()
+            chunks.punctuation(":")
+            if key == "items" and chunks.peek() == "[":
+                chunks.pos += 1
+                items: list[Any] = []
+                if chunks.peek() == "]":
+                    chunks.pos += 1
+                else:
+                    while True:
+                        items.append(_gated(keep(chunks.value()), ["items", len(items)], 2))
+                        if chunks.punctuation(",]") == "]":
+                            break
+                document[key] = items
+                streamed.add(key)
+            else:
+                document[key] = chunks.value()
+                streamed.discard(key)
+            if chunks.punctuation(",}") == "}":
+                break
+    if chunks.peek():
+        chunks.fail("extra data")
+    return {k: v if k in streamed else _gated(v, [k], 1) for k, v in document.items()}
 
 
 def _document(value: Any, number: int) -> Any:

@@ -18,9 +18,17 @@ from typing import Any
 import yaml
 
 from shared_svc.errors import UsageError
-from shared_svc.manifests import MAX_BYTES, InputError, load_documents, size_text
+from shared_svc.manifests import (
+    MAX_BYTES,
+    InputError,
+    NotJSON,
+    load_documents,
+    load_json_stream,
+    size_text,
+)
 from shared_svc.reconcile.model import K8sObject, Plan, Settings, World
 from shared_svc.reconcile.planner import plan
+from shared_svc.reconcile.selectors import pod_fields
 
 _CLUSTER_SCOPED = {"ClusterPolicy": "cluster_policies", "GPUCluster": "gpu_clusters"}
 _NAMESPACED = {
@@ -114,13 +122,18 @@ def load_world(files: list[str], namespace: str) -> World:
         f: [] for f in (*_CLUSTER_SCOPED.values(), *_NAMESPACED.values())
     }
     for name in files:
-        for obj in _objects(name, _read(name)):
+        for obj in _objects(name):
             kind = obj["kind"]
             if kind in _CLUSTER_SCOPED:
                 buckets[_CLUSTER_SCOPED[kind]].append(obj)
             elif kind in _NAMESPACED and obj["metadata"].get("namespace", namespace) == namespace:
-                buckets[_NAMESPACED[kind]].append(obj)
+                buckets[_NAMESPACED[kind]].append(pod_fields(obj) if kind == "Pod" else obj)
     return World(**{k: tuple(v) for k, v in buckets.items()})
+
+
+def _cannot_read(name: str, exc: OSError | UnicodeDecodeError) -> UsageError:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return UsageError(f"cannot read {name}: {reason}")
 
 
 def _read(name: str) -> str:
@@ -132,17 +145,46 @@ def _read(name: str) -> str:
             with Path(name).open("rb") as handle:
                 text = handle.read(MAX_BYTES + 1).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"cannot read {name}: {reason}") from exc
+        raise _cannot_read(name, exc) from exc
     if len(text) > MAX_BYTES:
         raise UsageError(f"{name}: larger than {size_text(MAX_BYTES)}")
     return text
 
 
-def _objects(name: str, text: str) -> Iterator[K8sObject]:
+def _keep(item: Any) -> Any:
+    """What plan keeps of a List item: the fields planning reads of a Pod, else all of it."""
+    return pod_fields(item) if isinstance(item, dict) and item.get("kind") == "Pod" else item
+
+
+def _streamed(name: str) -> list[Any] | None:
+    """A file holding one JSON object (``kubectl get -o json``), read in chunks and its
+    items one at a time: no more than one item is held whole. None when it is not JSON
+    and small enough to be read as YAML."""
+    if name == "-":
+        return None
+    try:
+        with Path(name).open(encoding="utf-8", newline="") as handle:
+            if not handle.read(4096).lstrip().startswith("{"):
+                return None
+            handle.seek(0)
+            try:
+                return [load_json_stream(handle.read, _keep)]
+            except NotJSON as exc:
+                if Path(name).stat().st_size <= MAX_BYTES:
+                    return None  # perhaps a YAML flow mapping: read it as YAML
+                raise UsageError(
+                    f"{name}: {exc} (a file over {size_text(MAX_BYTES)} must be one JSON object)"
+                ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _cannot_read(name, exc) from exc
+
+
+def _objects(name: str) -> Iterator[K8sObject]:
     # Bounded parsing and the well-formed gate: the planner sees JSON values only.
     try:
-        documents = load_documents(text)
+        documents = _streamed(name)
+        if documents is None:
+            documents = load_documents(_read(name))
     except InputError as exc:
         raise UsageError(f"{name}: {exc}") from None
     for number, document in enumerate(documents, start=1):

@@ -62,6 +62,41 @@ def index_workloads(world: World, namespace: str) -> Workloads:
     return Workloads(daemonsets, {k: tuple(v) for k, v in pods.items()}, tuple(serving))
 
 
+_POD_METADATA = ("name", "namespace", "labels", "deletionTimestamp")
+
+
+def pod_fields(pod: K8sObject) -> K8sObject:
+    """The parts of a Pod that planning reads, as they are (wrong types included).
+
+    ``metadata`` name, namespace, labels and deletionTimestamp, ``spec.nodeName`` and the
+    ``type`` and ``status`` of each ``status.conditions`` entry: :func:`index_workloads`
+    reads nothing else of a pod, so a plan over these is the plan over the whole pods
+    (proptests/test_properties.py). ``shared-svc plan`` keeps only these, dropping
+    containers, volumes and managedFields (most of a pod's bytes).
+    """
+    if not isinstance(pod, dict):
+        return pod
+    out: K8sObject = {k: pod[k] for k in ("apiVersion", "kind") if k in pod}
+    for key, keep in (
+        ("metadata", _POD_METADATA),
+        ("spec", ("nodeName",)),
+        ("status", ("conditions",)),
+    ):
+        if key in pod:
+            value = pod[key]
+            out[key] = (
+                {k: value[k] for k in keep if k in value} if isinstance(value, dict) else value
+            )
+    status = out.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if isinstance(status, dict) and isinstance(conditions, list):
+        status["conditions"] = [
+            {k: c[k] for k in ("type", "status") if k in c} if isinstance(c, dict) else c
+            for c in conditions
+        ]
+    return out
+
+
 def serving_node(pod: K8sObject) -> str | None:
     """The node a pod serves an endpoint on: bound, Ready and not terminating (else None).
 
