@@ -181,6 +181,27 @@ async def test_a_silent_watch_is_noticed_and_relisted(
         await proxy.close()
 
 
+async def test_a_quiet_healthy_watch_is_not_taken_for_dead(kube: Kube) -> None:
+    """No change for several watch timeouts: each watch ends at the server's timeout and the
+    next one resumes; the silence detector (default: the watch timeout plus a margin) never
+    fires, so a quiet namespace costs no re-list."""
+    informer = Informer(
+        kube.api,
+        Resource("", "v1", "services", "Service", namespace=kube.ns),
+        on_change=lambda: None,
+        watch_timeout_seconds=2,
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(informer.run(stop))
+    try:
+        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await asyncio.sleep(25)
+        assert (informer.idle_watches, informer.relists, informer.last_error) == (0, 1, None)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
 async def test_every_cache_sees_changes_after_each_api_server_restart() -> None:
     """Own control plane, restarted six times under a running service; after each restart a
     change to a Service, to a ClusterPolicy and to a pod reaches every cache."""

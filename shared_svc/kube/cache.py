@@ -10,9 +10,11 @@ Three troubles do not clear ``synced``:
 
 - ``429 Too Many Requests`` means "slow down": the cache waits ``Retry-After`` and
   resumes its watch from the resourceVersion it has (nothing is missed).
-- A watch that brings nothing, not even the bookmark the API server sends about once a
-  minute, for ``idle_timeout_seconds`` is dead (a half-open connection, a server that
-  stopped delivering): it is closed and the cache re-lists.
+- Every watch asks the server to end it after ``watch_timeout_seconds`` (60 s). A watch
+  that brings nothing (no event, no bookmark, not even that end) for
+  ``idle_timeout_seconds`` (default: 15 s more) is dead (a half-open connection, a server
+  that stopped delivering): it is closed and the cache re-lists. Bookmarks alone would
+  not do: the API server sends the first one only about two minutes into a watch.
 - An object nested deeper than :data:`MAX_DEPTH` (an unknown field a CRD preserves) is
   kept with the too-deep subtrees replaced by :data:`PRUNED`, so its known fields still
   count; dropping a ClusterPolicy would read as "deleted".
@@ -190,9 +192,9 @@ class Informer:
         *,
         on_change: Callable[[], None],
         resync_seconds: float = 300.0,
-        watch_timeout_seconds: int = 290,
+        watch_timeout_seconds: int = 60,
         backoff_max_seconds: float = 30.0,
-        idle_timeout_seconds: float = 75.0,
+        idle_timeout_seconds: float | None = None,
         on_synced: Callable[[bool], None] | None = None,
     ) -> None:
         self._api = api
@@ -201,7 +203,10 @@ class Informer:
         self._on_synced = on_synced
         self._resync = resync_seconds
         self._watch_timeout = watch_timeout_seconds
-        self._idle_timeout = idle_timeout_seconds
+        # The server ends each watch at its timeout: silence beyond that means a dead stream.
+        self._idle_timeout = (
+            idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
+        )
         self._backoff_max = backoff_max_seconds
         self._items: dict[tuple[str, str], K8sObject] = {}
         self.synced = asyncio.Event()
@@ -260,8 +265,8 @@ class Informer:
 
     async def _open_watch(self, params: dict[str, str], *, timeout: float) -> Any:
         """The watch stream, unread. Besides the total ``timeout``, a stream that sends
-        nothing (no event, no bookmark) for ``idle_timeout_seconds`` is cut: the API server
-        sends a bookmark about every minute, so such a stream is dead."""
+        nothing for ``idle_timeout_seconds`` is cut: the server ends every watch after
+        ``watch_timeout_seconds``, so such a stream is dead."""
         return await self._get(
             params,
             timeout=aiohttp.ClientTimeout(
