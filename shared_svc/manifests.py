@@ -218,6 +218,7 @@ class _BoundedLoader(_Bounds, yaml.SafeLoader):
 
 
 _FastLoader: Any = None
+_NoAliasLoader: Any = None
 if getattr(yaml, "__with_libyaml__", False):
     from yaml._yaml import CParser
 
@@ -233,7 +234,19 @@ if getattr(yaml, "__with_libyaml__", False):
             yaml.resolver.Resolver.__init__(self)
             self._init_bounds()
 
+    class _CLoader(CParser, _Bounds, yaml.resolver.Resolver):
+        """libyaml composes too (C): only for text without anchors or aliases (no ``&`` or
+        ``*`` anywhere), where there is no expansion to bound. libyaml refuses nesting
+        past its own limit (1,000 levels) and the well-formed gate past ours."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._init_bounds()
+
     _FastLoader = _CBoundedLoader
+    _NoAliasLoader = _CLoader
 
 
 def _json_int(text: str) -> int:
@@ -269,7 +282,10 @@ def load_documents(text: str) -> list[Any]:
             pass  # not JSON after all (a YAML flow mapping, several documents): read as YAML
         else:
             return [_document(value, 1)]
-    loader = (_FastLoader or _BoundedLoader)(text)
+    if _NoAliasLoader is not None and "&" not in text and "*" not in text:
+        loader = _NoAliasLoader(text)
+    else:
+        loader = (_FastLoader or _BoundedLoader)(text)
     documents: list[Any] = []
     try:
         while loader.check_node():

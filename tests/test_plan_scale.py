@@ -58,19 +58,43 @@ def test_json_yaml_and_the_whole_objects_give_the_same_plan(
     as_yaml = tmp_path / "pods.yaml"
     as_yaml.write_text(yaml.safe_dump(listing))
     assert command(capsys, as_json) == (0, expected, "")
-    assert manifests._FastLoader is not None  # libyaml is there: the C parser is used
-    assert command(capsys, as_yaml) == (0, expected, "")
-    monkeypatch.setattr(manifests, "_FastLoader", None)  # PyYAML's own parser
+    assert manifests._NoAliasLoader is not None  # libyaml is there
+    assert command(capsys, as_yaml) == (0, expected, "")  # libyaml parses and composes
+    monkeypatch.setattr(manifests, "_NoAliasLoader", None)  # as with anchors in the text:
+    assert command(capsys, as_yaml) == (0, expected, "")  # libyaml parses, the bounds compose
+    monkeypatch.setattr(manifests, "_FastLoader", None)  # PyYAML alone
     assert command(capsys, as_yaml) == (0, expected, "")
 
 
-def test_libyaml_and_pyyaml_read_the_same_documents(listing: dict[str, Any]) -> None:
-    text = yaml.safe_dump_all([listing, {"a": [1, 2.5, None, True, "2024-01-01"]}, None])
-    fast = manifests.load_documents(text)
+ODD = """
+a: [1, 0x1f, 0o17, 1_000, 2.5, .5, -.inf0, ~, null, yes, on, "2024-01-01", 2024-01-01]
+b:
+  q: 'x''y'
+  k: |
+    two
+    lines
+  f: >-
+    folded
+    text
+  "quoted key": "tab\\there \\u00e9"
+"""
+
+
+@pytest.mark.parametrize("anchors", [False, True])
+def test_libyaml_and_pyyaml_read_the_same_documents(listing: dict[str, Any], anchors: bool) -> None:
+    text = yaml.safe_dump_all([listing, None]) + "---" + ODD
+    if anchors:  # an anchor somewhere: libyaml parses, the bounded composer composes
+        text += "---\nx: &a [1]\ny: *a\n"
+    loaders = {"libyaml": manifests._NoAliasLoader, "bounded": manifests._FastLoader}
+    assert all(loaders.values())
+    results = [manifests.load_documents(text)]
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifests, "_NoAliasLoader", None)
+        results.append(manifests.load_documents(text))
         patch.setattr(manifests, "_FastLoader", None)
-        assert manifests.load_documents(text) == fast
-    assert fast[0] == listing
+        results.append(manifests.load_documents(text))
+    assert results[0] == results[1] == results[2]
+    assert results[0][0] == listing
 
 
 def test_json_split_anywhere_across_chunks_reads_the_same(
