@@ -7,7 +7,8 @@ the delete webhook shared-svc serves by URL, or the mutating webhook instead of 
 Two control planes, each with its own gpu-operator, so the scenarios run side by side: on the
 first, the 2-minute window under the guard runs in the background from the start of the module
 (fixture ``window``) and ``test_guard_holds_through_two_minutes_of_gpu_operator_reconciles``
-(last) collects it; the other scenarios run one after another on the second.
+(last) collects it; the other scenarios run one after another on the second. In the window
+gpu-operator's ServiceMonitor step is on too, so it PUTs the ServiceMonitor whole as well.
 
 gpu-operator reconciles (and PUTs each DCGM Service whole, or deletes ``nvidia-dcgm`` when its
 DCGM step is off) every ~5 s while one of its DaemonSets is not ready; this gpu-operator takes a
@@ -329,29 +330,46 @@ class Window:
     failed: list[dict[str, Any]]
     after_ready: dict[str, dict[str, Any]]
     baseline: dict[str, dict[str, Any]]
+    monitor_requests: Counter[str]  # ... of ServiceMonitor requests in the window
+
+
+# gpu-operator's ServiceMonitor step on too: it PUTs the ServiceMonitor whole as well.
+MONITORED = {"dcgmExporter": {"serviceMonitor": {"enabled": True}}}
+MONITOR = "ServiceMonitor/nvidia-dcgm-exporter"
+
+
+async def watched(c: Cluster) -> dict[str, dict[str, Any]]:
+    """The Services and the ServiceMonitor: what shared-svc owns, uid, resourceVersion."""
+    out = await shapes(c)
+    out[MONITOR] = shape(await c.kube.service_monitor("nvidia-dcgm-exporter"))
+    return out
 
 
 async def run_window(op: gpu_env.GpuOperator, tls: Tls) -> Window:
     async with cluster_of(op) as c:
         port = free_port()
         with guard(c.cp, chart_guard(tls, port, mutation="policy")):
-            await asyncio.to_thread(gpu_env.apply_cluster_policy, c.cp)
+            await asyncio.to_thread(gpu_env.apply_cluster_policy, c.cp, MONITORED)
             await operands(c, OPERANDS, ready=False)
             await policy_state(c, "notReady")
             async with running(webhook_config(c.cp, tls, port)) as svc:
                 await settle(svc, timeout=TIMEOUT)
                 await guard_holds(c)
                 await settle(svc, timeout=TIMEOUT)
-                baseline = await shapes(c)
-                assert_ours(svc, baseline)
+                baseline = await watched(c)
+                assert_ours(svc, {n: baseline[n] for n in NAMES})
+                monitor = baseline[MONITOR]
+                assert (monitor["labels"] or {}).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
+                assert not any(r.get("controller") for r in monitor["ownerReferences"] or [])
                 written, before, start = writes(svc), requests(c.cp), now()
+                monitor_before = gpu_env.request_counts(c.cp, "servicemonitors")
                 t0 = time.monotonic()
                 samples = 0
                 while time.monotonic() - t0 < WINDOW:
                     await asyncio.sleep(2)
-                    live = await shapes(c)
+                    live = await watched(c)
                     changed = {
-                        n: [k for k in live[n] if live[n][k] != baseline[n][k]] for n in NAMES
+                        n: [k for k in live[n] if live[n][k] != baseline[n][k]] for n in live
                     }
                     assert live == baseline, f"after {time.monotonic() - t0:.0f}s: {changed}"
                     assert op.alive(), op.tail()
@@ -371,6 +389,9 @@ async def run_window(op: gpu_env.GpuOperator, tls: Tls) -> Window:
                     failed=[],
                     after_ready={},
                     baseline=baseline,
+                    monitor_requests=since(
+                        monitor_before, gpu_env.request_counts(c.cp, "servicemonitors")
+                    ),
                 )
                 # Its DaemonSets ready: the ClusterPolicy reaches ready, the Services kept.
                 await operands(c, OPERANDS, ready=True)
@@ -379,7 +400,7 @@ async def run_window(op: gpu_env.GpuOperator, tls: Tls) -> Window:
                 status = await policy_status(c)
                 window.ready_state = str(status.get("state"))
                 window.failed = reconcile_failed(status)
-                window.after_ready = await shapes(c)
+                window.after_ready = await watched(c)
                 window.conflicts = await conflicting_writers(c)
                 return window
 
@@ -537,10 +558,14 @@ async def test_guard_holds_through_two_minutes_of_gpu_operator_reconciles(
     for name in NAMES:
         assert w.updates[name] >= WINDOW / RECONCILE_EVERY, w.updates
     assert w.requests["PUT 200"] >= sum(w.updates.values()), w.requests
+    assert [k for k in w.requests if k.startswith("PUT ") and k != "PUT 200"] == [], w.requests
     # ... and every PUT was accepted and changed nothing (sampled every 2 s: same
     # resourceVersion, labels, owner references, spec), with no write by shared-svc.
     assert w.writes == 0
     assert w.requests["APPLY 200"] == 0 and w.requests["PATCH 200"] == 0, w.requests
+    # The same for its ServiceMonitor (only gpu-operator PUTs it; shared-svc applies).
+    assert w.monitor_requests["PUT 200"] >= WINDOW / RECONCILE_EVERY, w.monitor_requests
+    assert w.monitor_requests["APPLY 200"] == 0, w.monitor_requests
     assert w.conflicts == [] and w.contested == []
     assert w.mode == "policy"
     # Its DaemonSets ready: the ClusterPolicy is ready, the Services untouched.
