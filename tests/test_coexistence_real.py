@@ -264,12 +264,8 @@ async def guard_holds(c: Cluster, names: Iterable[str] = NAMES) -> None:
 
 
 def chart_guard(tls: Tls, port: int, *, mutation: str) -> list[dict[str, Any]]:
-    """The chart's admission objects out of cluster: the webhooks by URL, with the test CA
-    (``certificate.source=external``: the caller's certificate and caBundle)."""
-    sets = webhook_sets(tls, port, mutation=mutation)
-    if not any(s.startswith("admission.certificate.source=") for s in sets):
-        sets = (*sets, "admission.certificate.source=external")
-    return guard_docs(NS, *sets)
+    """The chart's admission objects out of cluster: the webhooks by URL, with the test CA."""
+    return guard_docs(NS, *webhook_sets(tls, port, mutation=mutation))
 
 
 @contextlib.contextmanager
