@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, NoReturn
 
 import yaml
@@ -217,6 +217,8 @@ class _BoundedLoader(_Bounds, yaml.SafeLoader):
         self._init_bounds()
 
 
+_STR, _MAP, _SEQ = (f"tag:yaml.org,2002:{t}" for t in ("str", "map", "seq"))
+_SPECIAL_KEYS = ("tag:yaml.org,2002:merge", "tag:yaml.org,2002:value")
 _FastLoader: Any = None
 _NoAliasLoader: Any = None
 if getattr(yaml, "__with_libyaml__", False):
@@ -244,6 +246,36 @@ if getattr(yaml, "__with_libyaml__", False):
             yaml.constructor.SafeConstructor.__init__(self)
             yaml.resolver.Resolver.__init__(self)
             self._init_bounds()
+
+        def construct_document(self, node: Any) -> Any:
+            return self._value(node, 0)
+
+        def _value(self, node: Any, depth: int) -> Any:
+            """The value of ``node``: what SafeConstructor (with the bounds' scalars) makes
+            of it, built directly for plain strings, mappings and sequences."""
+            tag = node.tag
+            if tag == _STR:
+                return node.value
+            if tag in (_MAP, _SEQ):
+                if depth >= MAX_DEPTH:
+                    _fail(f"nested deeper than {MAX_DEPTH} levels", node)
+                if tag == _SEQ:
+                    return [self._value(child, depth + 1) for child in node.value]
+                out = {}
+                for key_node, value_node in node.value:
+                    if key_node.tag in _SPECIAL_KEYS:  # merge keys: PyYAML's way
+                        return self.construct_object(node, deep=True)
+                    key = self._value(key_node, depth + 1)
+                    if not isinstance(key, Hashable):
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping",
+                            node.start_mark,
+                            "found unhashable key",
+                            key_node.start_mark,
+                        )
+                    out[key] = self._value(value_node, depth + 1)
+                return out
+            return self.construct_object(node, deep=True)
 
     _FastLoader = _CBoundedLoader
     _NoAliasLoader = _CLoader

@@ -77,6 +77,8 @@ b:
     folded
     text
   "quoted key": "tab\\there \\u00e9"
+m: {<<: {a: 1, b: 1}, b: 2}
+e: {=: 1}
 """
 
 
@@ -95,6 +97,25 @@ def test_libyaml_and_pyyaml_read_the_same_documents(listing: dict[str, Any], anc
         results.append(manifests.load_documents(text))
     assert results[0] == results[1] == results[2]
     assert results[0][0] == listing
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["? [a, list]\n: 1\n", "a: !!binary aGk=\n", "a: !custom 1\n", "a: 1\na: [b\n"],
+)
+def test_the_three_yaml_readers_refuse_alike(text: str) -> None:
+    messages = []
+    with pytest.MonkeyPatch.context() as patch:
+        for loader in ("_NoAliasLoader", "_FastLoader", None):
+            with pytest.raises(manifests.InputError) as refused:
+                manifests.load_documents(text)
+            messages.append(str(refused.value))
+            if loader:
+                patch.setattr(manifests, loader, None)
+    if "[b" in text:  # a syntax error: libyaml words it its own way, at the same line
+        assert all(m.startswith("invalid YAML at line 3: ") for m in messages), messages
+    else:
+        assert messages[0] == messages[1] == messages[2]
 
 
 def test_json_split_anywhere_across_chunks_reads_the_same(
