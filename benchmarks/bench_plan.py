@@ -1,61 +1,103 @@
-"""Time plan() on worlds of growing size: the cost per pod must not grow (linear planning).
+"""Benchmark (not a test): the ``shared-svc plan`` command on realistic pods.
 
-Run: python benchmarks/bench_plan.py
+Writes pod lists as the API server serves them (``kubectl get --raw
+/api/v1/namespaces/gpu-operator/pods``: compact JSON, managedFields included, 15-22 KiB
+per pod; tests/realistic.py) with both CRs and four DaemonSets, one straggler pod per
+DaemonSet, then runs ``shared-svc plan -f FILE -o json`` as a separate process and
+reports its wall time (best of ``--repeat`` runs) and peak RSS (``ru_maxrss`` of the
+child, from ``os.wait4``; the largest). Also ``shared-svc --help``, ``plan`` of one small file (the
+start-up cost), and the same 1,000 pods as YAML.
+
+    .venv/bin/python benchmarks/bench_plan.py [--sizes 1000,10000] [--repeat 3]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared_svc.reconcile.model import Settings, World
-from shared_svc.reconcile.planner import plan
-from tests.worlds import (
-    APPS,
-    apply_plan,
-    cluster_policy,
-    daemonset,
-    gc_spec,
-    gpu_cluster,
-    pod,
-    world,
-)
+import yaml
 
-SIZES = (100, 1_000, 10_000)
+from tests.realistic import pod_list
+
+EXE = str(Path(sys.executable).with_name("shared-svc"))
 
 
-def build(pods: int) -> World:
-    """Both CRs, four DaemonSets, ``pods`` pods spread over them (one straggler each)."""
-    per_app = pods // len(APPS)
-    objects = [cluster_policy(), gpu_cluster(spec=gc_spec(monitor={"enabled": True}))]
-    for app in APPS.values():
-        objects.append(daemonset(app, desired=per_app))
-        objects.extend(pod(app, f"{app}-{i}", common=i != per_app - 1) for i in range(per_app))
-    w = world(objects)
-    return apply_plan(w, plan(w, Settings()))  # settled Services, as in steady state
+def run(args: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of ``shared-svc ARGS``; fails on a non-zero exit."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([EXE, *args], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"shared-svc {' '.join(args)}: exit {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024
 
 
-def measure(w: World, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        plan(w, Settings())
-        best = min(best, time.perf_counter() - start)
-    return best
+def best(args: list[str], repeat: int) -> tuple[float, float]:
+    runs = [run(args) for _ in range(repeat)]
+    return min(w for w, _ in runs), max(r for _, r in runs)
+
+
+def write_inputs(tmp: str, sizes: list[int]) -> None:
+    """The input files (run in a child process: the measuring parent stays small, since a
+    child's ru_maxrss starts from the parent's RSS at fork)."""
+    for size in sizes:
+        listing = pod_list(size)
+        Path(tmp, f"pods-{size}.json").write_text(json.dumps(listing, separators=(",", ":")))
+        if size == sizes[0]:
+            Path(tmp, f"pods-{size}.yaml").write_text(yaml.dump(listing, Dumper=yaml.CSafeDumper))
+            Path(tmp, "small.json").write_text(json.dumps(pod_list(4)))
+        del listing
 
 
 def main() -> None:
-    print(f"{'pods':>8} {'ms/plan':>10} {'us/pod':>10}")
-    per_pod = {}
-    for size in SIZES:
-        seconds = measure(build(size), repeat=5 if size < 10_000 else 3)
-        per_pod[size] = seconds / size
-        print(f"{size:>8} {seconds * 1e3:>10.2f} {per_pod[size] * 1e6:>10.2f}")
-    ratio = per_pod[10_000] / per_pod[1_000]
-    print(f"per-pod cost at 10,000 vs 1,000 pods: {ratio:.2f}x (about 1 or less means linear)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--write-inputs", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.write_inputs:
+        write_inputs(args.write_inputs, sizes)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-plan-") as tmp:
+        subprocess.run(
+            [sys.executable, __file__, "--sizes", args.sizes, "--write-inputs", tmp], check=True
+        )
+        files = {size: Path(tmp) / f"pods-{size}.json" for size in sizes}
+        yaml_path = Path(tmp) / f"pods-{sizes[0]}.yaml"
+        small = Path(tmp) / "small.json"
+        wall, rss = best(["--help"], args.repeat)
+        print(f"shared-svc --help: {wall * 1e3:.0f} ms, peak RSS {rss:.0f} MiB")
+        base, rss = best(["plan", "-f", str(small), "-o", "json"], args.repeat)
+        print(f"plan, 4 pods (start-up): {base * 1e3:.0f} ms, peak RSS {rss:.0f} MiB")
+        print(f"{'pods':>8} {'MiB in':>8} {'wall s':>8} {'peak RSS MiB':>13} {'ms/1k pods':>11}")
+        per_pod = {}
+        for size in sizes:
+            wall, rss = best(["plan", "-f", str(files[size]), "-o", "json"], args.repeat)
+            per_pod[size] = (wall - base) / size
+            mib = files[size].stat().st_size / 2**20
+            print(f"{size:>8} {mib:>8.0f} {wall:>8.2f} {rss:>13.0f} {per_pod[size] * 1e6:>11.0f}")
+        if len(sizes) > 1:
+            lo, hi = sizes[0], sizes[-1]
+            print(
+                f"cost per pod (start-up taken off) at {hi:,} vs {lo:,} pods: "
+                f"{per_pod[hi] / per_pod[lo]:.2f}x (1 or less: linear)"
+            )
+        wall, rss = best(["plan", "-f", str(yaml_path), "-o", "json"], 1)
+        print(f"YAML, {sizes[0]:,} pods: {wall:.2f} s, peak RSS {rss:.0f} MiB")
 
 
 if __name__ == "__main__":
