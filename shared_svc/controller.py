@@ -4,9 +4,9 @@ Level-triggered: an event only says "look again"; every reconcile reads the whol
 namespace from the caches. Events coalesce into one pending reconcile (a flag, not a
 queue), and reconciles never overlap. An event while idle is served at once; one that
 arrives during a reconcile, or less than ``coalesce_seconds`` after it, waits until that
-spacing has passed, so a burst becomes few reconciles. A failed reconcile is retried with exponential
-backoff, cut short when a cache re-lists (the watches are back after an outage) or
-discovery changes; the loop beats its heartbeat all along (liveness = the loop turns).
+spacing has passed, so a burst becomes few reconciles. A failed reconcile is retried
+with exponential backoff, cut short when a cache re-lists (the watches are back after an
+outage) or discovery changes; the loop beats its heartbeat all along (liveness = the loop turns).
 Every write also passes the writer's token bucket. Only the leader writes;
 a standby keeps its caches warm and plans, so it can take over at once.
 """
