@@ -553,7 +553,9 @@ async def test_guard_holds_through_two_minutes_of_gpu_operator_reconciles(
     assert w.reconciles >= WINDOW / RECONCILE_EVERY, w.reconciles
     for name in NAMES:
         assert w.updates[name] >= WINDOW / RECONCILE_EVERY, w.updates
-    assert w.requests["PUT 200"] >= sum(w.updates.values()), w.requests
+    # (gpu-operator logs an update just before it sends it: at the window's end one PUT per
+    # Service may be logged and not yet counted by the API server.)
+    assert w.requests["PUT 200"] >= sum(w.updates.values()) - len(w.updates), w.requests
     assert [k for k in w.requests if k.startswith("PUT ") and k != "PUT 200"] == [], w.requests
     # ... and every PUT was accepted and changed nothing (sampled every 2 s: same
     # resourceVersion, labels, owner references, spec), with no write by shared-svc.
