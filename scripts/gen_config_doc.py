@@ -67,7 +67,7 @@ CHART_VALUES = {
 }
 # Config field -> what the chart does instead of offering a value.
 NOT_IN_CHART = {
-    "namespace": "the pod's namespace (fieldRef; the value `namespace` chooses it)",
+    "namespace": "the pod's namespace (fieldRef; the value `namespaceOverride` chooses it)",
     "pod_name": "the pod's name (fieldRef)",
     "kubeconfig": "not set: in-cluster configuration",
     "bind_address": "not set: all interfaces (probes, metrics Service)",

@@ -345,7 +345,7 @@ def test_bindings_name_the_chart_service_account_in_the_operator_namespace() -> 
 
 
 def test_namespace_value_moves_every_namespaced_object() -> None:
-    docs = render_docs("namespace=nvidia-gpu", namespace="elsewhere")
+    docs = render_docs("namespaceOverride=nvidia-gpu", namespace="elsewhere")
     cluster_scoped = (
         "ClusterRole",
         "ClusterRoleBinding",
@@ -620,7 +620,7 @@ def test_default_values_are_the_service_defaults(monkeypatch: pytest.MonkeyPatch
         (("selectorMod=app",), "selectorMod"),
         (("leaderElection.enabled=false",), "leaderElection.enabled=true"),
         (("controllers.services=false",), "nothing to run"),
-        (("namespace=Bad_NS",), "namespace"),
+        (("namespaceOverride=Bad_NS",), "namespaceOverride"),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(sets: tuple[str, ...], message: str) -> None:
@@ -634,3 +634,306 @@ def test_single_replica_without_leader_election_renders() -> None:
     env = container_env(docs)
     assert env["SHARED_SVC_LEADER_ELECTION"] == "false" and "SHARED_SVC_LEASE_NAME" not in env
     assert not [r for r in rules(one(docs, "Role", "shared-svc")) if r[1] == "leases"]
+
+
+# --- community conventions (issue 11) ---
+def lint(*sets: str, namespace: str = "gpu-operator") -> subprocess.CompletedProcess[str]:
+    """`helm lint --strict` (helm's pkg/lint, through helmrender --lint) with ``--set`` values."""
+    args = [str(helmrender()), "--lint", "--strict", "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(
+        [*args, str(CHART)], capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+# value -> --set expressions that change it (every leaf of the values below, CONVENTION_KEYS)
+CONVENTION_CASES: dict[str, tuple[str, ...]] = {
+    "nameOverride": ("nameOverride=dcgm-shared",),
+    "fullnameOverride": ("fullnameOverride=gpu-shared",),
+    "namespaceOverride": ("namespaceOverride=nvidia-gpu",),
+    "image.digest": (f"image.digest={DIGEST}",),
+    "serviceAccount.create": ("serviceAccount.create=false", "serviceAccount.name=existing"),
+    "serviceAccount.name": ("serviceAccount.name=svc-identity",),
+    "serviceAccount.annotations": (
+        "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=svc@p.iam",
+    ),
+    "priorityClassName": ("priorityClassName=system-cluster-critical",),
+    "podLabels": ("podLabels.team=gpu",),
+    "podAnnotations": ("podAnnotations.example\\.com/owner=gpu",),
+    "podSecurityContext": ("podSecurityContext.fsGroup=65532",),
+    "securityContext": ("securityContext.privileged=false",),
+    "affinity": (
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=node-role.kubernetes.io/control-plane",
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    ),
+    "nodeSelector": ("nodeSelector.kubernetes\\.io/os=linux",),
+    "tolerations": (
+        "tolerations[0].key=node-role.kubernetes.io/control-plane",
+        "tolerations[0].operator=Exists",
+        "tolerations[0].effect=NoSchedule",
+    ),
+    "prometheusRule.enabled": ("prometheusRule.enabled=true",),
+    "prometheusRule.labels": ("prometheusRule.enabled=true", "prometheusRule.labels.release=prom"),
+    "prometheusRule.alertLabels": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.alertLabels.team=gpu",
+    ),
+    "networkPolicy.enabled": ("networkPolicy.enabled=true",),
+    "networkPolicy.metricsFrom": (
+        "networkPolicy.enabled=true",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    ),
+    "networkPolicy.webhookFrom": (
+        "networkPolicy.enabled=true",
+        "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/8",
+    ),
+}
+# top-level values of the conventions; these hold free-form Kubernetes objects (one leaf each)
+CONVENTION_KEYS = (
+    "nameOverride",
+    "fullnameOverride",
+    "namespaceOverride",
+    "serviceAccount",
+    "priorityClassName",
+    "podLabels",
+    "podAnnotations",
+    "podSecurityContext",
+    "securityContext",
+    "affinity",
+    "nodeSelector",
+    "tolerations",
+    "prometheusRule",
+    "networkPolicy",
+)
+OPAQUE = {"podSecurityContext", "securityContext", "affinity"}
+# every convention value at once (the serviceAccount.create case names its account)
+ALL_CONVENTIONS = tuple(
+    dict.fromkeys(
+        s for key, sets in CONVENTION_CASES.items() if key != "serviceAccount.name" for s in sets
+    )
+)
+STANDARD_LABELS = (
+    "helm.sh/chart",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+
+
+def convention_leaves(values: dict[str, Any]) -> set[str]:
+    out = {"image.digest"}
+    for key in CONVENTION_KEYS:
+        value = values[key]
+        if isinstance(value, dict) and value and key not in OPAQUE:
+            out |= {f"{key}.{k}" for k in value}
+        else:
+            out.add(key)
+    return out
+
+
+def test_every_convention_value_renders_and_changes_the_output() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert convention_leaves(values) == set(CONVENTION_CASES)
+    default = render()
+    for key, sets in CONVENTION_CASES.items():
+        assert render(*sets) != default, f"{key}: no effect"
+    for key in ("prometheusRule.labels", "prometheusRule.alertLabels", "networkPolicy.metricsFrom"):
+        sets = CONVENTION_CASES[key]
+        assert render(*sets) != render(sets[0]), f"{key}: no effect"
+    # all at once: renders, the same every time (no lookup, nothing random)
+    assert render(*ALL_CONVENTIONS) == render(*ALL_CONVENTIONS)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ALL_CONVENTIONS, (*UPGRADE_ON, "serviceMonitor.enabled=true"), PLAIN_SETS],
+    ids=["defaults", "every-new-value", "upgrade-servicemonitor", "plain-manifests"],
+)
+def test_helm_lint_passes(sets: tuple[str, ...]) -> None:
+    proc = lint(*sets)
+    assert proc.returncode == 0, f"helm lint --strict failed:\n{proc.stdout}{proc.stderr}"
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    assert not [
+        line for line in proc.stdout.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))
+    ]
+
+
+def test_helm_lint_can_fail() -> None:
+    proc = lint("replicas=0")
+    assert proc.returncode == 1 and "[ERROR]" in proc.stdout and "replicas" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "sets", [(), ALL_CONVENTIONS, (*UPGRADE_ON, "serviceMonitor.enabled=true")]
+)
+def test_every_object_carries_the_standard_labels(sets: tuple[str, ...]) -> None:
+    docs = render_docs(*sets)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for doc in docs:
+        labels = doc["metadata"].get("labels") or {}
+        missing = [k for k in STANDARD_LABELS if k not in labels]
+        assert not missing, f"{doc['kind']}/{doc['metadata']['name']}: {missing}"
+        assert labels["helm.sh/chart"] == f"{chart['name']}-{chart['version']}"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/version"] == chart["appVersion"]
+
+
+def test_name_overrides_rename_every_object_and_keep_the_references() -> None:
+    docs = render_docs("nameOverride=dcgm-shared", name="gpu")
+    deploy = one(docs, "Deployment", "gpu-dcgm-shared")
+    assert deploy["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "dcgm-shared"
+    full = render_docs("fullnameOverride=gpu-shared", name="whatever")
+    names = {d["metadata"]["name"] for d in full}
+    assert all(n.startswith("gpu-shared") for n in names), names
+    pod = one(full, "Deployment", "gpu-shared")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-shared"
+    assert pod["volumes"][0]["secret"]["secretName"] == "gpu-shared-webhook-tls"
+    assert roles_of(full, "gpu-shared") == {
+        ("Role", "gpu-shared", "gpu-operator"),
+        ("Role", "gpu-shared-cluster-events", "default"),
+        ("ClusterRole", "gpu-shared", ""),
+    }
+    webhook = one(full, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
+    assert webhook["service"]["name"] == "gpu-shared-webhook"
+    assert one(full, "Service", "gpu-shared-webhook")
+
+
+def test_service_account_block() -> None:
+    docs = render_docs("serviceAccount.annotations.example\\.com/role=svc")
+    assert one(docs, "ServiceAccount", "shared-svc")["metadata"]["annotations"] == {
+        "example.com/role": "svc"
+    }
+    named = render_docs("serviceAccount.name=svc-identity")
+    assert one(named, "ServiceAccount", "svc-identity")
+    assert roles_of(named, "svc-identity") == roles_of(docs, "shared-svc")
+    existing = render_docs("serviceAccount.create=false", "serviceAccount.name=existing")
+    assert not find(existing, "ServiceAccount", "existing") and not find(
+        existing, "ServiceAccount", "shared-svc"
+    )
+    pod = one(existing, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing"
+    assert roles_of(existing, "existing") == roles_of(docs, "shared-svc")
+    # the admission hook Jobs keep ServiceAccounts, roles and bindings of their own
+    for account in ("shared-svc-certs", "shared-svc-guard-remove"):
+        assert one(existing, "ServiceAccount", account)
+        assert roles_of(existing, account) == roles_of(docs, account) != set()
+    assert {j["spec"]["template"]["spec"]["serviceAccountName"] for j in find(existing, "Job")} == {
+        "shared-svc-certs",
+        "shared-svc-guard-remove",
+    }
+    with pytest.raises(
+        RenderError, match=r"serviceAccount\.create=false needs serviceAccount\.name"
+    ):
+        render("serviceAccount.create=false")
+
+
+def pods(docs: list[Doc]) -> list[Doc]:
+    """The pod specs of the Deployment and the hook Jobs."""
+    return [d["spec"]["template"]["spec"] for d in find(docs, "Deployment") + find(docs, "Job")]
+
+
+def test_image_digest_wins_over_the_tag() -> None:
+    tagged = render_docs("image.repository=reg/shared-svc", "image.tag=9.9.9")
+    assert {c["image"] for p in pods(tagged) for c in p["containers"]} == {"reg/shared-svc:9.9.9"}
+    pinned = render_docs(
+        "image.repository=reg/shared-svc", "image.tag=9.9.9", f"image.digest={DIGEST}"
+    )
+    assert {c["image"] for p in pods(pinned) for c in p["containers"]} == {
+        f"reg/shared-svc@{DIGEST}"
+    }
+    with pytest.raises(RenderError, match="digest"):
+        render("image.digest=latest")
+
+
+def test_pod_placement_and_security_values_reach_every_pod() -> None:
+    docs = render_docs(*ALL_CONVENTIONS)
+    for pod in pods(docs):
+        assert pod["priorityClassName"] == "system-cluster-critical"
+        assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        assert pod["tolerations"] == [
+            {
+                "key": "node-role.kubernetes.io/control-plane",
+                "operator": "Exists",
+                "effect": "NoSchedule",
+            }
+        ]
+        assert pod["securityContext"]["fsGroup"] == 65532
+        assert pod["securityContext"]["runAsUser"] == 65532, "a --set merges with the defaults"
+        (container,) = pod["containers"]
+        assert container["securityContext"]["privileged"] is False
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    deploy = one(docs, "Deployment")["spec"]["template"]
+    assert set(deploy["spec"]["affinity"]) == {"nodeAffinity"}, "affinity replaces the default"
+    assert deploy["metadata"]["labels"]["team"] == "gpu"
+    assert deploy["metadata"]["annotations"] == {"example.com/owner": "gpu"}
+    # the default affinity spreads the replicas; podLabels cannot move the selector
+    default = render_docs("podLabels.app\\.kubernetes\\.io/name=other")
+    template = one(default, "Deployment")["spec"]["template"]
+    assert set(template["spec"]["affinity"]) == {"podAntiAffinity"}
+    selector = one(default, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+
+
+def documented_alerts() -> list[str]:
+    """The expressions docs/operations.md lists under "Alerts worth having"."""
+    import re
+
+    text = (REPO / "docs" / "operations.md").read_text()
+    section = text.split("Alerts worth having:", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r"^- `([^`]+)`", section, re.M)
+
+
+def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
+    import re
+
+    assert not find(render_docs(), "PrometheusRule")
+    documented = documented_alerts()
+    assert len(documented) == 4
+    docs = render_docs(
+        "prometheusRule.enabled=true",
+        "prometheusRule.labels.release=prom",
+        "prometheusRule.alertLabels.team=gpu",
+        namespace="ops",
+    )
+    rule = one(docs, "PrometheusRule")
+    assert (
+        rule["metadata"]["namespace"] == "ops" and rule["metadata"]["labels"]["release"] == "prom"
+    )
+    alerts = rule["spec"]["groups"][0]["rules"]
+    assert len(alerts) == len(documented)
+    for expr, alert in zip(documented, alerts, strict=True):
+        # the documented expression, scoped to the namespace by label matchers
+        assert 'namespace="ops"' in alert["expr"]
+        bare = " ".join(re.sub(r"\{[^}]*\}", "", alert["expr"]).split())
+        assert expr in bare, (expr, alert["expr"])
+        assert alert["labels"]["team"] == "gpu" and alert["labels"]["severity"]
+    by_name = {a["alert"]: a for a in alerts}
+    assert by_name["SharedSvcConfigConflicts"]["for"] == "30m"
+    assert "leader_election_master_status" in by_name["SharedSvcReconcileStale"]["expr"]
+
+
+def test_network_policy_admits_the_endpoints_only_when_enabled() -> None:
+    assert not find(render_docs(), "NetworkPolicy")
+    docs = render_docs(*CONVENTION_CASES["networkPolicy.metricsFrom"])
+    policy = one(docs, "NetworkPolicy")
+    deploy = one(docs, "Deployment")
+    assert policy["spec"]["podSelector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"] for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    metrics, webhook = policy["spec"]["ingress"]
+    assert metrics["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert webhook == {"ports": [{"port": "webhook", "protocol": "TCP"}]}, "from anywhere"
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == ports
+    # no webhook served in the cluster: only the http port
+    off = render_docs("networkPolicy.enabled=true", "admission.webhook.enabled=false")
+    assert [r["ports"] for r in one(off, "NetworkPolicy")["spec"]["ingress"]] == [
+        [{"port": "http", "protocol": "TCP"}]
+    ]

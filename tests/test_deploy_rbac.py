@@ -29,7 +29,15 @@ from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from tests.kube import api_client, eventually, make_namespace, unique
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
-from tests.test_deploy_chart import MANIFESTS, PLAIN, UPGRADE_ON, Doc, rbac_docs, render_docs
+from tests.test_deploy_chart import (
+    ALL_CONVENTIONS,
+    MANIFESTS,
+    PLAIN,
+    UPGRADE_ON,
+    Doc,
+    rbac_docs,
+    render_docs,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -49,6 +57,7 @@ KINDS = {
     "MutatingWebhookConfiguration": ("mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
     "Job": ("jobs", True),
+    "NetworkPolicy": ("networkpolicies", True),
 }
 DRIVER = "rbactest"  # a driver name of its own: no other test's upgrade controller sees these nodes
 
@@ -136,6 +145,7 @@ def test_rendered_manifests_pass_server_side_dry_run(control_plane: ControlPlane
     import yaml
 
     control_plane.ensure_namespace("gpu-operator")
+    control_plane.ensure_namespace("nvidia-gpu")  # namespaceOverride of ALL_CONVENTIONS
     sets = [
         *[
             (
@@ -147,6 +157,15 @@ def test_rendered_manifests_pass_server_side_dry_run(control_plane: ControlPlane
         (
             "chart with serviceMonitor.enabled",
             render_docs("serviceMonitor.enabled=true", *UPGRADE_ON),
+        ),
+        (
+            # every convention value (the test control plane has no PrometheusRule CRD)
+            "chart with every convention value",
+            [
+                d
+                for d in render_docs(*ALL_CONVENTIONS, *UPGRADE_ON)
+                if d["kind"] != "PrometheusRule"
+            ],
         ),
     ]
     for label, docs in sets:

@@ -3,12 +3,17 @@
 // sorter (helm.sh/helm/v3), without a cluster, a repository or a download.
 //
 //	helmrender [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR
+//	helmrender --lint [--strict] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR
 //
 // Output: the rendered manifests in install order, each as
 // "---\n# Source: <chart>/templates/<file>\n<yaml>\n" (helm template's format).
 // NOTES.txt and partials are not printed; hooks are printed after the manifests.
 // Errors (a missing chart, bad values, a schema violation, a template error) go to
 // stderr with exit status 1; bad usage exits 2.
+//
+// --lint runs `helm lint` instead (helm's pkg/lint, the rules of the helm command): every
+// message is printed as "[SEVERITY] path: message"; the exit status is 1 when one is an
+// ERROR (with --strict, also a WARNING), as `helm lint [--strict]` exits.
 package main
 
 import (
@@ -21,6 +26,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/strvals"
 )
@@ -54,21 +61,19 @@ func run() error {
 	name := flag.String("name", "release-name", "release name")
 	namespace := flag.String("namespace", "default", "release namespace")
 	kubeVersion := flag.String("kube-version", "", "Kubernetes version of .Capabilities (default: the client-go version built in)")
+	lintMode := flag.Bool("lint", false, "run helm lint on the chart instead of rendering it")
+	strict := flag.Bool("strict", false, "with --lint: fail on warnings too (helm lint --strict)")
 	var files, sets multi
 	flag.Var(&files, "f", "values file (repeatable; later files win)")
 	flag.Var(&sets, "set", "value key=val (repeatable; after the files, later wins)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: helmrender [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR")
+		fmt.Fprintln(os.Stderr, "usage: helmrender [--lint [--strict]] [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
 	if flag.NArg() != 1 {
 		flag.Usage()
 		os.Exit(2)
-	}
-	chrt, err := loader.Load(flag.Arg(0))
-	if err != nil {
-		return fmt.Errorf("loading chart %s: %w", flag.Arg(0), err)
 	}
 	vals := map[string]interface{}{}
 	for _, f := range files {
@@ -82,6 +87,13 @@ func run() error {
 		if err := strvals.ParseInto(s, vals); err != nil {
 			return fmt.Errorf("--set %s: %w", s, err)
 		}
+	}
+	if *lintMode {
+		return runLint(flag.Arg(0), vals, *namespace, *kubeVersion, *strict)
+	}
+	chrt, err := loader.Load(flag.Arg(0))
+	if err != nil {
+		return fmt.Errorf("loading chart %s: %w", flag.Arg(0), err)
 	}
 	if err := chartutil.ProcessDependenciesWithMerge(chrt, vals); err != nil {
 		return fmt.Errorf("dependencies: %w", err)
@@ -124,6 +136,37 @@ func run() error {
 	}
 	_, err = os.Stdout.WriteString(b.String())
 	return err
+}
+
+// runLint is `helm lint CHART_DIR` (pkg/action.Lint on a directory): helm's own rules
+// (Chart.yaml, values and their schema, every template rendered and parsed, deprecated
+// APIs, selectors, names, dependencies), with the given values.
+func runLint(chartDir string, vals map[string]interface{}, namespace, kubeVersion string, strict bool) error {
+	var kv *chartutil.KubeVersion
+	if kubeVersion != "" {
+		parsed, err := chartutil.ParseKubeVersion(kubeVersion)
+		if err != nil {
+			return fmt.Errorf("--kube-version %s: %w", kubeVersion, err)
+		}
+		kv = parsed
+	}
+	linter := lint.AllWithKubeVersion(chartDir, vals, namespace, kv)
+	tolerance := support.ErrorSev
+	if strict {
+		tolerance = support.WarningSev
+	}
+	failed := 0
+	for _, m := range linter.Messages {
+		fmt.Println(m.Error())
+		if m.Severity >= tolerance {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("lint: %d chart(s) linted, %d message(s) failed", 1, failed)
+	}
+	fmt.Println("1 chart(s) linted, 0 chart(s) failed")
+	return nil
 }
 
 func main() {

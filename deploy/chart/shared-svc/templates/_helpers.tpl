@@ -1,26 +1,68 @@
-{{/* Name of every object: the release name when it already says shared-svc. */}}
+{{/* The chart's name, or nameOverride: app.kubernetes.io/name. */}}
+{{- define "shared-svc.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Name of every object: fullnameOverride, else the release name when it already says
+the chart's name, else <release>-<name>. 52 characters: suffixes (-webhook-tls,
+-cluster-events, -guard-remove) keep the names within 63. */}}
 {{- define "shared-svc.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "shared-svc.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 52 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The namespace shared-svc runs in and manages: gpu-operator's (the release namespace by default). */}}
+{{/* helm.sh/chart: <chart>-<version>. */}}
+{{- define "shared-svc.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The namespace shared-svc runs in and manages: gpu-operator's. namespaceOverride, else
+the release namespace. */}}
 {{- define "shared-svc.namespace" -}}
-{{- .Values.namespace | default .Release.Namespace -}}
+{{- .Values.namespaceOverride | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The Deployment's ServiceAccount (the one its RBAC binds). The hook Jobs have their
+own (<fullname>-certs, <fullname>-guard-remove). */}}
+{{- define "shared-svc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "shared-svc.fullname" .) -}}
+{{- else -}}
+{{- required "serviceAccount.create=false needs serviceAccount.name (an existing ServiceAccount; the chart binds its RBAC to it)" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image: repository@digest when image.digest is set (the digest wins over the
+tag), else repository:tag (the chart's appVersion by default). */}}
+{{- define "shared-svc.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "shared-svc.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "shared-svc.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Labels of every object the chart renders (the recommended app.kubernetes.io set). */}}
 {{- define "shared-svc.labels" -}}
+helm.sh/chart: {{ include "shared-svc.chart" . }}
 {{ include "shared-svc.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
 app.kubernetes.io/part-of: gpu-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* Settings that cannot work together fail the render with a message. */}}
@@ -114,21 +156,23 @@ caBundle: {{ $w.caBundle | quote }}
 {{- end }}
 {{- end -}}
 
-{{/* Pod settings shared by the hook Jobs: same image, identity rules and placement. */}}
+{{/* Pod settings shared by the hook Jobs: same image, identity rules and placement as
+the Deployment (its affinity is the Deployment's own spreading: not here). */}}
 {{- define "shared-svc.hookPod" -}}
 restartPolicy: Never
 serviceAccountName: {{ .sa }}
 automountServiceAccountToken: true
+{{- with .root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .root.Values.podSecurityContext }}
 securityContext:
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  seccompProfile:
-    type: RuntimeDefault
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .root.Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -139,7 +183,7 @@ tolerations:
 {{- end }}
 containers:
   - name: {{ .container }}
-    image: "{{ .root.Values.image.repository }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}"
+    image: {{ include "shared-svc.image" .root | quote }}
     imagePullPolicy: {{ .root.Values.image.pullPolicy }}
     args:
       {{- toYaml .args | nindent 6 }}
@@ -149,10 +193,8 @@ containers:
         memory: 64Mi
       limits:
         memory: 128Mi
+    {{- with .root.Values.securityContext }}
     securityContext:
-      allowPrivilegeEscalation: false
-      readOnlyRootFilesystem: true
-      runAsNonRoot: true
-      capabilities:
-        drop: [ALL]
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
 {{- end -}}
