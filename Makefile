@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv testenv-gpu-operator lint typecheck unit proptest-long bench
+.PHONY: demo test venv testenv testenv-gpu-operator lint typecheck unit proptest-long bench lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -19,6 +19,13 @@ testenv:
 # The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
 testenv-gpu-operator:
 	nice -n 10 bash testenv/gpu-operator/build.sh >/dev/null
+
+# requirements.lock, the image's dependencies pinned with hashes, from pyproject.toml
+# (pip-tools; keeps the pins that still fit, UPGRADE=1 takes the newest allowed).
+# tests/test_packaging.py fails while it is stale.
+lock: venv
+	$(BIN)/pip install -q 'pip-tools>=7.4,<8'
+	$(BIN)/python scripts/lock.py $(if $(UPGRADE),--upgrade)
 
 lint: venv
 	$(BIN)/ruff check .

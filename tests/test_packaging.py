@@ -1,5 +1,9 @@
 """The container image, as far as it can be proven without a Docker engine.
 
+The Dockerfile's lines (base image by digest, dependencies from requirements.lock with
+``--require-hashes``, no pip in the final stage, OCI labels) are read statically, and the
+lock is checked against pyproject.toml and the base image's Python (scripts/lock.py).
+
 The Dockerfile's builder stage runs ``pip wheel`` on the files it copies; here the same
 files (and only those) are copied into an empty directory and built into a wheel the
 same way. The wheel is installed with ``--no-deps`` into a fresh venv whose only other
@@ -13,6 +17,7 @@ installed ``shared-svc run`` entry point serves ``/livez`` against the test cont
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,10 +27,12 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,18 +69,121 @@ def builder_sources() -> list[str]:
 
 def test_dockerfile_is_multi_stage_slim_non_root() -> None:
     builder, final = stages()
-    arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
-    assert arg and arg.group(1) == "python:3.11-slim"
     assert builder[0] == "FROM ${PYTHON_IMAGE} AS builder" and final[0] == "FROM ${PYTHON_IMAGE}"
-    assert any(line.startswith("RUN pip wheel ") for line in builder)
-    install = next(line for line in final if line.startswith("RUN "))
-    assert "--no-index --find-links /wheels shared-svc" in install and "from=builder" in install
-    assert "--uid 65532" in install and "--gid 65532" in install
     assert "USER 65532:65532" in final
+    setup = next(line for line in final if line.startswith("RUN "))
+    assert "--uid 65532" in setup and "--gid 65532" in setup
     assert 'ENTRYPOINT ["shared-svc"]' in final and 'CMD ["run"]' in final
-    assert not [line for line in final if line.startswith(("COPY", "ADD"))], (
-        "the final stage gets only the wheels"
+    # the final stage gets the builder's venv, nothing from the build context
+    assert [line for line in final if line.startswith(("COPY", "ADD"))] == [
+        "COPY --from=builder /opt/venv /opt/venv"
+    ]
+    assert any(line.startswith("ENV ") and "PATH=/opt/venv/bin:$PATH" in line for line in final)
+
+
+def test_base_image_is_pinned_by_digest() -> None:
+    arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.M)
+    assert arg and re.fullmatch(r"python:3\.11-slim@sha256:[0-9a-f]{64}", arg.group(1)), arg
+
+
+def test_dependencies_come_from_the_lock_with_hashes() -> None:
+    builder, _ = stages()
+    assert "COPY requirements.lock ./" in builder
+    venv = next(line for line in builder if "requirements.lock" in line and line.startswith("RUN"))
+    assert "python -m venv --without-pip /opt/venv" in venv
+    assert "install --no-deps --require-hashes -r requirements.lock" in venv
+    # shared-svc itself: its wheel only (no resolver, no index), then the set is checked
+    wheel = next(line for line in builder if line.startswith("RUN pip wheel "))
+    assert "pip wheel --no-deps" in wheel
+    assert "install --no-deps --no-index /wheels/shared_svc-" in wheel and " check" in wheel
+    # the dependencies are installed before the sources are copied (a layer per lock)
+    assert builder.index(venv) < builder.index("COPY shared_svc/ shared_svc/")
+    # no install resolves anything: every one is --no-deps
+    installs = [
+        step
+        for line in builder
+        if line.startswith("RUN ")
+        for step in line[4:].split("&&")
+        if re.search(r"\binstall\b", step) and "pip" in step
+    ]
+    assert len(installs) == 2 and all("--no-deps" in step for step in installs), installs
+
+
+def test_final_stage_has_no_pip() -> None:
+    _, final = stages()
+    runs = [line for line in final if line.startswith("RUN ")]
+    (setup,) = runs
+    # the base image's pip goes; the venv was made without one
+    assert setup.startswith("RUN python -m pip uninstall --yes --quiet pip setuptools wheel")
+    # pip's one use there is removing itself
+    steps = [step.strip() for line in runs for step in line[4:].split("&&")]
+    assert [s for s in steps if "pip" in s] == [
+        "python -m pip uninstall --yes --quiet pip setuptools wheel"
+    ]
+
+
+def test_image_carries_oci_labels_from_build_args() -> None:
+    _, final = stages()
+    assert "ARG VERSION=0.1.0" in final and "ARG REVISION=unknown" in final
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ARG VERSION={version}" in final, "the default is the package's version"
+    (label,) = [line for line in final if line.startswith("LABEL ")]
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', label))
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}"
+    assert labels["org.opencontainers.image.title"] == "shared-svc"
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.base.name"] == "${PYTHON_IMAGE}"
+
+
+def lock_script() -> Any:
+    spec = importlib.util.spec_from_file_location("lock", REPO / "scripts" / "lock.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lock_is_fresh() -> None:
+    """CI fails while requirements.lock does not match pyproject.toml and the base image."""
+    lock = lock_script()
+    found = lock.problems(
+        (REPO / "pyproject.toml").read_text(),
+        DOCKERFILE.read_text(),
+        (REPO / "requirements.lock").read_text(),
     )
+    assert not found, f"requirements.lock is stale ({'; '.join(found)}): run `make lock`"
+    # every dependency of pyproject is pinned and hashed
+    entries = lock.entries((REPO / "requirements.lock").read_text())
+    for dep in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name = re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0].lower().replace("_", "-")
+        assert entries[name][1] >= 1, dep
+
+
+def test_lock_check_fails_on_a_stale_lock() -> None:
+    lock = lock_script()
+    pyproject = (REPO / "pyproject.toml").read_text()
+    dockerfile = DOCKERFILE.read_text()
+    text = (REPO / "requirements.lock").read_text()
+    assert lock.problems(pyproject, dockerfile, text) == []
+    # a dependency added, a bound moved, or another Python: the recorded inputs differ
+    added = pyproject.replace('"PyYAML>=6,<7",', '"PyYAML>=6,<7",\n    "rich>=13",')
+    assert any("rich: not in the lock" in p for p in lock.problems(added, dockerfile, text))
+    assert any("other inputs" in p for p in lock.problems(added, dockerfile, text))
+    moved = pyproject.replace('"aiohttp>=3.9,<4"', '"aiohttp>=3.9,<3.10"')
+    assert moved != pyproject
+    found = lock.problems(moved, dockerfile, text)
+    assert any("does not satisfy" in p for p in found) and any("other inputs" in p for p in found)
+    python312 = dockerfile.replace("python:3.11-slim@", "python:3.12-slim@")
+    assert any("Python 3.12" in p for p in lock.problems(pyproject, python312, text))
+    # an entry without hashes, or a requirement that is not pinned
+    unhashed = re.sub(
+        r"^(pyyaml==\S+) \\\n(\s+--hash=\S+ \\\n)*\s+--hash=\S+", r"\1", text, flags=re.M
+    )
+    assert unhashed != text
+    assert any("no hash" in p for p in lock.problems(pyproject, dockerfile, unhashed))
+    unpinned = text + "requests>=2\n"
+    assert any("pinned" in p for p in lock.problems(pyproject, dockerfile, unpinned))
 
 
 def test_dockerignore_lets_in_exactly_what_the_builder_copies() -> None:
@@ -84,7 +194,8 @@ def test_dockerignore_lets_in_exactly_what_the_builder_copies() -> None:
     ]
     assert lines[0] == "*", "everything is excluded unless named"
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
-    assert allowed == set(builder_sources()) == {"pyproject.toml", "README.md", "shared_svc"}
+    assert allowed == set(builder_sources())
+    assert allowed == {"requirements.lock", "pyproject.toml", "README.md", "shared_svc"}
 
 
 def offline_build_flags() -> list[str]:
