@@ -47,4 +47,5 @@ proptest-long: venv
 bench: venv testenv
 	$(BIN)/python benchmarks/bench_plan.py
 	$(BIN)/python benchmarks/bench_controller.py
+	$(BIN)/python benchmarks/bench_memory.py --before fce0ce2
 	$(BIN)/python benchmarks/bench_upgrade.py

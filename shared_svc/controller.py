@@ -31,14 +31,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.admission.rules import name_writers
 from shared_svc.aio import wait_any
 from shared_svc.config import Config
-from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.cache import Informer, Informers, Resource
 from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.resources import CLUSTER_POLICIES, daemonsets
 from shared_svc.kube.writer import FIELD_MANAGER, Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.model import Action, ObjectRef, Plan, Report, World
 from shared_svc.reconcile.planner import plan as make_plan
+from shared_svc.reconcile.selectors import pod_fields
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +95,11 @@ class ServicesController:
         writer: Writer,
         metrics: Metrics,
         is_leader: Callable[[], bool],
+        informers: Informers | None = None,
     ) -> None:
         self._api = api
+        # Caches shared with the upgrade controller when the runner passes its registry.
+        self._shared = informers or Informers(api)
         self._config = config
         self._recorder = recorder
         self._writer = writer
@@ -129,13 +134,7 @@ class ServicesController:
     def _resources(self) -> dict[str, Resource]:
         ns = self._config.namespace
         return {
-            "clusterpolicies": Resource(
-                "nvidia.com",
-                "v1",
-                "clusterpolicies",
-                "ClusterPolicy",
-                crd_name="clusterpolicies.nvidia.com",
-            ),
+            "clusterpolicies": CLUSTER_POLICIES,
             "gpuclusters": Resource(
                 "nvidia.com",
                 "v1alpha1",
@@ -144,18 +143,26 @@ class ServicesController:
                 crd_name="gpuclusters.nvidia.com",
             ),
             "services": Resource("", "v1", "services", "Service", namespace=ns),
-            "daemonsets": Resource("apps", "v1", "daemonsets", "DaemonSet", namespace=ns),
-            "pods": Resource("", "v1", "pods", "Pod", namespace=ns),
+            # With the upgrade controller on, its cache of all namespaces' DaemonSets is
+            # shared (planning reads only those of the namespace); else only the namespace.
+            "daemonsets": daemonsets(None if self._config.upgrade_controller else ns),
+            # Only the fields planning reads of a pod are kept (the rest is most of its bytes).
+            "pods": Resource("", "v1", "pods", "Pod", namespace=ns, project=pod_fields),
         }
 
-    def _informer(self, resource: Resource) -> Informer:
-        informer = Informer(
-            self._api,
-            resource,
-            on_change=lambda: self._cache_changed(informer),
-            resync_seconds=self._config.resync_seconds,
-            backoff_max_seconds=min(30.0, self._config.backoff_max_seconds),
-            on_synced=self._metrics.cache_synced.labels(resource.plural).set,
+    def _informer(self, resource: Resource, *, shared: bool = True) -> Informer:
+        """The cache of ``resource``: from the shared registry, or (ServiceMonitors, started
+        and stopped with discovery) this controller's own."""
+        kwargs: dict[str, Any] = {
+            "on_change": lambda: self._cache_changed(informer),
+            "resync_seconds": self._config.resync_seconds,
+            "backoff_max_seconds": min(30.0, self._config.backoff_max_seconds),
+            "on_synced": self._metrics.cache_synced.labels(resource.plural).set,
+        }
+        informer: Informer = (
+            self._shared.informer(resource, **kwargs)
+            if shared
+            else Informer(self._api, resource, **kwargs)
         )
         return informer
 
@@ -228,7 +235,8 @@ class ServicesController:
                         "ServiceMonitor",
                         namespace=self._config.namespace,
                         crd_name="servicemonitors.monitoring.coreos.com",
-                    )
+                    ),
+                    shared=False,
                 )
                 self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
             elif not served and self._sm_informer is not None:
@@ -250,7 +258,7 @@ class ServicesController:
     # --- the loop ---
     async def run(self, stop: asyncio.Event) -> None:
         self._informers = {name: self._informer(res) for name, res in self._resources().items()}
-        tasks = [asyncio.ensure_future(i.run(stop)) for i in self._informers.values()]
+        tasks = [asyncio.ensure_future(self._shared.run(i, stop)) for i in self._informers.values()]
         tasks.append(asyncio.ensure_future(self._discovery_loop(stop)))
         try:
             await self._loop(stop)

@@ -24,6 +24,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.errors import UsageError
 from shared_svc.http import make_app, make_runner
+from shared_svc.kube.cache import Informers
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
@@ -140,6 +141,8 @@ class Service:
                 )
             else:
                 leader_gauge.set(1)
+            # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies).
+            informers = Informers(api)
             if cfg.services_controller:
                 self.controller = ServicesController(
                     api,
@@ -148,6 +151,7 @@ class Service:
                     writer=self.writer,
                     metrics=self.metrics,
                     is_leader=self.is_leader,
+                    informers=informers,
                 )
             if cfg.upgrade_controller:
                 from shared_svc.upgrade.controller import UpgradeController
@@ -158,6 +162,7 @@ class Service:
                     self.recorder,
                     is_leader=self.is_leader,
                     registry=self.metrics.registry,
+                    informers=informers,
                 )
             app = make_app(
                 alive=self.alive,

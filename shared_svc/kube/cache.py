@@ -22,6 +22,13 @@ Three troubles do not clear ``synced``:
 ``on_synced`` is called whenever ``synced`` changes (the ``shared_svc_cache_synced``
 gauge).
 
+Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
+``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
+each object as it arrives, from a list page or a watch event, so only the fields the
+planners read are kept and the whole object is dropped at once. A re-list replaces the
+store and compares only resourceVersions (kept per object aside the projection) to decide
+whether anything changed: one ``on_change`` at most, no deep comparison.
+
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
 restarted API server can answer 404 for custom resources before it has loaded their
@@ -35,6 +42,7 @@ import json
 import logging
 import random
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from itertools import accumulate
@@ -107,6 +115,22 @@ def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
     return json.loads(_prune(raw, limit)), True
 
 
+def shared_strings(value: Any) -> Any:
+    """``value`` with every string (keys and values) interned: thousands of cached pods
+    carry the same label keys, values and condition names, one copy each is enough. The
+    same value (equal everywhere). Recursive: only projected objects pass here, which
+    ``loads`` kept within MAX_DEPTH levels."""
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {
+            sys.intern(k) if isinstance(k, str) else k: shared_strings(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [shared_strings(v) for v in value]
+    return value
+
+
 def has_pruned(value: Any) -> bool:
     """Does ``value`` (a parsed object) hold a PRUNED subtree? Iterative, as it is only
     asked of objects that were parsed with ``loads``."""
@@ -160,6 +184,8 @@ class Resource:
     label_selector: str | None = None
     field_selector: str | None = None
     crd_name: str | None = None  # set for custom resources
+    # What of each object is kept (a pure function; None: the whole object).
+    project: Callable[[K8sObject], K8sObject] | None = None
 
     @property
     def path(self) -> str:
@@ -196,11 +222,14 @@ class Informer:
         backoff_max_seconds: float = 30.0,
         idle_timeout_seconds: float | None = None,
         on_synced: Callable[[bool], None] | None = None,
+        page_size: int = 100,
     ) -> None:
         self._api = api
+        self._page_size = page_size
         self.resource = resource
-        self._on_change = on_change
-        self._on_synced = on_synced
+        # Several readers may share one cache (:class:`Informers`): each has its triggers.
+        self._change_listeners = [on_change]
+        self._synced_listeners = [on_synced] if on_synced else []
         self._resync = resync_seconds
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
@@ -209,6 +238,7 @@ class Informer:
         )
         self._backoff_max = backoff_max_seconds
         self._items: dict[tuple[str, str], K8sObject] = {}
+        self._versions: dict[tuple[str, str], str] = {}  # key -> resourceVersion
         self.synced = asyncio.Event()
         self.served = True
         self.resource_version = ""
@@ -221,6 +251,23 @@ class Informer:
         if on_synced:
             on_synced(False)
 
+    def add_listener(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        """Another reader of this cache: told of every change (and of ``synced``) too."""
+        self._change_listeners.append(on_change)
+        if on_synced:
+            self._synced_listeners.append(on_synced)
+            on_synced(self.synced.is_set())
+
+    def resync_at_most(self, seconds: float) -> None:
+        """Re-list at least every ``seconds`` (a reader that wants it more often)."""
+        self._resync = min(self._resync, seconds)
+
+    def _on_change(self) -> None:
+        for listener in self._change_listeners:
+            listener()
+
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
 
@@ -231,8 +278,8 @@ class Informer:
             self.synced.set()
         else:
             self.synced.clear()
-        if self._on_synced:
-            self._on_synced(value)
+        for listener in self._synced_listeners:
+            listener(value)
 
     def _query(self, params: dict[str, str]) -> list[tuple[str, str]]:
         query = list(params.items())
@@ -288,45 +335,91 @@ class Informer:
         return False
 
     async def relist(self) -> None:
-        """A complete list replaces the cache; raises on failure (the cache keeps its contents)."""
-        try:
-            # A list answers at once; silence means a dead (pooled) connection.
-            resp = await self._get(
-                {}, timeout=aiohttp.ClientTimeout(total=60, sock_read=self._idle_timeout)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                if await self._crd_absent():
-                    self._replace([], served=False, resource_version="")
-                    return
-                raise NotServedYet(
-                    f"{self.resource.describe()} answers 404 but its CRD exists"
-                ) from exc
-            raise
-        try:
-            raw = await resp.read()
-        finally:
-            resp.release()
-        data, pruned = loads(raw, envelope=2)
-        items = data.get("items") or []
+        """A complete list replaces the cache; raises on failure (the cache keeps its contents).
+
+        Read in pages; a continue token that expired (410) starts the list over once."""
+        for attempt in (1, 2):
+            try:
+                listed = await self._list_pages()
+            except ApiException as exc:
+                if exc.status == 410 and attempt == 1:
+                    continue
+                raise
+            if listed is None:  # not served
+                self._replace({}, {}, served=False, resource_version="")
+                return
+            items, versions, resource_version, pruned = listed
+            self._replace(items, versions, served=True, resource_version=resource_version)
+            self._note_pruned(pruned)
+            return
+
+    async def _list_pages(
+        self,
+    ) -> tuple[dict[tuple[str, str], K8sObject], dict[tuple[str, str], str], str, set[Any]] | None:
+        """Every page of the list, each object projected as its page is read (None: the
+        resource is not served)."""
         # Lists return items without kind/apiVersion; the core wants whole objects.
         api_version = (
             f"{self.resource.group}/{self.resource.version}"
             if self.resource.group
             else self.resource.version
         )
-        for item in items:
-            item.setdefault("apiVersion", api_version)
-            item.setdefault("kind", self.resource.kind)
-        self._replace(
-            items, served=True, resource_version=data.get("metadata", {}).get("resourceVersion", "")
-        )
-        self._note_pruned({_key(i) for i in items if has_pruned(i)} if pruned else set())
+        project = self.resource.project
+        items: dict[tuple[str, str], K8sObject] = {}
+        versions: dict[tuple[str, str], str] = {}
+        pruned_keys: set[tuple[str, str]] = set()
+        token = ""
+        resource_version = ""
+        while True:
+            params = {"limit": str(self._page_size)} if self._page_size else {}
+            if token:
+                params["continue"] = token
+            try:
+                # A list answers at once; silence means a dead (pooled) connection.
+                resp = await self._get(
+                    params, timeout=aiohttp.ClientTimeout(total=60, sock_read=self._idle_timeout)
+                )
+            except ApiException as exc:
+                if exc.status == 404 and not token:
+                    if await self._crd_absent():
+                        return None
+                    raise NotServedYet(
+                        f"{self.resource.describe()} answers 404 but its CRD exists"
+                    ) from exc
+                raise
+            try:
+                raw = await resp.read()
+            finally:
+                resp.release()
+            data, pruned = loads(raw, envelope=2)
+            del raw
+            meta = data.get("metadata") or {}
+            resource_version = meta.get("resourceVersion", "") or resource_version
+            for item in data.get("items") or []:
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", self.resource.kind)
+                key = _key(item)
+                if pruned and has_pruned(item):
+                    pruned_keys.add(key)
+                versions[key] = item.get("metadata", {}).get("resourceVersion", "")
+                items[key] = shared_strings(project(item)) if project else item
+            del data
+            token = meta.get("continue") or ""
+            if not token:
+                return items, versions, resource_version, pruned_keys
 
-    def _replace(self, items: list[K8sObject], *, served: bool, resource_version: str) -> None:
-        new = {_key(i): i for i in items}
-        changed = new != self._items or served != self.served or not self.synced.is_set()
-        self._items = new
+    def _replace(
+        self,
+        items: dict[tuple[str, str], K8sObject],
+        versions: dict[tuple[str, str], str],
+        *,
+        served: bool,
+        resource_version: str,
+    ) -> None:
+        # resourceVersions say whether anything changed: no deep comparison of every object.
+        changed = versions != self._versions or served != self.served or not self.synced.is_set()
+        self._items = items
+        self._versions = versions
         self.served = served
         self.resource_version = resource_version
         self.relists += 1
@@ -394,11 +487,18 @@ class Informer:
                 elif key in self.pruned:
                     self._note_pruned(self.pruned - {key})
                 if etype == "DELETED":
+                    self._versions.pop(key, None)
                     if self._items.pop(key, None) is not None:
                         self._on_change()
-                elif etype in ("ADDED", "MODIFIED") and self._items.get(key) != obj:
-                    self._items[key] = obj
-                    self._on_change()
+                elif etype in ("ADDED", "MODIFIED"):
+                    self._versions[key] = rv or ""
+                    project = self.resource.project
+                    kept = shared_strings(project(obj)) if project else obj
+                    del obj, event
+                    # A change in a field the projection drops is no change to the planners.
+                    if self._items.get(key) != kept:
+                        self._items[key] = kept
+                        self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries."""
@@ -481,6 +581,56 @@ class Informer:
         # Events may have been missed: no reconcile until a complete re-list.
         self._set_synced(False)
         await sleep_or_stop(stop, delay)
+
+
+class Informers:
+    """One :class:`Informer` per :class:`Resource`, shared by the controllers that read it
+    (the Services and driver-upgrade controllers both read DaemonSets and ClusterPolicies):
+    one list, one watch and one copy in memory, each reader keeping its own triggers."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+        self._informers: dict[Resource, Informer] = {}
+        self._running: set[int] = set()
+
+    def informer(
+        self,
+        resource: Resource,
+        *,
+        on_change: Callable[[], None],
+        on_synced: Callable[[bool], None] | None = None,
+        resync_seconds: float = 300.0,
+        backoff_max_seconds: float = 30.0,
+    ) -> Informer:
+        """The cache of ``resource``, made on first ask; ``on_change`` is called on its
+        changes. The shortest resync asked for wins."""
+        informer = self._informers.get(resource)
+        if informer is None:
+            informer = Informer(
+                self._api,
+                resource,
+                on_change=on_change,
+                on_synced=on_synced,
+                resync_seconds=resync_seconds,
+                backoff_max_seconds=backoff_max_seconds,
+            )
+            self._informers[resource] = informer
+        else:
+            informer.add_listener(on_change, on_synced)
+            informer.resync_at_most(resync_seconds)
+        return informer
+
+    async def run(self, informer: Informer, stop: asyncio.Event) -> None:
+        """Runs ``informer`` until ``stop``: the first reader's call runs it, the others
+        only wait for ``stop``."""
+        if id(informer) in self._running:
+            await stop.wait()
+            return
+        self._running.add(id(informer))
+        try:
+            await informer.run(stop)
+        finally:
+            self._running.discard(id(informer))
 
 
 async def gather_until(stop: asyncio.Event, coros: list[Awaitable[None]]) -> None:

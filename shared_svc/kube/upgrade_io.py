@@ -16,7 +16,8 @@ from urllib.parse import quote
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.kube.cache import Informer, Resource, gather_until
+from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
+from shared_svc.kube.resources import CLUSTER_POLICIES, daemonsets
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.reconcile.model import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -52,11 +53,10 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     )
 
 
-DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+# All namespaces, kept as what the planners read (``reconcile.selectors.daemonset_fields``).
+DAEMONSETS = daemonsets()
 # Read for the upgrade flow's gate (``shared_svc.upgrade.gate``); never written by the service.
-CLUSTER_POLICIES = Resource(
-    "nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"
-)
+# Both are shared with the Services controller when both run (``kube.cache.Informers``).
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -150,21 +150,24 @@ class KubeUpgradeIO:
         *,
         on_change: Callable[[], None],
         resync_seconds: float = 120.0,
+        informers: Informers | None = None,
     ) -> None:
         self._api = api
         self._driver = driver_name
+        # Shared with the Services controller when the runner passes its registry.
+        self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
         self._node_informers = tuple(
-            Informer(api, resource, on_change=on_change, resync_seconds=resync_seconds)
+            self._registry.informer(resource, on_change=on_change, resync_seconds=resync_seconds)
             for resource in (state_nodes, parked_nodes)
         )
         self._on_change = on_change
-        self._daemonsets = Informer(
-            api, DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
+        self._daemonsets = self._registry.informer(
+            DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
         )
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
-        self._cluster_policies = Informer(
-            api, CLUSTER_POLICIES, on_change=on_change, resync_seconds=resync_seconds
+        self._cluster_policies = self._registry.informer(
+            CLUSTER_POLICIES, on_change=on_change, resync_seconds=resync_seconds
         )
 
     @property
@@ -176,7 +179,7 @@ class KubeUpgradeIO:
         return self._cluster_policies.items()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await gather_until(stop, [informer.run(stop) for informer in self._informers])
+        await gather_until(stop, [self._registry.run(i, stop) for i in self._informers])
 
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)

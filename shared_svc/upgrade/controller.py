@@ -135,6 +135,7 @@ class UpgradeController:
         registry: CollectorRegistry | None = None,
         io: UpgradeIO | None = None,
         clock: Callable[[], float] = time.time,
+        informers: Any = None,
     ) -> None:
         self.settings = UpgradeSettings.from_config(config)
         self._config = config
@@ -152,6 +153,7 @@ class UpgradeController:
                 self.settings.driver_name,
                 on_change=self._changed.set,
                 resync_seconds=config.upgrade_resync_seconds,
+                informers=informers,  # kube.cache.Informers: caches shared with the runner's
             )
         self._io = io
         self._seen: dict[str, str] = {}

@@ -1,0 +1,198 @@
+"""What the caches keep, on the real API server (issue 12, memory): each object projected
+to the fields the planners read as it arrives (list pages and watch events), lists read in
+pages, re-lists decided on resourceVersions."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.writer import raw_request
+from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.testenv import ControlPlane
+from tests.kube import eventually
+from tests.realistic import api_pod
+from tests.svc import Kube, running, service_config
+
+pytestmark = pytest.mark.apiserver
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _create_pod(kube: Kube, name: str, labels: dict[str, str] | None = None) -> None:
+    pod = api_pod("nvidia-dcgm-exporter", name, "node-00001")
+    spec = pod["spec"]
+    body = {
+        "metadata": {"name": name, "labels": labels or {"app": "x"}},
+        "spec": {
+            "nodeName": "node-00001",
+            "containers": [
+                {"name": c["name"], "image": c["image"], "env": c["env"]}
+                for c in spec["containers"]
+            ],
+        },
+    }
+    await kube.core.create_namespaced_pod(kube.ns, body)
+
+
+class Spy:
+    """Counts ``on_change`` calls and the query of every GET the informer sends."""
+
+    def __init__(self, informer: Informer) -> None:
+        self.changes = 0
+        self.queries: list[dict[str, str]] = []
+        real = informer._get
+
+        async def get(params: dict[str, str], **kw: Any) -> Any:
+            self.queries.append(dict(params))
+            return await real(params, **kw)
+
+        informer._get = get  # type: ignore[method-assign]
+
+    def changed(self) -> None:
+        self.changes += 1
+
+
+def pods_informer(kube: Kube, *, page_size: int = 500) -> tuple[Informer, Spy]:
+    spy_box: list[Spy] = []
+    informer = Informer(
+        kube.api,
+        Resource("", "v1", "pods", "Pod", namespace=kube.ns, project=pod_fields),
+        on_change=lambda: spy_box[0].changed(),
+        page_size=page_size,
+    )
+    spy_box.append(Spy(informer))
+    return informer, spy_box[0]
+
+
+async def test_a_list_is_read_in_pages_and_every_object_projected(kube: Kube) -> None:
+    for i in range(5):
+        await _create_pod(kube, f"p{i}")
+    informer, spy = pods_informer(kube, page_size=2)
+    await informer.relist()
+    # Three pages of at most two, the later ones by continue token.
+    assert [q.get("limit") for q in spy.queries] == ["2", "2", "2"]
+    assert [bool(q.get("continue")) for q in spy.queries] == [False, True, True]
+    live = (await raw_request(kube.api, "GET", f"/api/v1/namespaces/{kube.ns}/pods"))["items"]
+    assert len(live) == 5 and all(p["spec"].get("containers") for p in live)
+    for pod in live:
+        pod.setdefault("apiVersion", "v1")
+        pod.setdefault("kind", "Pod")
+    by_name = {p["metadata"]["name"]: p for p in live}
+    cached = informer.items()
+    assert [p["metadata"]["name"] for p in cached] == [f"p{i}" for i in range(5)]
+    for pod in cached:
+        # Exactly what planning reads: no containers, no managedFields, no uid.
+        assert pod == pod_fields(by_name[pod["metadata"]["name"]])
+        assert "containers" not in pod["spec"] and "managedFields" not in pod["metadata"]
+    assert informer.synced.is_set() and spy.changes == 1
+
+
+async def test_a_relist_decides_on_resource_versions(kube: Kube) -> None:
+    await _create_pod(kube, "a")
+    await _create_pod(kube, "b")
+    informer, spy = pods_informer(kube)
+    await informer.relist()
+    assert spy.changes == 1
+    await informer.relist()  # nothing changed: no reconcile asked for
+    assert spy.changes == 1 and informer.relists == 2
+    # A change the projection drops still changes the resourceVersion: one trigger.
+    await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"annotations": {"x": "1"}}})
+    await informer.relist()
+    assert spy.changes == 2
+    await kube.core.delete_namespaced_pod("b", kube.ns, grace_period_seconds=0)
+    await informer.relist()
+    assert spy.changes == 3 and [p["metadata"]["name"] for p in informer.items()] == ["a"]
+
+
+async def test_watch_events_are_projected_and_dropped_fields_wake_nobody(kube: Kube) -> None:
+    informer, spy = pods_informer(kube)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(informer.run(stop))
+    try:
+        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await _create_pod(kube, "w", {"app": "w"})
+        await eventually(lambda: _true(len(informer.items()) == 1), timeout=15)
+        [pod] = informer.items()
+        assert "containers" not in pod["spec"] and pod["spec"]["nodeName"] == "node-00001"
+        changes = spy.changes
+        # An annotation (not read by planning) changes: the cache, as projected, does not.
+        await kube.core.patch_namespaced_pod(
+            "w", kube.ns, {"metadata": {"annotations": {"a": "1"}}}
+        )
+        # A label change afterwards arrives in order; by then the annotation was seen.
+        await kube.core.patch_namespaced_pod("w", kube.ns, {"metadata": {"labels": {"app": "v"}}})
+        await eventually(
+            lambda: _true(informer.items()[0]["metadata"]["labels"] == {"app": "v"}), timeout=15
+        )
+        assert spy.changes == changes + 1
+        assert "annotations" not in informer.items()[0]["metadata"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def _watches(cp: ControlPlane, resource: str) -> int:
+    """Watches of ``resource`` open on the API server now (its own gauge)."""
+    status, text = cp.request("GET", "/metrics")
+    assert status == 200, text
+    total = 0
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_longrunning_requests{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if labels.get("verb") == "WATCH" and labels.get("resource") == resource:
+                total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+async def test_both_controllers_share_one_cache_per_resource(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    """DaemonSets and ClusterPolicies are read by both controllers: one list, one watch and
+    one copy (projected) for the two, and a change still wakes each of them."""
+    before = {r: _watches(control_plane, r) for r in ("daemonsets", "clusterpolicies")}
+    config = service_config(control_plane, kube.ns, upgrade_controller=True)
+    async with running(config) as svc:
+        assert svc.controller is not None and svc.upgrade is not None
+        await eventually(lambda: _true(svc.ready()), timeout=30)
+        ds = svc.controller._informers["daemonsets"]
+        assert ds is svc.upgrade._io._daemonsets
+        assert svc.controller._informers["clusterpolicies"] is svc.upgrade._io._cluster_policies
+        await eventually(
+            lambda: _true(
+                {r: _watches(control_plane, r) - before[r] for r in before}
+                == {"daemonsets": 1, "clusterpolicies": 1}
+            ),
+            timeout=15,
+        )
+        # A DaemonSet change reaches both: the Services controller's cache and the
+        # upgrade controller's snapshot (rebuilt on its trigger).
+        svc.upgrade._io.daemonset_objects()  # a snapshot taken: only a change drops it
+        await kube.apps.create_namespaced_daemon_set(
+            kube.ns,
+            {
+                "metadata": {"name": "nvidia-dcgm"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "nvidia-dcgm"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "nvidia-dcgm"}},
+                        "spec": {"containers": [{"name": "c", "image": "i"}]},
+                    },
+                },
+            },
+        )
+        await eventually(
+            lambda: _true(
+                any(d["metadata"]["name"] == "nvidia-dcgm" for d in ds.items())
+                and svc.upgrade._io._ds_snapshot is None
+            ),
+            timeout=15,
+        )
+        [cached] = [d for d in ds.items() if d["metadata"]["name"] == "nvidia-dcgm"]
+        assert cached["spec"]["template"]["spec"] == {}  # containers dropped
