@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.kube.cache import Informer, Resource
 from shared_svc.kube.writer import raw_request
@@ -196,3 +197,28 @@ async def test_both_controllers_share_one_cache_per_resource(
         )
         [cached] = [d for d in ds.items() if d["metadata"]["name"] == "nvidia-dcgm"]
         assert cached["spec"]["template"]["spec"] == {}  # containers dropped
+
+
+async def test_an_expired_continue_token_starts_the_list_over(kube: Kube) -> None:
+    """The API server answers 410 to a continue token older than its compaction window:
+    the list starts over (once) instead of failing the cache."""
+    for i in range(3):
+        await _create_pod(kube, f"e{i}")
+    informer, spy = pods_informer(kube, page_size=2)
+    real = informer._get
+    expired = [False]
+
+    async def get(params: dict[str, str], **kw: Any) -> Any:
+        if params.get("continue") and not expired[0]:
+            expired[0] = True
+            exc = ApiException(status=410, reason="Expired")
+            exc.body = '{"reason": "Expired"}'
+            raise exc
+        return await real(params, **kw)
+
+    informer._get = get  # type: ignore[method-assign]
+    await informer.relist()
+    assert expired[0] and informer.synced.is_set()
+    assert [p["metadata"]["name"] for p in informer.items()] == ["e0", "e1", "e2"]
+    # Sent on: the first page, then (the expired continue refused) the list from its start.
+    assert [bool(q.get("continue")) for q in spy.queries] == [False, False, True]
