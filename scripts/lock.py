@@ -127,7 +127,8 @@ def generate(upgrade: bool) -> int:
         args += ["--strip-extras", "--allow-unsafe", "--no-emit-index-url", "--no-emit-find-links"]
         args += ["--output-file", str(out)]
         args += ["--upgrade"] if upgrade else []
-        proc = subprocess.run([*args, str(PYPROJECT)], cwd=REPO, env=env, check=False)
+        # Relative to the repository, so its "via" lines name no path of this machine.
+        proc = subprocess.run([*args, PYPROJECT.name], cwd=REPO, env=env, check=False)
         if proc.returncode != 0:
             print("lock: pip-compile failed (pip install pip-tools?)", file=sys.stderr)
             return 1

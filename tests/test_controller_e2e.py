@@ -194,7 +194,8 @@ async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(
 async def test_unmanaged_service_with_foreign_owner_is_not_adopted(
     kube: Kube, svc: Service
 ) -> None:
-    await kube.create_cr(cp_body(dcgmExporter={"enabled": False}))
+    # The foreign Service exists before the CR: the controller reconciles a new CR at once
+    # and would otherwise create nvidia-dcgm itself first.
     keeper = await kube.core.create_namespaced_config_map(kube.ns, {"metadata": {"name": "keeper"}})
     body = {
         "metadata": {
@@ -211,6 +212,7 @@ async def test_unmanaged_service_with_foreign_owner_is_not_adopted(
         "spec": {"selector": {"app": "someone-else"}, "ports": [{"port": 1234}]},
     }
     await kube.core.create_namespaced_service(kube.ns, body)
+    await kube.create_cr(cp_body(dcgmExporter={"enabled": False}))
     await settle(svc)
     s = await kube.service("nvidia-dcgm")
     assert s is not None and s["spec"]["selector"] == {"app": "someone-else"}, "left untouched"

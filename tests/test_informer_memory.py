@@ -172,6 +172,12 @@ async def test_both_controllers_share_one_cache_per_resource(
             ),
             timeout=15,
         )
+
+        def ours(d: dict[str, Any]) -> bool:
+            # The shared cache is cluster-wide: other tests' DaemonSets are in it too.
+            meta = d["metadata"]
+            return bool(meta["name"] == "nvidia-dcgm" and meta["namespace"] == kube.ns)
+
         # A DaemonSet change reaches both: the Services controller's cache and the
         # upgrade controller's snapshot (rebuilt on its trigger).
         svc.upgrade._io.daemonset_objects()  # a snapshot taken: only a change drops it
@@ -190,12 +196,11 @@ async def test_both_controllers_share_one_cache_per_resource(
         )
         await eventually(
             lambda: _true(
-                any(d["metadata"]["name"] == "nvidia-dcgm" for d in ds.items())
-                and svc.upgrade._io._ds_snapshot is None
+                any(ours(d) for d in ds.items()) and svc.upgrade._io._ds_snapshot is None
             ),
             timeout=15,
         )
-        [cached] = [d for d in ds.items() if d["metadata"]["name"] == "nvidia-dcgm"]
+        [cached] = [d for d in ds.items() if ours(d)]
         assert cached["spec"]["template"]["spec"] == {}  # containers dropped
 
 
