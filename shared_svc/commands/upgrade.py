@@ -176,10 +176,9 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> 
 
 
 def _api_message(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body).get("message") or exc.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.reason)
+    from shared_svc.kube.writer import status_of
+
+    return str(status_of(exc).get("message") or exc.reason)
 
 
 def _consumer_labels(config: Any) -> dict[str, str]:

@@ -54,6 +54,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
+from shared_svc.kube.writer import body_text, status_of
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +150,8 @@ def has_pruned(value: Any) -> bool:
 def describe_error(exc: BaseException) -> str:
     """One stable line for an API error (the same trouble reads the same on every retry)."""
     if isinstance(exc, ApiException):
-        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
-        message = ""
-        if body:
-            try:
-                message = json.loads(body).get("message") or ""
-            except (ValueError, AttributeError):
-                message = str(body)
+        status = status_of(exc)
+        message = str(status.get("message") or "") if status else body_text(exc)
         return f"{exc.status} {exc.reason or ''}: {message}".strip(" :")[:300]
     if isinstance(exc, TimeoutError):
         return "TimeoutError: no answer in time"

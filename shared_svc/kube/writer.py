@@ -71,16 +71,23 @@ async def raw_request(
     return json.loads(raw) if raw else None
 
 
+def body_text(exc: BaseException) -> str:
+    """The body of an API error as text (empty when there is none)."""
+    body = getattr(exc, "body", None)
+    if not body:
+        return ""
+    return body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+
+
 def status_of(exc: BaseException) -> dict[str, Any]:
-    """The ``Status`` object an API error carries (empty when it is not one)."""
-    if not isinstance(exc, ApiException) or not exc.body:
+    """The ``Status`` object an API error carries, parsed (empty when its body is not one)."""
+    if not isinstance(exc, ApiException):
         return {}
-    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
     try:
-        status = json.loads(body)
+        status = json.loads(body_text(exc) or "null")
     except ValueError:
         return {}
-    return status if isinstance(status, dict) and status.get("kind") == "Status" else {}
+    return status if isinstance(status, dict) else {}
 
 
 def namespace_gone(exc: BaseException) -> bool:
