@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.kube.upgrade_io import KubeUpgradeIO
+from shared_svc.upgrade.io import KubeUpgradeIO
 from shared_svc.kube.writer import Writer
 from shared_svc.testenv import ControlPlane
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -439,7 +439,7 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         }
         assert {k: await status_of(c) for k, c in off.items()} == dict.fromkeys(off, 403)
 
-        # The same release with controllers.upgrade=true: the calls of shared_svc.kube.upgrade_io work.
+        # The same release with controllers.upgrade=true: the calls of shared_svc.upgrade.io work.
         control_plane.apply_manifests(
             rbac_docs(render_docs(*UPGRADE_ON, name=ident.release, namespace=ns))
         )
@@ -503,7 +503,7 @@ async def test_upgrade_controller_alone_reads_cluster_policies_and_cannot_write_
     try:
         await eventually(lambda: _ok(client.CoreV1Api(api).list_node()), timeout=15)
         custom = client.CustomObjectsApi(api)
-        # The gate check's cache (shared_svc.kube.upgrade_io) syncs: ClusterPolicies are listed
+        # The gate check's cache (shared_svc.upgrade.io) syncs: ClusterPolicies are listed
         # and watched with the upgrade controller's own grant (no Services controller here).
         io = KubeUpgradeIO(api, DRIVER, on_change=lambda: None)
         stop = asyncio.Event()

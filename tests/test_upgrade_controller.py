@@ -9,7 +9,7 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.errors import UsageError
-from shared_svc.kube.upgrade_io import ForeignKeyError, check_own_keys
+from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.reconcile.model import Report
 from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import NodeQueue, UpgradeController

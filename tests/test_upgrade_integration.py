@@ -31,7 +31,7 @@ from shared_svc import testenv
 from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.upgrade_io import pods_on_node
+from shared_svc.upgrade.io import pods_on_node
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import UpgradeController

@@ -35,7 +35,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc import testenv_gpu_operator as gpu_env
 from shared_svc.cli import main as cli
-from shared_svc.kube.upgrade_io import FIELD_MANAGER
+from shared_svc.upgrade.io import FIELD_MANAGER
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.testenv import ControlPlane
 from tests.kube import api_client, eventually

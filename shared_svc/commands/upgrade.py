@@ -239,7 +239,7 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
     namespace, name = parse_target(args.target)
 
     async def body(api: Any, config: Any) -> int:
-        from shared_svc.kube import upgrade_io
+        from shared_svc.upgrade import io as upgrade_io
         from shared_svc.upgrade.daemonsets import (
             classify_daemonset,
             missing_template_labels,
@@ -417,7 +417,7 @@ async def gather_status(api: Any, config: Any) -> list[dict[str, Any]]:
     Only the driver name (the label keys) comes from local configuration: the eviction
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
-    from shared_svc.kube import upgrade_io
+    from shared_svc.upgrade import io as upgrade_io
     from shared_svc.upgrade.planner import listed, recorded_status
 
     driver = config.upgrade_driver_name

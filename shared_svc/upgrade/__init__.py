@@ -5,5 +5,5 @@ The contract is the upgrade-release design document (not part of this repository
 Everything here except ``controller.py`` and ``metrics.py`` is pure: plain Kubernetes
 objects (dicts, camelCase, as the API server returns them) and ``now`` in, a
 ``NodePlan`` out. The only code that talks to the API server is
-``shared_svc.kube.upgrade_io``.
+``shared_svc.upgrade.io``.
 """

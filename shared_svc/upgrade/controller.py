@@ -47,7 +47,7 @@ class Recorder(Protocol):
 
 
 class UpgradeIO(Protocol):
-    """What ``shared_svc.kube.upgrade_io.KubeUpgradeIO`` provides (a fake runs the benchmark)."""
+    """What ``shared_svc.upgrade.io.KubeUpgradeIO`` provides (a fake runs the benchmark)."""
 
     async def run(self, stop: asyncio.Event) -> None: ...
     def synced(self) -> bool: ...
@@ -146,7 +146,7 @@ class UpgradeController:
         self._queue = NodeQueue()
         self._changed = asyncio.Event()
         if io is None:
-            from shared_svc.kube.upgrade_io import KubeUpgradeIO
+            from shared_svc.upgrade.io import KubeUpgradeIO
 
             io = KubeUpgradeIO(
                 api_client,
