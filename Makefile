@@ -39,7 +39,7 @@ test: venv testenv testenv-gpu-operator lint typecheck
 
 # make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).
 demo: venv testenv
-	$(BIN)/shared-svc demo $(if $(GPU_OPERATOR),--with-gpu-operator)
+	$(BIN)/python -m testenv demo $(if $(GPU_OPERATOR),--with-gpu-operator)
 
 proptest-long: venv
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest proptests

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kubernetes_asyncio import client, watch
 
-from shared_svc import testenv
+import testenv
 from tests.kube import api_client, make_namespace
 from tests.svc import Kube, cp_body
 

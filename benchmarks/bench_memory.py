@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc import testenv
+import testenv
 from shared_svc.kube.writer import raw_request
 from tests.kube import api_client, make_namespace
 from tests.realistic import api_pod

@@ -25,11 +25,11 @@ from typing import Any
 
 from shared_svc.config import Config
 from shared_svc.reconcile.model import Report
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.planner import PodAction, plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.upgrade.states import state_label_key
+from testenv import upgrade_examples as ex
 
 
 class Recorder:

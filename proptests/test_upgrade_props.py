@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade import states
 from shared_svc.upgrade.planner import NodePlan, plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
+from testenv import upgrade_examples as ex
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"

@@ -34,14 +34,6 @@ _COMMANDS = {
         "shared_svc.commands.admission",
         "the admission guard's certificate and uninstall steps (the chart's hook Jobs)",
     ),
-    "demo": (
-        "shared_svc.commands.demo",
-        "walk through shared-svc on the embedded test control plane",
-    ),
-    "testenv": (
-        "shared_svc.commands.testenv",
-        "start/stop the embedded test control plane (etcd + kube-apiserver)",
-    ),
 }
 _COMMAND_MODULES = tuple(module for module, _ in _COMMANDS.values())
 

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.rules import operator_username
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import api_client, eventually
 from tests.test_deploy_chart import Doc, render_docs
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 
 
 def kubeconfig_via(cp: ControlPlane, url: str, path: Path) -> Path:

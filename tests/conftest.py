@@ -1,4 +1,4 @@
-"""Session fixture: a real etcd + kube-apiserver on 127.0.0.1 (see shared_svc.testenv)."""
+"""Session fixture: a real etcd + kube-apiserver on 127.0.0.1 (see testenv)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc import testenv
-from shared_svc import testenv_gpu_operator as gpu_env
+import testenv
+from testenv import gpu_operator as gpu_env
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube
 
@@ -42,7 +42,7 @@ def gpu_operator(
     gpu_operator_nodes: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[gpu_env.GpuOperator]:
     """The real gpu-operator on a control plane of the test module's own (its CRDs, not
-    the project's; see shared_svc/testenv_gpu_operator.py), with GPU nodes and no
+    the project's; see testenv/gpu_operator.py), with GPU nodes and no
     ClusterPolicy yet. ``.control_plane`` is that control plane; its workdir (kept after
     the session, under pytest's basetemp) holds ``gpu-operator.log``. Stopped, with the
     control plane, at the end of the module even when tests fail."""

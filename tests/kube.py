@@ -11,7 +11,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 
 _counter = itertools.count()
 

@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.testenv_workloads import IMAGE, pod_labels
+from testenv.workloads import IMAGE, pod_labels
 
 _ips = itertools.count(2)
 

@@ -19,8 +19,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane
-from shared_svc.testenv_workloads import DcgmWorkloads
+from testenv import ControlPlane
+from testenv.workloads import DcgmWorkloads
 
 CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
 COMMON = {

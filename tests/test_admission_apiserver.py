@@ -18,7 +18,7 @@ import pytest
 from shared_svc.reconcile.names import COMMON_LABEL as COMMON
 from shared_svc.reconcile.names import COMPONENT_OF
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.admission import (
     SimulatedOperator,
     Tls,

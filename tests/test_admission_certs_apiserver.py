@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.admission import ADMISSION_API, guard_docs, install
 from tests.kube import eventually
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import eventually
 from tests.svc import Kube, apiserver_write_count, cp_body, running, service_config, settle
 

@@ -12,7 +12,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import testenv
+import testenv
 from tests.conftest import UPSTREAM_CRDS
 from tests.kube import make_namespace, unique
 

@@ -1,5 +1,5 @@
 """shared-svc next to the real gpu-operator (issue 9, "What it must show"): its ClusterPolicy
-controller built from its Go module (shared_svc/testenv_gpu_operator.py), shared-svc running
+controller built from its Go module (testenv/gpu_operator.py), shared-svc running
 against gpu-operator's control plane in its namespace, and the admission guard as the chart
 renders it (tests/admission.py): the MutatingAdmissionPolicy this 1.36 API server serves and
 the delete webhook shared-svc serves by URL, or the mutating webhook instead of the policy.
@@ -31,11 +31,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import testenv
-from shared_svc import testenv_gpu_operator as gpu_env
+import testenv
 from shared_svc.reconcile.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
+from testenv import gpu_operator as gpu_env
 from tests.admission import (
     SimulatedOperator,
     Tls,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.svc import COMMON, Kube, cp_body, gc_body, running, service_config, settle
 
 pytestmark = pytest.mark.apiserver

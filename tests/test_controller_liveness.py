@@ -14,7 +14,7 @@ import pytest
 
 from shared_svc import controller as controller_module
 from shared_svc import service as service_module
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused
 from tests.svc import Kube, cp_body, running, service_config

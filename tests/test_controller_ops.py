@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from shared_svc import testenv
+import testenv
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, apiserver_write_count, cp_body, gc_body, running, service_config, settle
 

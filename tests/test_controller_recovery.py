@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import __version__, testenv
+import testenv
+from shared_svc import __version__
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.kube.writer import raw_request
 from shared_svc.metrics import Metrics
 from shared_svc.reconcile.model import Action, Plan, World
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.refusals import ServiceWritesRefused
 from tests.svc import Kube, cp_body, running, service_config, settle

@@ -13,7 +13,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController, managers_of_field
 from shared_svc.metrics import Metrics
 from shared_svc.reconcile.model import ObjectRef, Plan, Report
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.svc import Kube, running, service_config
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared_svc import testenv
+import testenv
 from shared_svc.config import Config
 from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
 from shared_svc.upgrade.controller import DRAIN_SECONDS

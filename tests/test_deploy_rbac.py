@@ -21,12 +21,12 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.upgrade.io import KubeUpgradeIO
 from shared_svc.kube.writer import Writer
-from shared_svc.testenv import ControlPlane
 from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.io import KubeUpgradeIO
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
+from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace, unique
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
 from tests.test_deploy_chart import (

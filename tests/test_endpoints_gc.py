@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc import testenv
+import testenv
 from shared_svc.service import Service
 from tests.endpoints import Timeline, recorded
 from tests.kube import api_client, eventually, make_namespace, unique

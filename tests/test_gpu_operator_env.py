@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from shared_svc import testenv_gpu_operator as gpu_env
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
+from testenv import gpu_operator as gpu_env
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gpu_operator]
 

@@ -14,7 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.kube.cache import Informer, Resource
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.selectors import pod_fields
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.kube import eventually
 from tests.realistic import api_pod
 from tests.svc import Kube, running, service_config

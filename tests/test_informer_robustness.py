@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from shared_svc import testenv
+import testenv
 from shared_svc.kube.cache import MAX_DEPTH, PRUNED, Informer, Resource, json_depth, loads
-from shared_svc.testenv import ControlPlane
+from testenv import ControlPlane
 from tests.apiproxy import TcpProxy, ThrottlingProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, cp_body, running, service_config, settle

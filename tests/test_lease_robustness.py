@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from shared_svc import testenv
+import testenv
 from shared_svc.service import Service
-from shared_svc.testenv import ControlPlane, free_port
+from testenv import ControlPlane, free_port
 from tests.apiproxy import TcpProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, running, service_config

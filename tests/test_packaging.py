@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from shared_svc.testenv import ControlPlane, free_port
+from testenv import ControlPlane, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
+from testenv import upgrade_examples as ex
 
 S = UpgradeSettings()
 T0 = 1_700_000_000.0

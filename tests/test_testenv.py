@@ -1,4 +1,4 @@
-"""The test control plane's own tooling: ``shared-svc testenv stop`` and ``testenv/build.sh``.
+"""The test control plane's own tooling: ``python -m testenv stop`` and ``testenv/build.sh``.
 
 ``stop`` ends kube-apiserver before etcd, kills what ignores SIGTERM and says "stopped" only
 when both are gone (tried with stand-ins that behave badly, then with the real control
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from shared_svc import cli, testenv
-from shared_svc.testenv import process_alive
+import testenv
+from testenv import cli, process_alive
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "testenv" / "build.sh"
@@ -92,7 +92,7 @@ touch {tmp_path}/etcd-up; while :; do sleep 0.1; done""",
     write_state(state_dir, {"etcd": etcd, "kube-apiserver": api})
     assert process_alive(api, "kube-apiserver") and process_alive(etcd, "etcd")
     try:
-        code = cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "1"])
+        code = cli.main(["stop", "--dir", str(state_dir), "--timeout", "1"])
         assert (code, capsys.readouterr().out) == (0, "stopped\n")
         assert not process_alive(api) and not process_alive(etcd)
         assert record.read_text() == "gone\n", "etcd was stopped while kube-apiserver ran"
@@ -109,7 +109,7 @@ def test_stop_never_signals_a_process_that_reused_a_pid(tmp_path: Path) -> None:
     try:
         state_dir = tmp_path / "state"
         write_state(state_dir, {"etcd": other, "kube-apiserver": other})
-        assert cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "1"]) == 0
+        assert cli.main(["stop", "--dir", str(state_dir), "--timeout", "1"]) == 0
         assert process_alive(other, "not-etcd")
     finally:
         os.killpg(other, 9)
@@ -124,7 +124,7 @@ def test_stop_keeps_the_directory_and_fails_while_a_process_survives(
     # Signals that change nothing: the process survives even SIGKILL (as one in D state would).
     monkeypatch.setattr(os, "killpg", lambda pid, sig: None)
     try:
-        code = cli.main(["testenv", "stop", "--dir", str(state_dir), "--timeout", "0.2"])
+        code = cli.main(["stop", "--dir", str(state_dir), "--timeout", "0.2"])
         err = capsys.readouterr().err
         assert code == 2
         assert f"kube-apiserver (pid {api}) still running after SIGKILL" in err
@@ -146,9 +146,10 @@ def test_start_then_stop_leaves_no_process(
     tmp_path: Path, flags: tuple[str, ...], names: set[str]
 ) -> None:
     state_dir = tmp_path / "testenv"
-    shared_svc = [sys.executable, "-m", "shared_svc"]
+    module = [sys.executable, "-m", "testenv"]  # from the checkout's root, as `make demo` runs it
     started = subprocess.run(
-        [*shared_svc, "testenv", "start", "--dir", str(state_dir), *flags],
+        [*module, "start", "--dir", str(state_dir), *flags],
+        cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
@@ -160,7 +161,8 @@ def test_start_then_stop_leaves_no_process(
         assert pids.keys() == names
         assert all(process_alive(pid, name) for name, pid in pids.items())
         stopped = subprocess.run(
-            [*shared_svc, "testenv", "stop", "--dir", str(state_dir)],
+            [*module, "stop", "--dir", str(state_dir)],
+            cwd=REPO,
             capture_output=True,
             text=True,
             check=False,

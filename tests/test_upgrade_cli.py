@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from shared_svc import testenv
+import testenv
 from shared_svc.cli import main
 from shared_svc.kube.writer import MERGE_PATCH
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade import record
+from testenv import upgrade_examples as ex
 from tests.kube import unique
 
 pytestmark = pytest.mark.apiserver

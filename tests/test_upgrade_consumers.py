@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.consumers import classify
 from shared_svc.upgrade.selector import parse_selector
 from shared_svc.upgrade.settings import UpgradeSettings
+from testenv import upgrade_examples as ex
 
 S = UpgradeSettings()
 

@@ -9,11 +9,11 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.errors import UsageError
-from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.reconcile.model import Report
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import NodeQueue, UpgradeController
+from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
+from testenv import upgrade_examples as ex
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.daemonsets import (
     classify_daemonset,
     index_daemonsets,
@@ -12,6 +11,7 @@ from shared_svc.upgrade.daemonsets import (
     parked_label_key,
     with_parked_requirement,
 )
+from testenv import upgrade_examples as ex
 
 KEY = "nvidia.com/gpu-driver-upgrade.parked"
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}

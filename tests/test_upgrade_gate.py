@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from shared_svc.config import Config
 from shared_svc.reconcile.model import Report
 from shared_svc.upgrade import daemonsets, record
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.gate import (
     DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -34,6 +33,7 @@ from shared_svc.upgrade.gate import (
 from shared_svc.upgrade.planner import NodePlan, plan_node
 from shared_svc.upgrade.selector import parse_selector
 from shared_svc.upgrade.settings import UpgradeSettings
+from testenv import upgrade_examples as ex
 
 LABEL = "nvidia.com/gpu-driver-upgrade.consumer"
 WANTED = f"{LABEL}=true"

@@ -27,14 +27,14 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import testenv
+import testenv
 from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.kube.events import EventRecorder
-from shared_svc.upgrade.io import pods_on_node
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.upgrade import examples as ex
 from shared_svc.upgrade.controller import UpgradeController
+from shared_svc.upgrade.io import pods_on_node
+from testenv import upgrade_examples as ex
 from tests.kube import eventually, make_namespace, unique
 
 pytestmark = pytest.mark.apiserver

@@ -33,11 +33,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import testenv_gpu_operator as gpu_env
 from shared_svc.cli import main as cli
-from shared_svc.upgrade.io import FIELD_MANAGER
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.testenv import ControlPlane
+from shared_svc.upgrade.io import FIELD_MANAGER
+from testenv import ControlPlane
+from testenv import gpu_operator as gpu_env
 from tests.kube import api_client, eventually
 from tests.svc import running, service_config
 from tests.upgrade_flow import (

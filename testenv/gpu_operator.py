@@ -17,9 +17,9 @@ from the control plane's build), and run as it runs in a cluster, minus the pod:
 
 There is no kubelet or DaemonSet controller: :func:`add_gpu_node` writes a Node the way a
 kubelet and node-feature-discovery would, and :func:`mark_daemonsets` sets the status the
-DaemonSet controller would report. Synchronous (stdlib and :mod:`shared_svc.testenv`).
+DaemonSet controller would report. Synchronous (stdlib and :mod:`testenv`).
 
-By hand: ``python -m shared_svc.testenv_gpu_operator`` (see README.md).
+By hand: ``python -m testenv.gpu_operator`` (see README.md).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from shared_svc import testenv
-from shared_svc.testenv import PROJECT_CRDS, TESTENV_DIR, ControlPlane, ControlPlaneError
+import testenv
+from testenv import PROJECT_CRDS, TESTENV_DIR, ControlPlane, ControlPlaneError
 
 BUILD_SCRIPT = TESTENV_DIR / "gpu-operator" / "build.sh"
 NAMESPACE = "gpu-operator"
@@ -147,7 +147,7 @@ def build() -> Path:
 
 
 def start_control_plane(workdir: Path | None = None, **kwargs: Any) -> ControlPlane:
-    """A control plane for gpu-operator: :func:`shared_svc.testenv.start` with
+    """A control plane for gpu-operator: :func:`testenv.start` with
     gpu-operator's ClusterPolicy and NVIDIADriver CRDs (from its module) and the project's
     GPUCluster and ServiceMonitor CRDs, instead of the project's set."""
     builddir = build()

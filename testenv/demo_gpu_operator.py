@@ -1,6 +1,7 @@
-"""``shared-svc demo --with-gpu-operator``: shared-svc next to the real gpu-operator.
+"""``python -m testenv demo --with-gpu-operator`` (``make demo GPU_OPERATOR=1``): shared-svc
+next to the real gpu-operator.
 
-gpu-operator's ClusterPolicy controller, built from its Go module (shared_svc/testenv_gpu_operator.py,
+gpu-operator's ClusterPolicy controller, built from its Go module (testenv/gpu_operator.py,
 cached; the first build takes minutes), runs on a control plane of its own with one GPU node.
 Its DaemonSets are kept not ready (there is no kubelet), so it reconciles every ~5 s and PUTs
 each DCGM Service whole, as it does in a cluster until its operands are up. The chart's
@@ -20,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from shared_svc.commands.demo import NS, _settle, _show, _table, say, step
 from shared_svc.errors import UsageError
+from testenv.demo import NS, _settle, _show, _table, say, step
 
 NAMES = ("nvidia-dcgm", "nvidia-dcgm-exporter")
 OPERANDS = ("nvidia-operator-validator", "nvidia-dcgm", "nvidia-dcgm-exporter")
@@ -30,8 +31,8 @@ ADMISSION_KINDS = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
 
 
 def run(log_file: Path, *, keep: bool) -> int:
-    from shared_svc import testenv
-    from shared_svc import testenv_gpu_operator as gpu_env
+    import testenv
+    from testenv import gpu_operator as gpu_env
 
     say(
         "shared-svc demo with the real gpu-operator: its ClusterPolicy controller, built from\n"
@@ -61,7 +62,7 @@ def run(log_file: Path, *, keep: bool) -> int:
 def guard_manifests() -> list[dict[str, Any]]:
     """The chart's admission guard for namespace ``gpu-operator`` as Helm renders it with
     ``admission.mutation=policy`` (the delete webhook needs a serving certificate: off here)."""
-    from shared_svc import testenv
+    import testenv
 
     chart = testenv.REPO_ROOT / "deploy" / "chart" / "shared-svc"
     binary = testenv.build_binaries() / "helmrender"
@@ -82,9 +83,9 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
     from kubernetes_asyncio import client, config
 
     from shared_svc import logs
-    from shared_svc import testenv_gpu_operator as gpu_env
     from shared_svc.config import Config
     from shared_svc.service import Service
+    from testenv import gpu_operator as gpu_env
 
     logs.configure("INFO")
     handler = logging.FileHandler(log_file)

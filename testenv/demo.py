@@ -1,4 +1,4 @@
-"""``shared-svc demo``: the main job. A narrated walk through shared-svc on the embedded
+"""``python -m testenv demo`` (``make demo``): the main job. A narrated walk through shared-svc on the embedded
 test control plane: adoption of gpu-operator's Services, the selector gate, and a
 migration from ClusterPolicy to GPUCluster that keeps the stable DNS names (and their
 clusterIPs) alive throughout.
@@ -37,10 +37,10 @@ def register(subparsers: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from shared_svc import testenv
+    import testenv
 
     if args.with_gpu_operator:
-        from shared_svc.commands import demo_gpu_operator
+        from testenv import demo_gpu_operator
 
         log = Path(tempfile.gettempdir()) / "shared-svc-demo-gpu-operator.log"
         return demo_gpu_operator.run(log, keep=args.keep)
@@ -81,7 +81,7 @@ async def _walk(cp: Any, log_file: Path) -> None:
     from shared_svc import logs
     from shared_svc.config import Config
     from shared_svc.service import Service
-    from shared_svc.testenv_workloads import DcgmWorkloads
+    from testenv.workloads import DcgmWorkloads
 
     logs.configure("INFO")
     handler = logging.FileHandler(log_file)

@@ -1,4 +1,4 @@
-"""``shared-svc testenv start|stop|status``: the test control plane, by hand.
+"""``python -m testenv start|stop|status``: the test control plane, by hand.
 
 ``start`` leaves etcd and kube-apiserver running in the background and prints the
 admin kubeconfig path; ``stop`` ends them (kube-apiserver first, then etcd; SIGKILL after
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from shared_svc import testenv
+import testenv
 from shared_svc.errors import UsageError
 
 DEFAULT_DIR = (
@@ -23,16 +23,13 @@ DEFAULT_DIR = (
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "testenv", help="start/stop the embedded test control plane (etcd + kube-apiserver)"
-    )
-    sub = parser.add_subparsers(dest="testenv_command", metavar="ACTION", required=True)
+    """Adds ``start``, ``stop`` and ``status`` to ``subparsers``."""
     for name, handler, text in (
-        ("start", _start, "start in the background and print the kubeconfig path"),
-        ("stop", _stop, "stop and remove"),
-        ("status", _status, "show whether it runs"),
+        ("start", _start, "start the control plane in the background; print its kubeconfig path"),
+        ("stop", _stop, "stop the control plane and remove its directory"),
+        ("status", _status, "show whether the control plane runs"),
     ):
-        p = sub.add_parser(name, help=text)
+        p = subparsers.add_parser(name, help=text)
         p.add_argument(
             "--dir", type=Path, default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})"
         )

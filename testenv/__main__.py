@@ -1,0 +1,5 @@
+import sys
+
+from testenv.cli import main
+
+sys.exit(main())
