@@ -6,7 +6,8 @@
   connection that died without a FIN (or a server that stopped delivering).
 - :class:`ThrottlingProxy` terminates TLS with the API server's own certificate and
   forwards each HTTP request; while ``throttle_watches`` is set it answers every watch
-  request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does.
+  request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does;
+  it records every request's method and path (``requests``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class ThrottlingProxy:
         self.retry_after = 1
         self.throttled = 0  # 429s answered
         self.watches = 0  # watch requests passed through
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
         self.port = 0
@@ -163,6 +165,7 @@ class ThrottlingProxy:
         return proxy
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append((request.method, request.rel_url.path))
         if request.query.get("watch") in ("true", "1"):
             if self.throttle_watches:
                 self.throttled += 1

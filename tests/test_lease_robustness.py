@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 
 import testenv
+from shared_svc.kube.lease import LeaseElector
+from shared_svc.kube.lease import _now as lease_now
+from shared_svc.kube.writer import raw_request
 from shared_svc.service import Service
 from testenv import ControlPlane, free_port
-from tests.apiproxy import TcpProxy, kubeconfig_via
+from tests.apiproxy import TcpProxy, ThrottlingProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, running, service_config
 from tests.test_controller_ops import http_get
@@ -218,3 +221,100 @@ async def test_a_leader_gives_up_while_etcd_does_not_answer() -> None:
             assert svc.elector.last_error is None
     finally:
         cp.stop()
+
+
+async def _elector_via_proxy(
+    control_plane: ControlPlane, tmp_path: Path, ns: str, identity: str
+) -> tuple[ThrottlingProxy, Any, LeaseElector]:
+    proxy = await ThrottlingProxy.start(control_plane)
+    kc = kubeconfig_via(control_plane, proxy.url, tmp_path / f"{identity}.kubeconfig")
+    api = await api_client(control_plane, str(kc))
+    elector = LeaseElector(
+        api,
+        namespace=ns,
+        name="renewals",
+        identity=identity,
+        lease_duration=6.0,
+        renew_deadline=3.0,
+        retry_period=0.2,
+    )
+    return proxy, api, elector
+
+
+def _lease_calls(proxy: ThrottlingProxy, ns: str) -> list[str]:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    return [m for m, p in proxy.requests if p in (path, f"{path}/renewals")]
+
+
+async def test_a_leader_renews_with_one_put_and_no_get(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """As client-go's leaderelection: the leader renews the record it last wrote with one PUT
+    (its resourceVersion guards the race); it does not read the Lease before every renewal."""
+    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "renewer")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(elector.run(stop))
+    try:
+
+        async def led_and_renewed() -> bool:
+            return elector.is_leader and _lease_calls(proxy, kube.ns).count("PUT") >= 8
+
+        await eventually(led_and_renewed, timeout=30)
+        calls = _lease_calls(proxy, kube.ns)
+        assert calls[:2] == ["GET", "POST"], calls  # the first attempt finds no Lease
+        assert "GET" not in calls[2:], calls
+        assert elector.errors == 0 and elector.last_error is None
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await api.close()
+        await proxy.close()
+
+
+async def test_a_lease_written_by_another_is_read_again_on_conflict(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """Someone else writes the Lease: the leader's PUT with the old resourceVersion gets 409,
+    it reads the Lease again at once (no error counted). Still its own record (a label added):
+    it renews; another holder's fresh record: it is a follower at once."""
+    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "first")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(elector.run(stop))
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/renewals"
+    try:
+
+        async def leads() -> bool:
+            return elector.is_leader
+
+        await eventually(leads, timeout=30)
+        lease = await raw_request(kube.api, "GET", path)
+        lease["metadata"].setdefault("labels", {})["touched"] = "yes"
+        await raw_request(kube.api, "PUT", path, body=lease)
+        seen = len(proxy.requests)
+
+        async def renewed_after_reading() -> bool:
+            calls = [m for m, p in proxy.requests[seen:] if p == path]
+            return "GET" in calls and calls[calls.index("GET") :].count("PUT") >= 2
+
+        await eventually(renewed_after_reading, timeout=30)
+        calls = [m for m, p in proxy.requests[seen:] if p == path]
+        assert calls[:3] == ["PUT", "GET", "PUT"], calls  # 409, read again, renewed
+        assert elector.is_leader and elector.errors == 0
+        lease = await raw_request(kube.api, "GET", path)
+        assert lease["metadata"]["labels"] == {"touched": "yes"}
+
+        lease["spec"].update({"holderIdentity": "second", "renewTime": lease_now()})
+        await raw_request(kube.api, "PUT", path, body=lease)
+
+        async def follows() -> bool:
+            return not elector.is_leader and elector.holder == "second"
+
+        await eventually(follows, timeout=30, interval=0.02)
+        assert elector.errors == 0
+        lease = await raw_request(kube.api, "GET", path)
+        assert lease["spec"]["holderIdentity"] == "second"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await api.close()
+        await proxy.close()

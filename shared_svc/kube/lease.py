@@ -70,6 +70,7 @@ class LeaseElector:
         self._last_renew = 0.0  # when the last successful renewal was sent (monotonic)
         self.last_error: str | None = None
         self.errors = 0
+        self._lease: dict[str, Any] | None = None  # the Lease as we last wrote or read it
 
     def _set_leader(self, value: bool) -> None:
         if value != self.is_leader:
@@ -113,27 +114,47 @@ class LeaseElector:
         self.last_error = error
 
     async def try_acquire_or_renew(self, timeout: float = 30.0) -> bool:
-        """One attempt; each request is cut after ``timeout`` seconds."""
+        """One attempt; each request is cut after ``timeout`` seconds.
+
+        As client-go's leaderelection: while the record we last wrote (or read) is ours,
+        it is renewed with one PUT carrying the resourceVersion we last saw, no GET. A
+        409 Conflict (someone wrote the Lease since) or 404 (it was deleted) drops that
+        cached record and the attempt goes on as a first one: GET, then PUT or POST.
+        """
         loop = asyncio.get_running_loop()
         started = loop.time()
         path = object_path("Lease", self._ns, self._name)
+        cached = self._lease
+        if cached is not None and (cached.get("spec") or {}).get("holderIdentity") == (
+            self.identity
+        ):
+            try:
+                return await self._put(cached, mine=True, started=started, timeout=timeout)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+                self._lease = None
+                log.debug("the Lease changed since we wrote it: reading it again")
         try:
             lease = await raw_request(self._api, "GET", path, timeout=timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            self._lease = None
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": self._name, "namespace": self._ns},
                 "spec": self._spec(transitions=0, acquire=True, old=None),
             }
-            await raw_request(
+            created = await raw_request(
                 self._api, "POST", object_path("Lease", self._ns), body=body, timeout=timeout
             )
+            self._lease = created if isinstance(created, dict) else None
             self._last_renew = started
             self.holder = self.identity
             return True
+        self._lease = lease
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, spec.get("renewTime") or "")
@@ -147,14 +168,21 @@ class LeaseElector:
         expired = not holder or loop.time() - self._observed_at > duration
         if not mine and not expired:
             return False
-        transitions = self.transitions if mine else self.transitions + 1
-        lease["spec"] = self._spec(transitions=transitions, acquire=not mine, old=spec)
-        updated = await raw_request(
-            self._api, "PUT", path, body=lease, timeout=timeout
-        )  # resourceVersion guards the race
-        new_spec = updated.get("spec") or {}
+        return await self._put(lease, mine=mine, started=started, timeout=timeout)
+
+    async def _put(
+        self, lease: dict[str, Any], *, mine: bool, started: float, timeout: float
+    ) -> bool:
+        """Writes our record over ``lease``; its resourceVersion guards the race."""
+        spec = lease.get("spec") or {}
+        transitions = (spec.get("leaseTransitions") or 0) + (0 if mine else 1)
+        body = {**lease, "spec": self._spec(transitions=transitions, acquire=not mine, old=spec)}
+        path = object_path("Lease", self._ns, self._name)
+        updated = await raw_request(self._api, "PUT", path, body=body, timeout=timeout)
+        self._lease = updated if isinstance(updated, dict) else None
+        new_spec = (updated or {}).get("spec") or {}
         self._observed = (new_spec.get("holderIdentity") or "", new_spec.get("renewTime") or "")
-        self._observed_at = loop.time()
+        self._observed_at = asyncio.get_running_loop().time()
         self._last_renew = started
         self.holder = self.identity
         self.transitions = transitions
@@ -199,6 +227,7 @@ class LeaseElector:
         if not self.is_leader:
             return
         self._set_leader(False)
+        self._lease = None
         path = object_path("Lease", self._ns, self._name)
         timeout = self._renew_deadline  # best effort, bounded: shutdown must not hang on it
         try:
