@@ -246,16 +246,108 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_wheel_carries_the_crds_and_type_marker(wheel: Path) -> None:
-    names = set(zipfile.ZipFile(wheel).namelist())
-    crds = {n.rsplit("/", 1)[1] for n in names if n.startswith("shared_svc/crds/")}
-    assert crds == {p.name for p in (REPO / "shared_svc" / "crds").glob("*.yaml")} and crds
+# What only the checkout needs: the test control plane, the demo, example worlds and fakes,
+# test CRDs, tests, benchmarks, scripts, the chart.
+DEV_FILE = re.compile(
+    r"(?:^|/)(?:testenv|tests?|proptests|benchmarks|scripts|deploy|crds)(?:/|_|\.py$)"
+    r"|(?:^|/)(?:demo|examples?|fakes?)[^/]*\.py$"
+)
+
+
+def test_wheel_holds_the_product_only(wheel: Path) -> None:
+    """``shared_svc`` and its metadata: no development module, test CRD or test file."""
+    names = zipfile.ZipFile(wheel).namelist()
+    code = [n for n in names if not n.split("/", 1)[0].endswith(".dist-info")]
+    assert {n.split("/", 1)[0] for n in code} == {"shared_svc"}, code
     assert "shared_svc/py.typed" in names
-    assert not [
-        n for n in names if n.startswith(("tests/", "proptests/", "benchmarks/", "deploy/"))
-    ]
+    dev = [n for n in code if DEV_FILE.search(n)]
+    assert not dev, f"development files in the wheel: {dev}"
+    assert all(n.endswith(".py") for n in code if n != "shared_svc/py.typed"), code
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "shared-svc = shared_svc.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_dev_file_pattern_names_the_development_modules() -> None:
+    for dev in (
+        "shared_svc/testenv.py",
+        "shared_svc/testenv_workloads.py",
+        "shared_svc/commands/testenv.py",
+        "shared_svc/commands/demo_gpu_operator.py",
+        "shared_svc/upgrade/examples.py",
+        "shared_svc/crds/nvidia.com_gpuclusters.yaml",
+        "tests/svc.py",
+        "testenv/__init__.py",
+    ):
+        assert DEV_FILE.search(dev), dev
+    for product in ("shared_svc/kube/cache.py", "shared_svc/commands/upgrade.py"):
+        assert not DEV_FILE.search(product), product
+
+
+def wheel_modules(names: list[str]) -> dict[str, str]:
+    """Module name -> path, for the ``.py`` files of a wheel's file list."""
+    out = {}
+    for n in names:
+        if n.endswith(".py") and ".dist-info/" not in n:
+            out[n[: -len(".py")].replace("/", ".").removesuffix(".__init__")] = n
+    return out
+
+
+def reached_from_the_entry_point(files: dict[str, str]) -> set[str]:
+    """The modules (of ``files``: module name -> source) that ``shared_svc.cli`` can import:
+    every import statement (also inside functions), and every string constant that names
+    a module (``importlib.import_module`` of the command table), followed to the end."""
+    import ast
+
+    reached: set[str] = set()
+    todo = ["shared_svc.cli", "shared_svc.__main__"]
+    while todo:
+        name = todo.pop()
+        if name in reached or name not in files:
+            continue
+        reached.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parents run first
+        is_package = any(m.startswith(f"{name}.") for m in files)
+        package = name if is_package else ".".join(parts[:-1])
+        for node in ast.walk(ast.parse(files[name])):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                todo += [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                todo.append(node.value)
+    return reached
+
+
+def test_every_module_in_the_wheel_is_reached_from_the_command(wheel: Path) -> None:
+    """A module no command can import (a fake, an example world) has no place in the wheel."""
+    archive = zipfile.ZipFile(wheel)
+    modules = wheel_modules(archive.namelist())
+    sources = {m: archive.read(path).decode() for m, path in modules.items()}
+    unreached = sorted(set(modules) - reached_from_the_entry_point(sources))
+    assert not unreached, f"modules in the wheel that no shared-svc command imports: {unreached}"
+
+
+def test_reachability_follows_relative_lazy_and_named_imports() -> None:
+    files = {
+        "shared_svc": "",
+        "shared_svc.cli": "import importlib\ndef main():\n    from . import lazy\n"
+        "    importlib.import_module('shared_svc.commands.run')\n",
+        "shared_svc.lazy": "from .pkg.mod import thing\n",
+        "shared_svc.pkg": "from . import first\n",
+        "shared_svc.pkg.first": "",
+        "shared_svc.pkg.mod": "from ..pkg import sibling\n",
+        "shared_svc.pkg.sibling": "",
+        "shared_svc.commands": "",
+        "shared_svc.commands.run": "",
+        "shared_svc.upgrade.examples": "from shared_svc.pkg import mod\n",
+    }
+    reached = reached_from_the_entry_point(files)
+    assert reached == set(files) - {"shared_svc.upgrade.examples"}
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +386,7 @@ def test_installed_package_is_the_wheel_not_the_source_tree(venv: Path) -> None:
         [
             str(venv / "bin" / "python"),
             "-c",
-            "import shared_svc.crds, shared_svc; print(shared_svc.__file__)",
+            "import shared_svc; print(shared_svc.__file__)",
         ],
         capture_output=True,
         text=True,
@@ -302,6 +394,20 @@ def test_installed_package_is_the_wheel_not_the_source_tree(venv: Path) -> None:
         cwd=venv,
     ).stdout.strip()
     assert where.startswith(str(venv)), where
+
+
+def test_installed_command_has_no_development_commands(venv: Path) -> None:
+    """``demo`` and ``testenv`` need a checkout (``python -m testenv``): not offered here."""
+    command = str(venv / "bin" / "shared-svc")
+    help_text = subprocess.run(
+        [command, "--help"], capture_output=True, text=True, check=True, cwd=venv
+    ).stdout
+    assert all(re.search(rf"^\s+{c}\b", help_text, re.M) for c in ("run", "plan", "upgrade"))
+    assert not re.search(r"\b(?:demo|testenv)\b", help_text), help_text
+    for dev in ("demo", "testenv"):
+        proc = subprocess.run([command, dev], capture_output=True, text=True, cwd=venv)
+        assert proc.returncode == 2 and "invalid choice" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 def _get(url: str) -> tuple[int, str]:
