@@ -1,8 +1,9 @@
-"""Second-review findings on the reconcile core: each test names the contract rule it holds."""
+"""Scrape targets: which ServiceMonitors count as duplicates of an exporter Service
+(DuplicateScrapeTarget), and the selector of our ServiceMonitor when it has nothing to select.
+Each test names the contract rule it holds."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -13,16 +14,13 @@ from shared_svc.reconcile.planner import plan
 from tests.worlds import (
     action_of,
     cluster_policy,
-    find,
     foreign_ref,
-    gc_spec,
     gpu_cluster,
     manifest,
     service,
     service_monitor,
     settled,
     stack,
-    with_objects,
     world,
 )
 
@@ -83,20 +81,6 @@ def test_odd_unmanaged_service_monitor_selector_never_raises(selector: dict[str,
     assert label_selector_matches(selector, {"app": "nvidia-dcgm-exporter"}) is False
 
 
-# Sections 3/5 and the core's promise to take partial objects: a managed Service whose spec
-# is not an object gets its selector set (SelectorMigrated) instead of crashing the plan.
-@pytest.mark.parametrize("odd_spec", [None, "x", 1, []])
-def test_selector_migrated_report_with_odd_live_spec_never_raises(odd_spec: Any) -> None:
-    w = settled(world(cluster_policy()))
-    svc = copy.deepcopy(find(w, "Service", "nvidia-dcgm"))
-    assert svc is not None
-    svc["spec"] = odd_spec
-    result = plan(with_objects(w, svc), Settings())
-    action = action_of(result, "Service", "nvidia-dcgm")
-    assert (action.action, action.reason) == ("update", "SelectorMigrated")
-    assert any(r.reason == "SelectorMigrated" for r in result.reports)
-
-
 # Section 7: the ServiceMonitor "selects ... exactly the exporter Services that will carry
 # prometheus.io/scrape "true" after the plan". When none of them is ours (the canonical one
 # is not adopted), that is the empty set, written as a selector prometheus-operator accepts:
@@ -138,31 +122,3 @@ def test_service_monitor_with_nothing_to_select_reports_no_duplicates() -> None:
     other = service_monitor("other", match_labels={"app": "nvidia-dcgm-exporter"})
     result = plan(world(cp, stack("ClusterPolicy"), foreign, other), Settings())
     assert duplicates(result) == []
-
-
-# Section 5: "Fields set only by the server or other managers are not ours to compare."
-# Service ports are a list map keyed by (port, protocol): a port another manager added
-# survives our apply, so comparing it would make every reconcile write, forever.
-def test_port_added_by_another_manager_is_not_ours_to_compare() -> None:
-    w = settled(world(cluster_policy(), gpu_cluster(spec=gc_spec())))
-    for name in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
-        svc = copy.deepcopy(find(w, "Service", name))
-        assert svc is not None
-        svc["spec"]["ports"].append(
-            {"name": "extra", "port": 9999, "targetPort": 9999, "protocol": "TCP"}
-        )
-        assert plan(with_objects(w, svc), Settings()).writes == ()
-
-
-def test_our_port_changed_by_another_manager_is_still_repaired() -> None:
-    w = settled(world(cluster_policy()))
-    svc = copy.deepcopy(find(w, "Service", "nvidia-dcgm"))
-    assert svc is not None
-    svc["spec"]["ports"][0]["targetPort"] = 6666
-    action = action_of(plan(with_objects(w, svc), Settings()), "Service", "nvidia-dcgm")
-    assert action.action == "update" and "spec.ports" in action.changed_fields
-    svc["spec"]["ports"] = [
-        {"name": "other", "port": 1234, "targetPort": 1234, "protocol": "TCP"}
-    ]  # ours is gone
-    action = action_of(plan(with_objects(w, svc), Settings()), "Service", "nvidia-dcgm")
-    assert action.action == "update" and "spec.ports" in action.changed_fields

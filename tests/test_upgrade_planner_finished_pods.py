@@ -1,4 +1,5 @@
-"""Second-review findings on the upgrade planner: each test names the contract rule it holds."""
+"""The upgrade planner and finished pods of a declared DaemonSet: they hold no GPU, so they do
+not keep a node "freeing"; a running one does. Each test names the contract rule it holds."""
 
 from __future__ import annotations
 
