@@ -1,0 +1,57 @@
+"""controller-runtime's metric names, one set per registry, shared by every controller
+(each labels its samples with ``controller`` / ``name``)."""
+
+from __future__ import annotations
+
+import weakref
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, RuntimeMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class RuntimeMetrics:
+    """Use :meth:`of`: a registry refuses the same name twice."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = self.registry = registry
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total",
+            "Reconciles by controller and result.",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total",
+            "Reconciles that failed.",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Time per reconcile.",
+            ["controller"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.workqueue_depth = Gauge(
+            "workqueue_depth", "Keys waiting in the work queue.", ["name"], registry=r
+        )
+        self.workqueue_adds = Counter(
+            "workqueue_adds_total", "Keys added to the work queue.", ["name"], registry=r
+        )
+        self.workqueue_retries = Counter(
+            "workqueue_retries_total",
+            "Keys re-added after a failure (rate-limited).",
+            ["name"],
+            registry=r,
+        )
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> RuntimeMetrics:
+        metrics = _BY_REGISTRY.get(registry)
+        if metrics is None:
+            metrics = _BY_REGISTRY[registry] = cls(registry)
+        return metrics

@@ -1,0 +1,209 @@
+"""The runtime under both controllers: work queue, rate limiters, controller helper."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from shared_svc.runtime.metrics import RuntimeMetrics
+from shared_svc.runtime.ratelimit import (
+    BucketRateLimiter,
+    ItemExponentialFailureRateLimiter,
+    MaxOfRateLimiter,
+)
+from shared_svc.runtime.runnable import Controller, Result
+from shared_svc.runtime.workqueue import ShutDown, WorkQueue
+
+
+def test_exponential_limiter_doubles_per_key_caps_and_forgets() -> None:
+    limiter = ItemExponentialFailureRateLimiter(0.005, 0.05)
+    assert [limiter.when("a") for _ in range(5)] == [0.01, 0.02, 0.04, 0.05, 0.05]
+    assert limiter.when("b") == 0.01 and limiter.num_requeues("a") == 5
+    limiter.forget("a")
+    assert limiter.num_requeues("a") == 0 and limiter.when("a") == 0.01
+
+
+def test_exponential_limiter_jitter_stays_in_its_band() -> None:
+    random.seed(7)
+    limiter = ItemExponentialFailureRateLimiter(1.0, 300.0, jitter=0.5)
+    delays = []
+    for _ in range(200):
+        limiter.forget("k")
+        delays.append(limiter.when("k"))
+    assert all(1.0 <= d <= 2.0 for d in delays)
+    assert len(set(delays)) > 1  # spread, not one value
+
+
+def test_exponential_limiter_caps_the_exponent() -> None:
+    limiter = ItemExponentialFailureRateLimiter(0.2, 1e9, max_exponent=10)
+    delays = [limiter.when("k") for _ in range(12)]
+    assert delays[-1] == delays[-2] == 0.2 * 2**10
+
+
+def test_bucket_and_max_of() -> None:
+    now = [0.0]
+    bucket = BucketRateLimiter(10.0, 2, clock=lambda: now[0])
+    assert [bucket.when(k) for k in "abc"] == [0.0, 0.0, pytest.approx(0.1)]
+    both = MaxOfRateLimiter(ItemExponentialFailureRateLimiter(0.5, 10.0), bucket)
+    assert both.when("x") == 1.0  # the per-item delay is the longer one
+    now[0] = 10.0
+    both.forget("x")
+    assert both.num_requeues("x") == 0 and both.when("x") == 1.0
+    with pytest.raises(ValueError):
+        MaxOfRateLimiter()
+
+
+async def test_queue_dedups_tracks_in_flight_and_requeues_after_done() -> None:
+    registry = CollectorRegistry()
+    queue: WorkQueue[str] = WorkQueue("q", metrics=RuntimeMetrics.of(registry))
+    queue.add("a")
+    queue.add("a")
+    assert len(queue) == 1
+    assert await queue.get() == "a"
+    queue.add("a")  # changed while being handled: not handed out twice at once
+    assert len(queue) == 0 and queue.pending("a")
+    queue.done("a")
+    assert len(queue) == 1
+    assert await queue.get() == "a"
+    queue.done("a")
+    assert not queue.pending("a")
+    assert registry.get_sample_value("workqueue_adds_total", {"name": "q"}) == 2
+    assert registry.get_sample_value("workqueue_depth", {"name": "q"}) == 0
+
+
+async def test_queue_delayed_adds_earlier_wins_and_add_now_subsumes() -> None:
+    queue: WorkQueue[str] = WorkQueue("q")
+    queue.add_after("b", 0.01)
+    queue.add_after("b", 10)  # the earlier timer wins
+    assert await asyncio.wait_for(queue.get(), 1) == "b"
+    queue.done("b")
+    queue.add_after("c", 10)
+    queue.add("c")  # now: the later add is subsumed
+    assert await asyncio.wait_for(queue.get(), 1) == "c"
+    queue.done("c")
+    await asyncio.sleep(0.02)
+    assert len(queue) == 0 and not queue.pending("c")
+
+
+async def test_queue_done_with_dirty_after_waits_before_the_rerun() -> None:
+    queue: WorkQueue[str] = WorkQueue("q")
+    queue.add("k")
+    await queue.get()
+    queue.add("k")
+    queue.done("k", dirty_after=0.05)
+    assert len(queue) == 0 and queue.pending("k")
+    assert await asyncio.wait_for(queue.get(), 1) == "k"
+
+
+async def test_rate_limited_adds_count_retries_and_forget_resets() -> None:
+    registry = CollectorRegistry()
+    queue: WorkQueue[str] = WorkQueue(
+        "q",
+        rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
+        metrics=RuntimeMetrics.of(registry),
+    )
+    assert queue.add_rate_limited("k") == 0.002
+    assert queue.num_requeues("k") == 1
+    assert await asyncio.wait_for(queue.get(), 1) == "k"
+    queue.done("k")
+    queue.forget("k")
+    assert queue.num_requeues("k") == 0
+    assert registry.get_sample_value("workqueue_retries_total", {"name": "q"}) == 1
+
+
+async def test_shutdown_wakes_waiting_workers_and_drains_the_keys_in_flight() -> None:
+    queue: WorkQueue[str] = WorkQueue("q")
+    waiting = asyncio.ensure_future(queue.get())
+    await asyncio.sleep(0)
+    queue.add("a")
+    assert await waiting == "a"
+    queue.add_after("b", 0.01)
+    queue.shut_down()
+    with pytest.raises(ShutDown):
+        await queue.get()
+    queue.add("c")  # ignored
+    assert await queue.drain(0.01) is False  # "a" still in flight
+    queue.done("a")
+    assert await queue.drain(0.01) is True
+    await asyncio.sleep(0.02)
+    assert len(queue) == 0  # the delayed add was cancelled
+
+
+async def test_controller_counts_retries_failures_and_drains_on_stop() -> None:
+    registry = CollectorRegistry()
+    calls: list[str] = []
+    release = asyncio.Event()
+
+    async def reconcile(key: str) -> Result:
+        calls.append(key)
+        if key == "bad" and calls.count("bad") == 1:
+            raise RuntimeError("boom")
+        if key == "slow":
+            await release.wait()
+        return Result()
+
+    ctrl: Controller[str] = Controller(
+        "test",
+        reconcile,
+        metrics=RuntimeMetrics.of(registry),
+        rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
+        workers=2,
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    ctrl.enqueue("bad")
+    for _ in range(200):
+        if calls.count("bad") == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert calls.count("bad") == 2 and ctrl.queue.num_requeues("bad") == 0
+    sample = registry.get_sample_value
+    assert (
+        sample("controller_runtime_reconcile_total", {"controller": "test", "result": "error"}) == 1
+    )
+    assert sample("controller_runtime_reconcile_errors_total", {"controller": "test"}) == 1
+    ctrl.enqueue("slow")
+    await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.sleep(0.01)
+    assert not task.done()  # waits for the key in flight
+    release.set()
+    await asyncio.wait_for(task, 1)
+    assert (
+        sample("controller_runtime_reconcile_total", {"controller": "test", "result": "success"})
+        == 2
+    )
+
+
+async def test_controller_cooldown_spaces_reruns_and_holds_events_during_backoff() -> None:
+    outcomes = [False, True]
+    seen: list[float] = []
+
+    async def reconcile(key: str) -> Result:
+        seen.append(asyncio.get_running_loop().time())
+        return Result() if outcomes.pop(0) else Result("error", retry=True)
+
+    ctrl: Controller[str] = Controller(
+        "c",
+        reconcile,
+        metrics=RuntimeMetrics.of(CollectorRegistry()),
+        rate_limiter=ItemExponentialFailureRateLimiter(0.05, 0.1),
+        cooldown=0.01,
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    ctrl.enqueue("k")
+    await asyncio.sleep(0.02)
+    ctrl.enqueue("k")  # during the backoff (0.1 s): waits for it
+    await asyncio.sleep(0.03)
+    assert len(seen) == 1
+    for _ in range(100):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(seen) == 2 and seen[1] - seen[0] >= 0.09
+    stop.set()
+    await asyncio.wait_for(task, 1)
