@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,45 @@ from tests.svc import Kube
 
 # gpu-operator's own ClusterPolicy and GPUCluster CRDs, kept in the repository (see its README).
 UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
+
+# A test that builds (or starts) the Go binaries of testenv/build.sh (etcd, kube-apiserver,
+# kube-controller-manager, helmrender) or of testenv/gpu-operator/build.sh carries one of
+# these markers (pyproject.toml), so `-m "not apiserver and not controller_manager and not
+# gpu_operator and not helm"` never starts a Go build. Enforced: such a test without one fails.
+BUILD_MARKERS = {
+    "testenv/build.sh": frozenset({"apiserver", "controller_manager", "gpu_operator", "helm"}),
+    "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
+}
+_running: list[pytest.Item] = []
+
+
+def unmarked_build(script: str, markers: Iterable[str]) -> str | None:
+    """Why a test with ``markers`` may not run ``script`` (None: it may)."""
+    allowed = BUILD_MARKERS[script]
+    if allowed & set(markers):
+        return None
+    return f"runs {script} (a Go build) without a marker: mark it {' or '.join(sorted(allowed))}"
+
+
+def _only_for_marked_tests(script: str, build: Callable[[], Path]) -> Callable[[], Path]:
+    def guarded() -> Path:
+        if _running:
+            refusal = unmarked_build(script, (m.name for m in _running[0].iter_markers()))
+            if refusal:
+                pytest.fail(f"{_running[0].nodeid} {refusal}", pytrace=False)
+        return build()
+
+    return guarded
+
+
+testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.build_binaries)
+gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The test whose fixtures and body run now (for the build guard above)."""
+    _running[:] = [item]
 
 
 @pytest.fixture(scope="session")

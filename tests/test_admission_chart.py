@@ -11,6 +11,8 @@ import pytest
 from shared_svc.admission.rules import GUARD_LABEL, GUARDED
 from tests.test_deploy_chart import RenderError, render_docs
 
+pytestmark = pytest.mark.helm  # every test renders the chart (helmrender)
+
 WEBHOOK = (
     "admission.webhook.enabled=true",
     "admission.webhook.url=https://127.0.0.1:9443",

@@ -27,6 +27,10 @@ from tests.test_deploy_chart import (
     render_docs,
 )
 
+# All but test_helm_alone_would_delete_the_bindings_last and test_notes_say_what_uninstall_does
+# render the chart (helmrender).
+pytestmark = pytest.mark.helm
+
 GUARD = "shared-svc-gpu-operator-guard"
 WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 

@@ -82,6 +82,7 @@ def test_every_setting_is_a_chart_value_or_deliberately_fixed(gen: ModuleType) -
     assert {**proven, "leader_election": "leaderElection.enabled"} == gen.CHART_VALUES
 
 
+@pytest.mark.helm
 def test_settings_the_chart_fixes_are_fixed_in_the_deployment(gen: ModuleType) -> None:
     env = container_env(render_docs(*UPGRADE_ON))
     assert env["OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}

@@ -127,6 +127,7 @@ async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
             assert svc.elector is not None
 
 
+@pytest.mark.apiserver
 def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: ControlPlane) -> None:
     code = (
         "import asyncio, sys\n"

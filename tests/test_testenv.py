@@ -21,6 +21,7 @@ import pytest
 
 import testenv
 from testenv import cli, process_alive
+from testenv import gpu_operator as gpu_env
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "testenv" / "build.sh"
@@ -132,6 +133,21 @@ def test_stop_keeps_the_directory_and_fails_while_a_process_survives(
     finally:
         monkeypatch.undo()
         os.killpg(api, 9)
+
+
+@pytest.mark.helm
+def test_a_marked_test_may_build() -> None:
+    assert (testenv.build_binaries() / "helmrender").exists()
+
+
+def test_a_test_without_a_build_marker_cannot_start_a_go_build() -> None:
+    """tests/conftest.py: a test that reaches a build script carries a marker (apiserver,
+    controller_manager, gpu_operator or helm), so deselecting them never builds."""
+    message = "runs testenv/build.sh \\(a Go build\\) without a marker: mark it apiserver or"
+    with pytest.raises(pytest.fail.Exception, match=message):
+        testenv.build_binaries()
+    with pytest.raises(pytest.fail.Exception, match=r"mark it gpu_operator$"):
+        gpu_env.build()
 
 
 @pytest.mark.apiserver
