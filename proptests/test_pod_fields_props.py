@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proptests.strategies import settings_strategy, worlds
+from shared_svc.k8s.objects import labels_of, name_of
 from shared_svc.reconcile.model import Settings, World
-from shared_svc.reconcile.objects import labels_of, name_of
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import index_workloads, pod_fields
 from tests.realistic import api_pod

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from proptests.strategies import settings_strategy, worlds
 from proptests.test_pod_fields_props import fleshed_out, json_values
+from shared_svc.k8s.projections import daemonset_fields
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import daemonset_fields, pod_fields
+from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.upgrade.daemonsets import (
     CLIENT_HOOK_KEY,
     classify_daemonset,

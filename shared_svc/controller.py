@@ -17,7 +17,6 @@ import asyncio
 import datetime as dt
 import logging
 import random
-import re
 import time
 import uuid
 from collections import Counter, deque
@@ -31,10 +30,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.admission.rules import name_writers
 from shared_svc.aio import wait_any
 from shared_svc.config import Config
+from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.kube.cache import Informer, Informers, Resource
 from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.resources import CLUSTER_POLICIES, daemonsets
-from shared_svc.kube.writer import FIELD_MANAGER, Writer, namespace_gone, raw_request
+from shared_svc.kube.resources import CLUSTER_POLICIES, SERVICE_MONITORS, daemonsets
+from shared_svc.kube.writer import Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.reconcile.failures import namespace_missing_reports
@@ -44,7 +44,7 @@ from shared_svc.reconcile.selectors import pod_fields
 
 log = logging.getLogger(__name__)
 
-SERVICE_MONITOR_GV = "/apis/monitoring.coreos.com/v1"
+SERVICE_MONITOR_GV = SERVICE_MONITORS.group_version
 # The loop beats at least this often while it waits, backoff included (liveness: the loop
 # turns; whether reconciles succeed is /status and /metrics, not /livez).
 HEARTBEAT_SECONDS = 5.0
@@ -52,37 +52,6 @@ HEARTBEAT_SECONDS = 5.0
 
 def _utc() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-_PATH_TOKEN = re.compile(r'\[\d+\]|([A-Za-z0-9_-]+)|\["([^"]*)"\]')
-
-
-def managers_of_field(obj: dict[str, Any], dotted: str) -> list[str]:
-    """Field managers other than ours that own ``dotted`` (or something under it) now."""
-    # Dotted names, ["quoted keys"] (which may contain dots) and [indexes]; indexes are skipped
-    # because managedFields key list items by value, not by position.
-    segments = [name or key for name, key in _PATH_TOKEN.findall(dotted) if name or key]
-    found: list[tuple[str, str]] = []
-    for entry in obj.get("metadata", {}).get("managedFields") or []:
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
-            continue
-        if _covers(entry.get("fieldsV1") or {}, segments):
-            found.append((entry.get("time") or "", entry.get("manager") or "?"))
-    return [m for _, m in sorted(found, reverse=True)]
-
-
-def _covers(fields: dict[str, Any], segments: list[str]) -> bool:
-    node: Any = fields
-    for i, seg in enumerate(segments):
-        if not isinstance(node, dict) or not node:
-            return True  # a leaf owned above this level covers everything below
-        nxt = node.get(f"f:{seg}")
-        if nxt is None:
-            # list items keyed by value (k:/v:/i:) sit between named fields: look inside each
-            children = [v for k, v in node.items() if k[:2] in ("k:", "v:", "i:")]
-            return any(_covers(c, segments[i:]) for c in children)
-        node = nxt
-    return True
 
 
 class ServicesController:

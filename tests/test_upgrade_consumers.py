@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from shared_svc.k8s.selectors import parse_selector
 from shared_svc.upgrade.consumers import classify
-from shared_svc.upgrade.selector import parse_selector
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -84,6 +84,15 @@ def test_declared_by_selector_without_any_signal() -> None:
     custom = replace(S, consumer_selector=parse_selector("team=ml,tier in (inference)"))
     assert kind(ex.pod("p", labels={"team": "ml", "tier": "inference"}), custom) == "declared"
     assert kind(ex.pod("p", labels={"team": "ml"}), custom) == "none"
+
+
+def test_an_empty_consumer_selector_declares_nothing() -> None:
+    """The empty selector selects everything (Kubernetes); as the consumer selector it
+    declares no pod, never every pod on the node."""
+    empty = replace(S, consumer_selector=parse_selector(""))
+    assert parse_selector("").matches({"team": "ml"})
+    assert kind(ex.pod("p", labels={"team": "ml"}), empty) == "none"
+    assert kind(ex.pod("p", labels={}), empty) == "none"
 
 
 def test_detection_off_detects_nothing() -> None:

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.config import Config
+from shared_svc.k8s.selectors import parse_selector
 from shared_svc.reconcile.model import Report
 from shared_svc.upgrade import daemonsets, record
 from shared_svc.upgrade.controller import UpgradeController
@@ -31,7 +32,6 @@ from shared_svc.upgrade.gate import (
     policy_of_cluster_policy,
 )
 from shared_svc.upgrade.planner import NodePlan, plan_node
-from shared_svc.upgrade.selector import parse_selector
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 

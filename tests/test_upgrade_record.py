@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from shared_svc.k8s.selectors import SelectorError, parse_selector
 from shared_svc.upgrade.record import (
     FreedPod,
     Record,
@@ -15,7 +16,6 @@ from shared_svc.upgrade.record import (
     encode,
     record_annotation_key,
 )
-from shared_svc.upgrade.selector import SelectorError, parse_selector
 
 T0 = 1_700_000_000.0
 
@@ -91,7 +91,9 @@ def test_decode_refuses_what_encode_does_not_write(text: str) -> None:
             {"nvidia.com/gpu-driver-upgrade.consumer": "true"},
             True,
         ),
-        ("", {"a": "b"}, False),  # an empty selector declares nothing, never everything
+        # Kubernetes: the empty selector selects everything (an empty consumer selector
+        # declares nothing: test_upgrade_consumers.py)
+        ("", {"a": "b"}, True),
     ],
 )
 def test_selector_matching(selector: str, labels: dict[str, str], expected: bool) -> None:

@@ -20,17 +20,18 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
 from shared_svc.aio import sleep_or_stop
+from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.resources import GVR
 from shared_svc.kube.writer import raw_request
-from shared_svc.reconcile.model import ObjectRef, Report
 
 log = logging.getLogger(__name__)
 
-ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+ADMISSION = "admissionregistration.k8s.io"
 KINDS = {
-    "policy": "mutatingadmissionpolicybindings",
-    "webhook": "mutatingwebhookconfigurations",
-    "delete": "validatingwebhookconfigurations",
+    "policy": GVR(ADMISSION, "v1", "mutatingadmissionpolicybindings"),
+    "webhook": GVR(ADMISSION, "v1", "mutatingwebhookconfigurations"),
+    "delete": GVR(ADMISSION, "v1", "validatingwebhookconfigurations"),
 }
 MISSING_REASON = "AdmissionGuardMissing"
 
@@ -73,13 +74,14 @@ class GuardMonitor:
         self.checked_at: str | None = None
         self.warned: bool = False  # the Warning of the current episode is written
 
-    async def _list(self, plural: str) -> list[str] | None:
+    async def _list(self, gvr: GVR) -> list[str] | None:
         """Names of our guard objects of one kind; [] when the kind is not served."""
+        plural = gvr.plural
         try:
             res = await raw_request(
                 self._api,
                 "GET",
-                f"{ADMISSION}/{plural}",
+                gvr.collection(),
                 query=[("labelSelector", f"{GUARD_LABEL}={self._ns}")],
                 timeout=10.0,
             )
@@ -96,7 +98,7 @@ class GuardMonitor:
         return sorted(i["metadata"]["name"] for i in res.get("items") or [])
 
     async def check(self) -> None:
-        self.found = {kind: await self._list(plural) for kind, plural in KINDS.items()}
+        self.found = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
         self.checked_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         await self._warn_if_unguarded()
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared_svc.k8s.managed_fields import FIELD_MANAGER, managed_fields
 from shared_svc.reconcile.names import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -228,18 +229,14 @@ def needed_by_of(status: Iterable[Any]) -> dict[tuple[str, str], tuple[str, ...]
 
 
 # --- who writes: ConflictingWriter and the start-up Warning ---
-IGNORED_MANAGERS = ("shared-svc", "before-first-apply")
+IGNORED_MANAGERS = (FIELD_MANAGER, "before-first-apply")
 
 
 def name_writers(obj: Mapping[str, Any], owners: Sequence[str]) -> list[str]:
     """The other writers as ``manager / Operation``: the managers that own the contested
     field now (``owners``), else (a whole-object PUT removed our field, so nobody owns it)
     the managers of the most recent Update entries other than ours."""
-    entries = [
-        e
-        for e in ((obj.get("metadata") or {}).get("managedFields") or [])
-        if isinstance(e, Mapping) and e.get("manager") not in IGNORED_MANAGERS
-    ]
+    entries = [e for e in managed_fields(dict(obj)) if e.get("manager") not in IGNORED_MANAGERS]
     out: list[str] = []
     if owners:
         for manager in owners:
@@ -269,9 +266,6 @@ def operator_writes(objects: Iterable[Mapping[str, Any]], manager: str) -> list[
         meta = obj.get("metadata") or {}
         if not is_guarded(str(obj.get("kind", "")), str(meta.get("name", ""))):
             continue
-        if any(
-            isinstance(e, Mapping) and e.get("manager") == manager
-            for e in meta.get("managedFields") or []
-        ):
+        if any(e.get("manager") == manager for e in managed_fields(dict(obj))):
             out.append(f"{obj.get('kind', '?')}/{meta.get('name', '?')}")
     return sorted(out)

@@ -183,8 +183,8 @@ def _api_message(exc: Any) -> str:
 
 def _consumer_labels(config: Any) -> dict[str, str]:
     """The declared consumer label(s) of the consumer selector (one line on a bad selector)."""
+    from shared_svc.k8s.selectors import SelectorError, parse_selector
     from shared_svc.upgrade.gate import NoConsumerLabel, consumer_labels
-    from shared_svc.upgrade.selector import SelectorError, parse_selector
 
     try:
         return consumer_labels(parse_selector(config.upgrade_consumer_selector))
@@ -330,6 +330,7 @@ async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
 def configure_gate(args: argparse.Namespace) -> int:
     from urllib.parse import quote
 
+    from shared_svc.k8s.selectors import parse_selector
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -337,7 +338,6 @@ def configure_gate(args: argparse.Namespace) -> int:
         plan_gate,
         policy_of_cluster_policy,
     )
-    from shared_svc.upgrade.selector import parse_selector
 
     timeout = DEFAULT_GATE_TIMEOUT_SECONDS if args.timeout_seconds is None else args.timeout_seconds
     if timeout <= 0:
@@ -395,8 +395,8 @@ async def gather_gate(api: Any, config: Any) -> dict[str, Any]:
     check the service makes (its verdict is in its /status)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
+    from shared_svc.k8s.selectors import parse_selector
     from shared_svc.upgrade.gate import check_gate
-    from shared_svc.upgrade.selector import parse_selector
 
     try:
         policies = await _list_cluster_policies(api)

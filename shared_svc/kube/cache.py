@@ -44,7 +44,6 @@ import random
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
@@ -54,11 +53,15 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.resources import Resource as Resource
 from shared_svc.kube.writer import body_text, status_of
+from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger(__name__)
 
-K8sObject = dict[str, Any]
+BACKOFF_BASE_SECONDS = 0.2  # the first reconnect waits 2x this (times jitter)
+WATCH = "watch"  # the one key of a cache's backoff
 
 # --- robust JSON: fields nobody here judges must not stop the cache ---
 
@@ -168,33 +171,6 @@ def retry_after(exc: ApiException, default: float = 1.0) -> float:
         return default
 
 
-@dataclass(frozen=True)
-class Resource:
-    """Where a kind lives: ``group`` '' is the core API."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespace: str | None = None  # None: cluster-scoped, or all namespaces
-    label_selector: str | None = None
-    field_selector: str | None = None
-    crd_name: str | None = None  # set for custom resources
-    # What of each object is kept (a pure function; None: the whole object).
-    project: Callable[[K8sObject], K8sObject] | None = None
-
-    @property
-    def path(self) -> str:
-        base = "/api/v1" if not self.group else f"/apis/{self.group}/{self.version}"
-        if self.namespace:
-            return f"{base}/namespaces/{self.namespace}/{self.plural}"
-        return f"{base}/{self.plural}"
-
-    def describe(self) -> str:
-        where = f" in {self.namespace}" if self.namespace else ""
-        return f"{self.kind}{where}"
-
-
 class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
 
@@ -232,7 +208,6 @@ class Informer:
         self._idle_timeout = (
             idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
         )
-        self._backoff_max = backoff_max_seconds
         self._items: dict[tuple[str, str], K8sObject] = {}
         self._versions: dict[tuple[str, str], str] = {}  # key -> resourceVersion
         self.synced = asyncio.Event()
@@ -243,7 +218,10 @@ class Informer:
         self.throttled = 0  # 429 answers: waited for, cache kept
         self.last_error: str | None = None
         self.pruned: set[tuple[str, str]] = set()  # objects kept with a too-deep subtree cut
-        self._failures = 0
+        # Reconnects: 0.4 s, 0.8 s, ... up to backoff_max_seconds, with jitter (the runtime's limiter).
+        self._backoff = ItemExponentialFailureRateLimiter(
+            BACKOFF_BASE_SECONDS, backoff_max_seconds, max_exponent=10, jitter=0.5
+        )
         if on_synced:
             on_synced(False)
 
@@ -263,6 +241,10 @@ class Informer:
     def _on_change(self) -> None:
         for listener in self._change_listeners:
             listener()
+
+    def get(self, name: str, namespace: str = "") -> K8sObject | None:
+        """The cached object, if any (no request)."""
+        return self._items.get((namespace, name))
 
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
@@ -452,7 +434,7 @@ class Informer:
             },
             timeout=self._watch_timeout + 30,
         )
-        self._failures = 0
+        self._backoff.forget(WATCH)
         self.last_error = None
         async with resp:
             while True:
@@ -507,7 +489,7 @@ class Informer:
                     await self.relist()
                     next_resync = loop.time() + self._resync
                     need_list = False
-                    self._failures = 0
+                    self._backoff.forget(WATCH)
                     self.last_error = None
                 watch = asyncio.ensure_future(self.watch_once())
                 stopper = asyncio.ensure_future(stop.wait())
@@ -561,11 +543,8 @@ class Informer:
                 need_list = True
 
     async def _failed(self, stop: asyncio.Event, exc: Exception) -> None:
-        self._failures += 1
         self.last_error = describe_error(exc)
-        delay = min(self._backoff_max, 0.2 * 2 ** min(self._failures, 10)) * (
-            0.5 + random.random() / 2
-        )
+        delay = self._backoff.when(WATCH)
         log.warning(
             "watch failed; will re-list",
             extra={

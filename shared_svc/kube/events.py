@@ -18,13 +18,12 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.k8s.events import FIELD_LIMIT, Report, note, truncate_bytes
+from shared_svc.kube.resources import EVENTS
 from shared_svc.kube.writer import raw_request
-from shared_svc.reconcile.model import Report
 
 REPORTING_CONTROLLER = "nvidia.com/shared-svc"
 CLUSTER_EVENT_NAMESPACE = "default"
-NOTE_LIMIT = 1024
-EVENTS = "/apis/events.k8s.io/v1"
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +43,18 @@ def _micro_time(now: dt.datetime) -> str:
 
 
 def event_body(report: Report, reporting_instance: str, now: dt.datetime) -> dict[str, Any]:
-    note = (
-        report.note
-        if len(report.note.encode()) <= NOTE_LIMIT
-        else report.note.encode()[: NOTE_LIMIT - 3].decode(errors="ignore") + "..."
-    )
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         "metadata": {"name": event_name(report), "namespace": event_namespace(report)},
         "eventTime": _micro_time(now),
         "type": report.type,
-        "reason": report.reason[:128],
-        "action": report.action[:128],
-        "note": note,
+        "reason": truncate_bytes(report.reason, FIELD_LIMIT, marker=""),
+        "action": truncate_bytes(report.action, FIELD_LIMIT, marker=""),
+        "note": note(report.note),
         "regarding": report.regarding.as_event_ref(),
         "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": reporting_instance[:128],
+        "reportingInstance": truncate_bytes(reporting_instance, FIELD_LIMIT, marker=""),
     }
 
 
@@ -88,12 +82,12 @@ class EventRecorder:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             try:
-                await raw_request(self._api, "POST", f"{EVENTS}/namespaces/{ns}/events", body=body)
+                await raw_request(self._api, "POST", EVENTS.collection(ns), body=body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
                 # The same occurrence was reported before (perhaps by a previous run): bump its series.
-                path = f"{EVENTS}/namespaces/{ns}/events/{name}"
+                path = EVENTS.item(name, ns)
                 existing = await raw_request(self._api, "GET", path)
                 count = int((existing.get("series") or {}).get("count") or 1) + 1
                 series = {"series": {"count": count, "lastObservedTime": _micro_time(now)}}

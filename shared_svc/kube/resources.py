@@ -1,11 +1,87 @@
-"""The resources both controllers cache, each kept as its one projection (what the
-planners read of it), so a shared :class:`~shared_svc.kube.cache.Informers` holds one
-copy of each."""
+"""Where objects live on the API server: the one way to build API paths.
+
+:class:`GVR` (group, version, resource) builds the path of a collection, of one object
+and of its subresources; :class:`Resource` is a GVR as a cache watches it (namespace,
+selectors, projection). The resources both controllers cache are here too, each kept as
+its one projection, so a shared :class:`~shared_svc.kube.cache.Informers` holds one copy.
+"""
 
 from __future__ import annotations
 
-from shared_svc.kube.cache import Resource
-from shared_svc.reconcile.selectors import daemonset_fields
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.k8s.projections import daemonset_fields
+
+
+def _segment(text: str) -> str:
+    return quote(text, safe="")
+
+
+@dataclass(frozen=True)
+class GVR:
+    """A resource of an API group version; group ``""`` is the core API (``/api/v1``)."""
+
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def group_version(self) -> str:
+        """``/api/v1`` or ``/apis/<group>/<version>``."""
+        return f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+
+    def collection(self, namespace: str | None = None) -> str:
+        """All objects (of ``namespace``, when given)."""
+        where = f"/namespaces/{_segment(namespace)}" if namespace else ""
+        return f"{self.group_version}{where}/{self.plural}"
+
+    def item(self, name: str, namespace: str | None = None, subresource: str | None = None) -> str:
+        """One object (``namespace`` for a namespaced one), or one of its subresources."""
+        path = f"{self.collection(namespace)}/{_segment(name)}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+SERVICES = GVR("", "v1", "services")
+PODS = GVR("", "v1", "pods")
+NODES = GVR("", "v1", "nodes")
+SECRETS = GVR("", "v1", "secrets")
+DAEMONSETS = GVR("apps", "v1", "daemonsets")
+LEASES = GVR("coordination.k8s.io", "v1", "leases")
+EVENTS = GVR("events.k8s.io", "v1", "events")
+SERVICE_MONITORS = GVR("monitoring.coreos.com", "v1", "servicemonitors")
+CLUSTER_POLICIES_GVR = GVR("nvidia.com", "v1", "clusterpolicies")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A kind as a cache watches it: where it lives and what of each object is kept."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespace: str | None = None  # None: cluster-scoped, or all namespaces
+    label_selector: str | None = None
+    field_selector: str | None = None
+    crd_name: str | None = None  # set for custom resources
+    # What of each object is kept (a pure function; None: the whole object).
+    project: Callable[[K8sObject], K8sObject] | None = None
+
+    @property
+    def gvr(self) -> GVR:
+        return GVR(self.group, self.version, self.plural)
+
+    @property
+    def path(self) -> str:
+        return self.gvr.collection(self.namespace)
+
+    def describe(self) -> str:
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.kind}{where}"
+
 
 CLUSTER_POLICIES = Resource(
     "nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"

@@ -15,25 +15,27 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-FIELD_MANAGER = "shared-svc"
+from shared_svc.k8s.managed_fields import FIELD_MANAGER as FIELD_MANAGER
+from shared_svc.kube.resources import GVR, LEASES, SERVICE_MONITORS, SERVICES
+
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
 log = logging.getLogger(__name__)
 
-# kind -> (API base, plural). Only what shared-svc writes.
-_PATHS = {
-    "Service": ("/api/v1", "services"),
-    "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
-    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+# kind -> resource. Only what shared-svc writes.
+_WRITTEN: dict[str, GVR] = {
+    "Service": SERVICES,
+    "ServiceMonitor": SERVICE_MONITORS,
+    "Lease": LEASES,
 }
 
 
 def object_path(kind: str, namespace: str, name: str | None = None) -> str:
-    base, plural = _PATHS[kind]
-    path = f"{base}/namespaces/{namespace}/{plural}"
-    return f"{path}/{name}" if name else path
+    """The collection of ``kind`` in ``namespace``, or the object ``name`` in it."""
+    gvr = _WRITTEN[kind]
+    return gvr.item(name, namespace) if name else gvr.collection(namespace)
 
 
 async def raw_request(

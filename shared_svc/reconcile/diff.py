@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared_svc.k8s.objects import annotations_of, labels_of, meta, spec
 from shared_svc.reconcile.model import Action, K8sObject, ManagedKind
 from shared_svc.reconcile.names import (
     APP_LABEL,
@@ -21,7 +22,6 @@ from shared_svc.reconcile.names import (
     SCRAPE_ANNOTATION,
     STATE_LABEL,
 )
-from shared_svc.reconcile.objects import annotations_of, labels_of, meta, spec
 from shared_svc.reconcile.owners import OwnerRef, adoptable, cr_refs, foreign_refs, is_managed
 from shared_svc.reconcile.shapes import API_DEFAULT_TRAFFIC_POLICY, API_DEFAULT_TYPE
 from shared_svc.reconcile.takeover import take_over_op

@@ -5,10 +5,10 @@ Pure like the rest of the core: the shell says what failed, this says what to te
 
 from __future__ import annotations
 
+from shared_svc.k8s.events import note
 from shared_svc.reconcile.conflicts import cr_event_ref
 from shared_svc.reconcile.model import Report, World
 from shared_svc.reconcile.needs import counting_crs
-from shared_svc.reconcile.objects import note
 
 
 def namespace_missing_reports(world: World, namespace: str) -> list[Report]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-K8sObject = dict[str, Any]
+# The Kubernetes vocabulary both cores share (``shared_svc.k8s``), named here too.
+from shared_svc.k8s.events import ObjectRef as ObjectRef
+from shared_svc.k8s.events import Report as Report
+from shared_svc.k8s.objects import K8sObject as K8sObject
 
 SelectorMode = Literal["auto", "app"]
 ActionKind = Literal["create", "update", "delete", "unchanged", "skip"]
@@ -40,25 +43,6 @@ class World:
     pods: tuple[K8sObject, ...] = ()
     services: tuple[K8sObject, ...] = ()
     service_monitors: tuple[K8sObject, ...] = ()
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    """Names an object for reports and Events (``regarding``)."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespace: str | None = None
-    uid: str | None = None
-
-    def as_event_ref(self) -> dict[str, str]:
-        ref = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
-        if self.namespace:
-            ref["namespace"] = self.namespace
-        if self.uid:
-            ref["uid"] = self.uid
-        return ref
 
 
 @dataclass(frozen=True)
@@ -109,21 +93,6 @@ class SpecError:
     name: str
     reason: str  # InvalidSpec
     message: str
-
-
-@dataclass(frozen=True)
-class Report:
-    """An Event the shell should emit (deduplicated by ``key`` into a series)."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    action: str  # events.k8s.io/v1 ``action``, e.g. "Reconcile", "Create", "Adopt", "Delete"
-    regarding: ObjectRef
-    note: str
-    key: str  # stable identity of the occurrence; same key => same Event series
-    # Set on Normal reports that announce a write: (kind, name) of that action. The shell
-    # emits them only after that write succeeded.
-    after_write: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared_svc.k8s.events import note
+from shared_svc.k8s.objects import labels_of, meta, name_of, spec
+from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.conflicts import Resolution, cr_event_ref, resolve
 from shared_svc.reconcile.model import K8sObject, ObjectRef, Pending, Report
 from shared_svc.reconcile.names import (
@@ -24,7 +27,7 @@ from shared_svc.reconcile.names import (
     SERVICE_MONITOR,
     SERVICE_MONITOR_API,
 )
-from shared_svc.reconcile.objects import labels_of, meta, name_of, note, spec, stable_digest
+from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import OwnerRef
 from shared_svc.reconcile.shapes import managed_labels, with_intent_hash
 from shared_svc.reconcile.specs import CRSpec
@@ -156,37 +159,13 @@ def _scraped_expression(scraped: Sequence[str]) -> dict[str, Any]:
 
 
 def label_selector_matches(selector: Any, obj_labels: Mapping[str, str]) -> bool:
-    """Kubernetes LabelSelector semantics; an empty selector selects everything."""
-    if not isinstance(selector, dict):
+    """Does a ServiceMonitor's ``spec.selector`` select ``obj_labels``? Kubernetes
+    LabelSelector semantics (an empty selector selects everything); an invalid or missing
+    selector selects nothing (prometheus-operator rejects that ServiceMonitor)."""
+    try:
+        return label_selector(selector).matches(obj_labels)
+    except SelectorError:
         return False
-    match_labels = selector.get("matchLabels") or {}
-    if not isinstance(match_labels, dict):
-        return False
-    if any(obj_labels.get(k) != v for k, v in match_labels.items()):
-        return False
-    expressions = selector.get("matchExpressions") or []
-    if not isinstance(expressions, list):
-        return False
-    for expr in expressions:
-        if not isinstance(expr, dict):
-            return False
-        key, op = expr.get("key"), expr.get("operator")
-        values = expr.get("values") or []
-        if not isinstance(values, list):
-            return False
-        present = isinstance(key, str) and key in obj_labels
-        value = obj_labels.get(key) if isinstance(key, str) else None
-        if op == "In" and not (present and value in values):
-            return False
-        if op == "NotIn" and present and value in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-    return True
 
 
 def _watches_namespace(monitor: K8sObject, namespace: str) -> bool:
@@ -227,8 +206,11 @@ def duplicate_scrape_targets(
     for monitor in sorted(monitors, key=name_of):
         if not _watches_namespace(monitor, namespace):
             continue
-        selector = spec(monitor).get("selector")
-        hits = [t for t in targets if label_selector_matches(selector, t.labels)]
+        try:
+            selector = label_selector(spec(monitor).get("selector"))
+        except SelectorError:
+            continue  # prometheus-operator rejects it: it scrapes nothing
+        hits = [t for t in targets if selector.matches(t.labels)]
         doubled = sorted(t.name for t in hits if t.name in ours_selects)
         aliases = sorted(t.name for t in hits if t.scrape == "false")
         if not doubled and not aliases:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from shared_svc.k8s.objects import owner_refs
 from shared_svc.reconcile.model import K8sObject, World
 from shared_svc.reconcile.names import (
     DCGM,
@@ -14,7 +15,6 @@ from shared_svc.reconcile.names import (
     GPU_CLUSTER_NAME,
     SERVICE_MONITOR,
 )
-from shared_svc.reconcile.objects import owner_refs
 from shared_svc.reconcile.specs import CLUSTER_POLICY, GPU_CLUSTER, CRKind, CRSpec, parse_cr
 
 # (kind, name) of an object we may manage.

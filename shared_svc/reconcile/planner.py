@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
+from shared_svc.k8s.events import note
+from shared_svc.k8s.objects import annotations_of, in_namespace, labels_of, meta, name_of, spec
 from shared_svc.reconcile.conflicts import Resolution, conflict_reports, cr_event_ref
 from shared_svc.reconcile.diff import (
     Desired,
@@ -47,16 +49,7 @@ from shared_svc.reconcile.names import (
     SERVICE_NAMES,
 )
 from shared_svc.reconcile.needs import Needs, ObjectKey, compute_needs, counting_crs
-from shared_svc.reconcile.objects import (
-    annotations_of,
-    in_namespace,
-    labels_of,
-    meta,
-    name_of,
-    note,
-    spec,
-    stable_digest,
-)
+from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import adoptable, is_managed, kept_owner_refs, owner_refs_for
 from shared_svc.reconcile.selectors import (
     SelectorChoice,

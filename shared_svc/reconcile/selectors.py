@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared_svc.reconcile.model import GateState, K8sObject, Settings, World
+from shared_svc.k8s.objects import K8sObject, in_namespace, labels_of, meta, name_of, spec
+from shared_svc.k8s.selectors import selector_from_set
+from shared_svc.reconcile.model import GateState, Settings, World
 from shared_svc.reconcile.names import (
     APP_LABEL,
     COMMON_LABEL,
@@ -26,7 +28,6 @@ from shared_svc.reconcile.names import (
     Component,
 )
 from shared_svc.reconcile.needs import Needs
-from shared_svc.reconcile.objects import in_namespace, labels_of, meta, name_of, spec
 from shared_svc.reconcile.specs import CLUSTER_POLICY, GPU_CLUSTER, CRKind
 
 Selector = dict[str, str]
@@ -97,61 +98,6 @@ def pod_fields(pod: K8sObject) -> K8sObject:
     return out
 
 
-def _pick(value: Any, keep: tuple[str, ...]) -> Any:
-    """The ``keep`` keys of a dict, as they are; anything else (a wrong type) unchanged."""
-    return {k: value[k] for k in keep if k in value} if isinstance(value, dict) else value
-
-
-_DS_METADATA = ("name", "namespace", "uid", "generation", "labels", "resourceVersion")
-_DS_STATUS = (
-    "observedGeneration",
-    "updatedNumberScheduled",
-    "desiredNumberScheduled",
-    "numberAvailable",
-)
-
-
-def daemonset_fields(daemonset: K8sObject) -> K8sObject:
-    """The parts of a DaemonSet that planning reads, as they are (wrong types included).
-
-    For the Services gate (:func:`gate_open`): ``metadata`` name, namespace and
-    generation, the pod template's labels and the four rollout counters of ``status``.
-    For the driver-upgrade planner (``upgrade.daemonsets.index_daemonsets``): ``uid`` and
-    the pod template's ``affinity`` and ``nodeSelector``. Labels, the selector and the
-    update strategy are kept too (small, and what a reader of ``/status`` expects). The
-    caches keep only these (one projection for the one DaemonSet cache both controllers
-    share); proptests/test_projection_props.py proves the plans unchanged.
-    """
-    if not isinstance(daemonset, dict):
-        return daemonset
-    out: K8sObject = {k: daemonset[k] for k in ("apiVersion", "kind") if k in daemonset}
-    if "metadata" in daemonset:
-        out["metadata"] = _pick(daemonset["metadata"], _DS_METADATA)
-    if "status" in daemonset:
-        out["status"] = _pick(daemonset["status"], _DS_STATUS)
-    if "spec" in daemonset:
-        spec = daemonset["spec"]
-        kept = _pick(spec, ("selector", "updateStrategy"))
-        if isinstance(spec, dict) and "template" in spec:
-            template = spec["template"]
-            if isinstance(template, dict):
-                template = {
-                    **(
-                        {"metadata": _pick(template["metadata"], ("labels",))}
-                        if "metadata" in template
-                        else {}
-                    ),
-                    **(
-                        {"spec": _pick(template["spec"], ("affinity", "nodeSelector"))}
-                        if "spec" in template
-                        else {}
-                    ),
-                }
-            kept["template"] = template
-        out["spec"] = kept
-    return out
-
-
 def serving_node(pod: K8sObject) -> str | None:
     """The node a pod serves an endpoint on: bound, Ready and not terminating (else None).
 
@@ -171,10 +117,13 @@ def serving_node(pod: K8sObject) -> str | None:
 
 
 def covered_nodes(selector: Mapping[str, str], workloads: Workloads) -> frozenset[str]:
-    """Nodes on which ``selector`` selects a serving pod."""
-    return frozenset(
-        node for labels, node in workloads.serving if selector_matches(selector, labels)
-    )
+    """Nodes on which the Service selector ``selector`` selects a serving pod.
+
+    A Service without a selector selects no pods (its endpoints are not managed)."""
+    if not selector:
+        return frozenset()
+    matcher = selector_from_set(selector)
+    return frozenset(node for labels, node in workloads.serving if matcher.matches(labels))
 
 
 def app_label_of(stack: CRKind, component: Component) -> str:
@@ -325,17 +274,13 @@ def selects_dra_pods(choice: SelectorChoice, workloads: Workloads) -> bool:
     return False
 
 
-def selector_matches(selector: Mapping[str, str], pod_labels: Mapping[str, str]) -> bool:
-    return bool(selector) and all(pod_labels.get(k) == v for k, v in selector.items())
-
-
 def _first_few(names: list[str]) -> str:
     more = len(names) - _STRAGGLERS_NAMED
     return ", ".join(names[:_STRAGGLERS_NAMED]) + (f" and {more} more" if more > 0 else "")
 
 
 def _text(selector: Selector) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    return selector_from_set(selector).text
 
 
 CANONICAL = EXPORTER

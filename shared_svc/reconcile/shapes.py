@@ -6,6 +6,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from shared_svc.k8s.objects import spec
 from shared_svc.reconcile.conflicts import Resolution, resolve
 from shared_svc.reconcile.model import K8sObject
 from shared_svc.reconcile.names import (
@@ -18,7 +19,7 @@ from shared_svc.reconcile.names import (
     MANAGED_BY_VALUE,
     SERVICE_API,
 )
-from shared_svc.reconcile.objects import spec, stable_digest
+from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import OwnerRef
 from shared_svc.reconcile.specs import CRSpec
 

@@ -15,11 +15,9 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.managed_fields import FIELD_MANAGER, is_our_apply
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.reconcile.names import SCRAPE_ANNOTATION
-
-# The field manager of our applies (the shell's writer uses the same name).
-FIELD_MANAGER = "shared-svc"
 
 FieldPath = tuple[str, ...]  # keys of a fieldsV1 tree: ("f:spec", "f:type")
 
@@ -90,10 +88,6 @@ def _nested(path: FieldPath, value: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def _is_ours(entry: dict[str, Any]) -> bool:
-    return entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply"
-
-
 def take_over(live: K8sObject, paths: Iterable[FieldPath]) -> list[dict[str, Any]] | None:
     """``live``'s managedFields with ``paths`` moved from other entries into our Apply entry.
 
@@ -113,11 +107,11 @@ def take_over(live: K8sObject, paths: Iterable[FieldPath]) -> list[dict[str, Any
             out.append(entry)
             continue
         fields = entry.get("fieldsV1")
-        if _is_ours(entry) and ours is None and isinstance(fields, dict):
+        if is_our_apply(entry) and ours is None and isinstance(fields, dict):
             ours = copy.deepcopy(entry)
             out.append(ours)
             continue
-        if _is_ours(entry) or entry.get("subresource") or not isinstance(fields, dict):
+        if is_our_apply(entry) or entry.get("subresource") or not isinstance(fields, dict):
             out.append(entry)
             continue
         remaining = copy.deepcopy(fields)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.settings import UpgradeSettings
 
 Kind = Literal["declared", "detected", "excluded", "none"]
@@ -132,7 +132,8 @@ def classify(
     if excluded is not None:
         return Classification("excluded", excluded)
     labels = pod.get("metadata", {}).get("labels") or {}
-    if settings.consumer_selector.matches(labels):
+    # An empty consumer selector declares nothing (never every pod on the node).
+    if not settings.consumer_selector.empty and settings.consumer_selector.matches(labels):
         return Classification("declared", f"matches {settings.consumer_selector.text}")
     if settings.detection != "off":
         signal = detection_signal(pod, settings)

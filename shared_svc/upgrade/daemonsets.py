@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.objects import K8sObject
 
 DaemonSetKind = Literal["declared", "partial", "operator-hook", "other"]
 

@@ -25,10 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from shared_svc.reconcile.model import K8sObject, ObjectRef, Report
+from shared_svc.k8s.events import ObjectRef, Report
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.k8s.selectors import Selector, SelectorError, parse_selector
 from shared_svc.reconcile.needs import active_cluster_policy
 from shared_svc.reconcile.specs import CLUSTER_POLICY, parse_cr
-from shared_svc.upgrade.selector import Selector, SelectorError, parse_selector
 
 # ok: the gate selects the consumers. missing: no podSelector. mismatch: a podSelector
 # that does not select them. invalid: a podSelector that does not parse. off: autoUpgrade
@@ -56,9 +57,9 @@ def consumer_labels(selector: Selector) -> dict[str, str]:
     """
     labels: dict[str, str] = {}
     for req in selector.requirements:
-        if req.operator == "in" and req.values:
+        if req.operator == "In" and req.values:
             labels[req.key] = sorted(req.values)[0]
-        elif req.operator == "exists":
+        elif req.operator == "Exists":
             labels.setdefault(req.key, "true")
     if not labels or not selector.matches(labels):
         raise NoConsumerLabel(

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any, Literal
-from urllib.parse import quote
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
-from shared_svc.kube.resources import CLUSTER_POLICIES, daemonsets
+from shared_svc.kube.resources import CLUSTER_POLICIES, NODES, PODS, daemonsets
+from shared_svc.kube.resources import DAEMONSETS as DAEMONSETS_GVR
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.reconcile.model import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
@@ -53,23 +53,19 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     )
 
 
-# All namespaces, kept as what the planners read (``reconcile.selectors.daemonset_fields``).
+# All namespaces, kept as what the planners read (``k8s.projections.daemonset_fields``).
 DAEMONSETS = daemonsets()
 # Read for the upgrade flow's gate (``shared_svc.upgrade.gate``); never written by the service.
 # Both are shared with the Services controller when both run (``kube.cache.Informers``).
 
 
-def _pod_path(namespace: str, name: str) -> str:
-    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
-
-
 def daemonset_path(namespace: str, name: str) -> str:
-    return f"/apis/apps/v1/namespaces/{quote(namespace)}/daemonsets/{quote(name)}"
+    return DAEMONSETS_GVR.item(name, namespace)
 
 
 async def get_node(api: ApiClient, name: str) -> K8sObject | None:
     try:
-        node: K8sObject = await raw_request(api, "GET", f"/api/v1/nodes/{quote(name)}")
+        node: K8sObject = await raw_request(api, "GET", NODES.item(name))
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -78,19 +74,21 @@ async def get_node(api: ApiClient, name: str) -> K8sObject | None:
 
 
 async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
-    data = await raw_request(api, "GET", "/api/v1/nodes", query=[("labelSelector", label_selector)])
+    data = await raw_request(
+        api, "GET", NODES.collection(), query=[("labelSelector", label_selector)]
+    )
     return list(data.get("items") or [])
 
 
 async def pods_on_node(api: ApiClient, node: str) -> list[K8sObject]:
     data = await raw_request(
-        api, "GET", "/api/v1/pods", query=[("fieldSelector", f"spec.nodeName={node}")]
+        api, "GET", PODS.collection(), query=[("fieldSelector", f"spec.nodeName={node}")]
     )
     return list(data.get("items") or [])
 
 
 async def list_daemonsets(api: ApiClient) -> list[K8sObject]:
-    data = await raw_request(api, "GET", "/apis/apps/v1/daemonsets")
+    data = await raw_request(api, "GET", DAEMONSETS_GVR.collection())
     return list(data.get("items") or [])
 
 
@@ -138,6 +136,11 @@ async def patch_daemonset_template(
         query=query,
     )
     return result
+
+
+def _version(obj: K8sObject) -> int:
+    version = str(obj.get("metadata", {}).get("resourceVersion", ""))
+    return int(version) if version.isdigit() else 0
 
 
 class KubeUpgradeIO:
@@ -204,7 +207,11 @@ class KubeUpgradeIO:
         return self._ds_snapshot
 
     async def get_node(self, name: str) -> K8sObject | None:
-        return await get_node(self._api, name)
+        """The node from the node caches (no request): every node the controller handles
+        is in one of them; a node in neither is no longer upgrading nor parked. Of two
+        copies, the newer (a stale one would only cost a 409 and a retry)."""
+        copies = [n for n in (i.get(name) for i in self._node_informers) if n is not None]
+        return max(copies, key=_version, default=None)
 
     async def pods_on_node(self, name: str) -> list[K8sObject]:
         return await pods_on_node(self._api, name)
@@ -215,7 +222,7 @@ class KubeUpgradeIO:
             await raw_request(
                 self._api,
                 "PATCH",
-                f"/api/v1/nodes/{quote(patch.node)}",
+                NODES.item(patch.node),
                 body=patch.body(),
                 content_type=MERGE_PATCH,
                 query=[("fieldManager", FIELD_MANAGER)],
@@ -235,7 +242,7 @@ class KubeUpgradeIO:
         try:
             # The endpoint of CoreV1Api.create_namespaced_pod_eviction, with a raw body.
             await raw_request(
-                self._api, "POST", _pod_path(action.namespace, action.name) + "/eviction", body=body
+                self._api, "POST", PODS.item(action.name, action.namespace, "eviction"), body=body
             )
         except ApiException as exc:
             if exc.status == 429:
@@ -249,7 +256,7 @@ class KubeUpgradeIO:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": action.uid}}
         try:
             await raw_request(
-                self._api, "DELETE", _pod_path(action.namespace, action.name), body=body
+                self._api, "DELETE", PODS.item(action.name, action.namespace), body=body
             )
         except ApiException as exc:
             if exc.status in (404, 409):

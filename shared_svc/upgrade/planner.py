@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from shared_svc.reconcile.model import K8sObject, ObjectRef, Report
+from shared_svc.k8s.events import ObjectRef, Report
+from shared_svc.k8s.events import note as event_note
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade import consumers, daemonsets, gate, record, states
 from shared_svc.upgrade.record import FreedPod, Record, RecordError
 from shared_svc.upgrade.settings import UpgradeSettings
@@ -149,7 +151,12 @@ class _Builder:
         regarding = ObjectRef(api_version="v1", kind="Node", name=self.name, uid=meta.get("uid"))
         self.reports.append(
             Report(
-                type_, reason, action, regarding, note[:1000], f"upgrade/{self.name}/{reason}/{key}"
+                type_,
+                reason,
+                action,
+                regarding,
+                event_note(note),
+                f"upgrade/{self.name}/{reason}/{key}",
             )
         )
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from shared_svc.errors import UsageError
-from shared_svc.upgrade.selector import Selector, SelectorError, parse_selector
+from shared_svc.k8s.selectors import Selector, SelectorError, parse_selector
 
 if TYPE_CHECKING:
     from shared_svc.config import Config

@@ -1,0 +1,66 @@
+"""Projections: the parts of an object the planners read, kept by the caches.
+
+``daemonset_fields`` is read by both cores (the Services gate and the driver-upgrade
+planner), so the one DaemonSet cache both controllers share keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_svc.k8s.objects import K8sObject
+
+
+def _pick(value: Any, keep: tuple[str, ...]) -> Any:
+    """The ``keep`` keys of a dict, as they are; anything else (a wrong type) unchanged."""
+    return {k: value[k] for k in keep if k in value} if isinstance(value, dict) else value
+
+
+_DS_METADATA = ("name", "namespace", "uid", "generation", "labels", "resourceVersion")
+_DS_STATUS = (
+    "observedGeneration",
+    "updatedNumberScheduled",
+    "desiredNumberScheduled",
+    "numberAvailable",
+)
+
+
+def daemonset_fields(daemonset: K8sObject) -> K8sObject:
+    """The parts of a DaemonSet that planning reads, as they are (wrong types included).
+
+    For the Services gate (:func:`gate_open`): ``metadata`` name, namespace and
+    generation, the pod template's labels and the four rollout counters of ``status``.
+    For the driver-upgrade planner (``upgrade.daemonsets.index_daemonsets``): ``uid`` and
+    the pod template's ``affinity`` and ``nodeSelector``. Labels, the selector and the
+    update strategy are kept too (small, and what a reader of ``/status`` expects). The
+    caches keep only these (one projection for the one DaemonSet cache both controllers
+    share); proptests/test_projection_props.py proves the plans unchanged.
+    """
+    if not isinstance(daemonset, dict):
+        return daemonset
+    out: K8sObject = {k: daemonset[k] for k in ("apiVersion", "kind") if k in daemonset}
+    if "metadata" in daemonset:
+        out["metadata"] = _pick(daemonset["metadata"], _DS_METADATA)
+    if "status" in daemonset:
+        out["status"] = _pick(daemonset["status"], _DS_STATUS)
+    if "spec" in daemonset:
+        spec = daemonset["spec"]
+        kept = _pick(spec, ("selector", "updateStrategy"))
+        if isinstance(spec, dict) and "template" in spec:
+            template = spec["template"]
+            if isinstance(template, dict):
+                template = {
+                    **(
+                        {"metadata": _pick(template["metadata"], ("labels",))}
+                        if "metadata" in template
+                        else {}
+                    ),
+                    **(
+                        {"spec": _pick(template["spec"], ("affinity", "nodeSelector"))}
+                        if "spec" in template
+                        else {}
+                    ),
+                }
+            kept["template"] = template
+        out["spec"] = kept
+    return out
