@@ -1,0 +1,108 @@
+"""The house (issue 11): which part of ``shared_svc`` may import which, read with ``ast``.
+
+- ``shared_svc/k8s/`` (pure Kubernetes object helpers) imports nothing of ``shared_svc``
+  but itself;
+- the pure cores, ``reconcile/`` and every module of ``upgrade/`` but its shell
+  (:data:`UPGRADE_SHELL`), import no I/O: neither ``kube``, ``runtime``, ``service``,
+  ``controller``, the upgrade shell, nor aiohttp, kubernetes_asyncio or prometheus_client;
+- ``kube/`` (generic API I/O) imports neither core.
+
+Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
+
+# The modules of upgrade/ that do I/O or hold the controller: the rest of upgrade/ is pure.
+UPGRADE_SHELL = {"controller", "io", "metrics"}
+
+IO_MODULES = (
+    "shared_svc.kube",
+    "shared_svc.runtime",
+    "shared_svc.service",
+    "shared_svc.controller",
+    *(f"shared_svc.upgrade.{m}" for m in sorted(UPGRADE_SHELL)),
+    "aiohttp",
+    "kubernetes_asyncio",
+    "prometheus_client",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (relative imports resolved; ``from a import b`` counts
+    as ``a`` and ``a.b``, as ``b`` may be a module)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def modules_under(*parts: str) -> list[Path]:
+    return [p for p in MODULES if p.relative_to(PACKAGE).parts[: len(parts)] == parts]
+
+
+def pure_core_modules() -> list[Path]:
+    upgrade = [p for p in modules_under("upgrade") if p.stem not in UPGRADE_SHELL]
+    return modules_under("reconcile") + upgrade
+
+
+def test_the_layers_are_found() -> None:
+    """The test reads real modules (a moved package would otherwise pass unnoticed)."""
+    assert {p.stem for p in modules_under("k8s")} >= {"objects", "selectors", "events"}
+    assert {p.stem for p in pure_core_modules()} >= {"planner", "selectors", "gate", "consumers"}
+    assert {p.stem for p in modules_under("kube")} >= {"cache", "writer", "events", "resources"}
+    assert (PACKAGE / "upgrade" / "io.py").is_file()
+
+
+@pytest.mark.parametrize("path", modules_under("k8s"), ids=module_name)
+def test_k8s_helpers_import_nothing_of_shared_svc_but_themselves(path: Path) -> None:
+    outside = sorted(
+        m for m in imports_of(path) if within(m, "shared_svc") and not within(m, "shared_svc.k8s")
+    )
+    assert not outside, f"{module_name(path)} imports {outside}"
+
+
+@pytest.mark.parametrize("path", pure_core_modules(), ids=module_name)
+def test_pure_cores_import_no_io(path: Path) -> None:
+    io = sorted(m for m in imports_of(path) if any(within(m, p) for p in IO_MODULES))
+    assert not io, f"{module_name(path)} (a pure core) imports {io}"
+
+
+@pytest.mark.parametrize("path", modules_under("kube"), ids=module_name)
+def test_kube_imports_neither_core(path: Path) -> None:
+    cores = sorted(
+        m
+        for m in imports_of(path)
+        if within(m, "shared_svc.reconcile") or within(m, "shared_svc.upgrade")
+    )
+    assert not cores, f"{module_name(path)} (generic I/O) imports {cores}"
