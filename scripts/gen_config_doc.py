@@ -4,8 +4,8 @@
     python scripts/gen_config_doc.py --write    # rewrite docs/configuration.md
     python scripts/gen_config_doc.py --check    # exit 1 if docs/configuration.md is stale
 
-For each setting: its environment variable, its ``shared-svc run`` flag (from
-``shared_svc.commands.run.FLAGS``), type and limits, default, description, and how the
+For each setting: its environment variable, its flag (``shared_svc.config.flag``: every
+setting is a flag of ``shared-svc run``), type and limits, default, description, and how the
 Helm chart sets it. tests/test_config_doc.py keeps the document, the model and the
 chart in step.
 """
@@ -13,17 +13,16 @@ chart in step.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 
-from shared_svc.commands.run import FLAGS
+from shared_svc import config
+from shared_svc.commands.upgrade import SETTINGS as UPGRADE_SETTINGS
 from shared_svc.config import Config
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -83,17 +82,31 @@ HEADER = """\
 
 `shared-svc run` reads every setting from, in order of precedence:
 
-1. its command-line flag, where there is one;
+1. its command-line flag: `--<setting>` with dashes (`shared-svc run --help` lists them
+   all, each with its default and environment variable; `shared-svc upgrade …` takes
+   those it reads: {upgrade_flags}; `shared-svc admission …` takes `--kubeconfig`);
 2. its environment variable: `SHARED_SVC_<FIELD>` in upper case, except the three that
    follow Kubernetes conventions (`OPERATOR_NAMESPACE`, as gpu-operator sets it;
    `KUBECONFIG`; `POD_NAME`), which also answer to their `SHARED_SVC_` names;
 3. the default.
 
-Booleans accept `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`); lists are JSON
-(`["nvidia","kata"]`). A value that does not validate stops the service at start with
-a message naming the setting (exit status 2). The Helm chart passes every value as an
-environment variable of the container (column "Helm chart"); values left `null` in the
-chart's `tuning` block keep the service's default.
+Booleans accept `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`; a boolean flag
+alone, `--dry-run`, means `true`); lists are JSON (`["nvidia","kata"]`), as a flag also
+comma-separated words (`nvidia,kata`). A value that does not validate stops the command
+at start with one line naming the flag or the variable and the value (exit status 2). A
+`SHARED_SVC_*` variable that is no setting (a typo, most likely) is reported at start,
+one warning line each, with the closest setting's variable when there is one
+(`SHARED_SVC_CACHE`, `SHARED_SVC_TESTENV_BIN` and `SHARED_SVC_GPU_OPERATOR_DIR` belong to
+the development tooling and are not reported).
+
+Every command that talks to the API server finds it the same way
+(`shared_svc/kubeconfig.py`): `--kubeconfig` (or the setting's variables; of a
+`KUBECONFIG` list, the first file), else `~/.kube/config` when it exists, else the
+in-cluster service account; with none of them, one line says so (exit status 2).
+
+The Helm chart passes every value as an environment variable of the container (column
+"Helm chart"); values left `null` in the chart's `tuning` block keep the service's
+default.
 
 | Setting | Environment variable | Flag | Type | Default | Helm chart | Description |
 | --- | --- | --- | --- | --- | --- | --- |
@@ -101,10 +114,7 @@ chart's `tuning` block keep the service's default.
 
 
 def env_names(name: str, info: FieldInfo) -> list[str]:
-    alias = info.validation_alias
-    if isinstance(alias, AliasChoices):
-        return [str(choice) for choice in alias.choices]
-    return [f"SHARED_SVC_{name.upper()}"]
+    return list(config.env_names(name))
 
 
 def type_text(annotation: Any) -> str:
@@ -140,17 +150,12 @@ def limits_text(info: FieldInfo) -> str:
     return ", ".join(words)
 
 
-def default_text(info: FieldInfo) -> str:
-    value = info.get_default(call_default_factory=True)
-    if value is None:
-        return "unset"
-    if isinstance(value, bool | list):
-        return f"`{json.dumps(value, separators=(',', ':'))}`"
-    return f"`{value}`"
+def default_text(name: str) -> str:
+    text = config.default_text(name)  # as --help shows it
+    return text if text == "unset" else f"`{text}`"
 
 
 def render() -> str:
-    flags = {field: flag for flag, (field, _) in FLAGS.items()}
     rows = []
     for name, info in Config.model_fields.items():
         kind = type_text(info.annotation)
@@ -163,14 +168,15 @@ def render() -> str:
         cells = [
             f"`{name}`",
             " or ".join(f"`{e}`" for e in env_names(name, info)),
-            f"`{flags[name]}`" if name in flags else "",
+            f"`{config.flag(name)}`",
             f"{kind}, {limits}" if limits else kind,
-            default_text(info),
+            default_text(name),
             helm,
             (info.description or "").replace("|", "\\|"),
         ]
         rows.append("| " + " | ".join(cells) + " |")
-    return HEADER + "\n".join(rows) + "\n"
+    upgrade_flags = ", ".join(f"`{config.flag(f)}`" for f in UPGRADE_SETTINGS)
+    return HEADER.replace("{upgrade_flags}", upgrade_flags) + "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

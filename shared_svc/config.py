@@ -1,19 +1,34 @@
 """The one configuration model: flags and environment map onto it.
 
 Every field reads from the environment variable ``SHARED_SVC_<FIELD>`` (upper case),
-except the namespace, which follows gpu-operator's ``OPERATOR_NAMESPACE``. Flags of
-``shared-svc run`` override the environment. ``docs/configuration.md`` is checked
-against this model by a test.
+except the three that follow Kubernetes conventions (``OPERATOR_NAMESPACE``,
+``KUBECONFIG``, ``POD_NAME``). Every field is also a flag, ``--<field>`` with dashes,
+generated here (``add_flags``); a flag overrides the environment, which overrides the
+default (``load``). ``docs/configuration.md`` is checked against this model by a test.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import argparse
+import difflib
+import json
+import os
+import re
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from shared_svc.errors import UsageError
 from shared_svc.reconcile.model import Settings as CoreSettings
+
+ENV_PREFIX = "SHARED_SVC_"
+# Not settings: read by the development tooling (testenv/, make demo) under the same prefix.
+DEV_TOOLING_ENV = frozenset(
+    {"SHARED_SVC_CACHE", "SHARED_SVC_GPU_OPERATOR_DIR", "SHARED_SVC_TESTENV_BIN"}
+)
 
 _LABEL_SELECTOR_CHARS = set(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=!, ()"
@@ -29,7 +44,7 @@ class Config(BaseSettings):
     namespace: str = Field(
         default="gpu-operator",
         validation_alias=AliasChoices("OPERATOR_NAMESPACE", "SHARED_SVC_NAMESPACE"),
-        description="Operator namespace holding the DCGM Services (env OPERATOR_NAMESPACE).",
+        description="Operator namespace holding the DCGM Services.",
         min_length=1,
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -52,7 +67,7 @@ class Config(BaseSettings):
     kubeconfig: str | None = Field(
         default=None,
         validation_alias=AliasChoices("KUBECONFIG", "SHARED_SVC_KUBECONFIG"),
-        description="Path to a kubeconfig; unset means in-cluster configuration.",
+        description="Path to a kubeconfig (of a KUBECONFIG list, the first); unset: ~/.kube/config if it exists, else the in-cluster service account.",
     )
     pod_name: str = Field(
         default="shared-svc",
@@ -214,3 +229,159 @@ class Config(BaseSettings):
             adopt=self.adopt,
             service_monitor_served=service_monitor_served,
         )
+
+
+# --- flags and environment: one place for every command that reads the settings ---
+
+
+def env_names(field: str) -> tuple[str, ...]:
+    """The environment variables of a setting, the one read first first."""
+    alias = Config.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice) for choice in alias.choices)
+    return (f"{ENV_PREFIX}{field.upper()}",)
+
+
+def flag(field: str) -> str:
+    """The command-line flag of a setting: ``--<field>`` with dashes."""
+    return "--" + field.replace("_", "-")
+
+
+def default_text(field: str) -> str:
+    value = Config.model_fields[field].get_default(call_default_factory=True)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _metavar(field: str) -> str:
+    annotation = Config.model_fields[field].annotation
+    if typing.get_origin(annotation) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(annotation)) + "}"
+    if annotation is bool:
+        return "BOOL"
+    if annotation is int:
+        return "N"
+    if annotation is float:
+        return "SECONDS" if field.endswith("_seconds") else "NUMBER"
+    if typing.get_origin(annotation) is list:
+        return "LIST"
+    if field == "kubeconfig" or field.endswith("_file"):
+        return "PATH"
+    if field.endswith("_selector"):
+        return "LABELS"  # a label selector (SELECTOR makes usage lines too long)
+    return field.rsplit("_", 1)[-1].upper()
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, fields: Iterable[str] | None = None
+) -> argparse.ArgumentParser:
+    """A flag for each setting (all of them by default), with its default and its
+    environment variable in its help. Values are kept as text: ``load`` validates them
+    with the model, so a bad value is one line naming the flag."""
+    group = parser.add_argument_group(
+        "settings", "a flag overrides its environment variable, which overrides the default"
+    )
+    for field in Config.model_fields if fields is None else fields:
+        info = Config.model_fields[field]
+        help_text = (
+            f"{info.description} [default: {default_text(field)}; "
+            f"env: {' or '.join(env_names(field))}]"
+        ).replace("%", "%%")
+        extra: dict[str, Any] = {}
+        if info.annotation is bool:
+            extra = {"nargs": "?", "const": "true"}  # --dry-run alone means true
+        group.add_argument(
+            flag(field), dest=field, default=None, metavar=_metavar(field), help=help_text, **extra
+        )
+    return parser
+
+
+def flag_values(args: argparse.Namespace, fields: Iterable[str] | None = None) -> dict[str, Any]:
+    """The settings given as flags (text, as typed)."""
+    names = Config.model_fields if fields is None else fields
+    return {f: getattr(args, f) for f in names if getattr(args, f, None) is not None}
+
+
+def _list_value(field: str, text: str) -> list[str]:
+    """A list flag: JSON (as its environment variable) or comma-separated words."""
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"invalid configuration: {flag(field)} {text!r}: {exc}") from None
+        if isinstance(value, list):
+            return value
+    return [word.strip() for word in text.split(",") if word.strip()]
+
+
+def _set_env(field: str, environ: Mapping[str, str]) -> str | None:
+    """The environment variable that sets ``field`` (names are case-insensitive)."""
+    upper = {key.upper(): key for key in environ}
+    return next((upper[n.upper()] for n in env_names(field) if n.upper() in upper), None)
+
+
+def _field_of(loc: tuple[Any, ...]) -> str | None:
+    if not loc:
+        return None
+    name = str(loc[0])
+    if name in Config.model_fields:
+        return name
+    return next((f for f in Config.model_fields if name in env_names(f)), None)
+
+
+def _problem(error: Any, flags: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    field = _field_of(tuple(error.get("loc", ())))
+    if field is None:
+        return message
+    if field in flags:
+        return f"{flag(field)} {flags[field]!r}: {message}"
+    env = _set_env(field, environ)
+    if env is not None:
+        return f"{env}={environ[env]!r}: {message}"
+    return f"{field}: {message}"
+
+
+def load(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+    """The settings: ``flags`` (from ``flag_values``) over the environment over the
+    defaults. Anything invalid is one UsageError line naming the flag or variable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {
+        f: _list_value(f, v)
+        if typing.get_origin(Config.model_fields[f].annotation) is list and isinstance(v, str)
+        else v
+        for f, v in flags.items()
+    }
+    try:
+        return Config(**values)
+    except ValidationError as exc:
+        problems = "; ".join(_problem(e, values, environ) for e in exc.errors())
+        raise UsageError(f"invalid configuration: {problems}") from None
+    except SettingsError as exc:  # a list variable that is not JSON
+        match = re.search(r'field "(\w+)"', str(exc))
+        field = match.group(1) if match else ""
+        env = _set_env(field, environ) if field in Config.model_fields else None
+        where = f"{env}={environ[env]!r}" if env else str(exc)
+        raise UsageError(
+            f'invalid configuration: {where}: not JSON (a list is written ["a","b"])'
+        ) from None
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``SHARED_SVC_*`` variable that is no setting (likely a typo),
+    naming the closest setting's variable when there is one."""
+    known = sorted(
+        {n for f in Config.model_fields for n in env_names(f) if n.startswith(ENV_PREFIX)}
+    )
+    out = []
+    for key in sorted(environ):
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in DEV_TOOLING_ENV:
+            continue
+        close = difflib.get_close_matches(upper, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"environment variable {key} is not a setting, ignored{hint}")
+    return out

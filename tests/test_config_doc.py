@@ -12,8 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from shared_svc.commands.run import FLAGS
-from shared_svc.config import Config
+from shared_svc.config import Config, flag
 from tests.test_deploy_chart import UPGRADE_ON, VALUE_CASES, container_env, render_docs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,11 +41,10 @@ def test_configuration_doc_is_generated_from_the_model(gen: ModuleType) -> None:
 def test_doc_has_one_row_per_setting_with_env_and_flag(gen: ModuleType) -> None:
     rows = [line for line in gen.render().splitlines() if line.startswith("| `")]
     assert [row.split("|")[1].strip(" `") for row in rows] == list(Config.model_fields)
-    flags = {field: flag for flag, (field, _) in FLAGS.items()}
     for row, (name, info) in zip(rows, Config.model_fields.items(), strict=True):
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
         assert gen.env_names(name, info)[0] in cells[1]
-        assert cells[2] == (f"`{flags[name]}`" if name in flags else "")
+        assert cells[2] == f"`{flag(name)}`"
         assert "**missing**" not in cells[5], f"{name}: the chart neither offers nor fixes it"
         assert info.description and info.description.replace("|", "\\|") == cells[6]
 

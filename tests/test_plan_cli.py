@@ -119,6 +119,50 @@ def test_namespace_filter_and_delete_preconditions(
     ]
 
 
+def test_ignored_kinds_and_namespaces_are_one_warning_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configmap = {"kind": "ConfigMap", "metadata": {"name": "x", "namespace": "gpu-operator"}}
+    other_pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "kube-system"}}
+    docs = [CP, _svc("other"), _svc("other"), _svc("gpu-operator"), configmap, configmap]
+    listed = {"kind": "List", "items": [other_pod, {"kind": "Secret", "metadata": {"name": "s"}}]}
+    path = write(tmp_path, "mixed.yaml", yaml.safe_dump_all([*docs, listed]))
+    code, out, err = run(capsys, "-f", path, "-o", "json")
+    assert code == 0 and json.loads(out)["objects"]
+    assert err.splitlines() == [
+        "shared-svc plan: warning: ignored 2 ConfigMap objects: plan does not read this kind",
+        "shared-svc plan: warning: ignored 1 Pod object in namespace kube-system: not the "
+        "operator namespace (gpu-operator; --namespace)",
+        "shared-svc plan: warning: ignored 1 Secret object: plan does not read this kind",
+        "shared-svc plan: warning: ignored 2 Service objects in namespace other: not the "
+        "operator namespace (gpu-operator; --namespace)",
+    ]
+    # everything read: no warning
+    assert run(capsys, "-f", write(tmp_path, "cp.yaml", yaml.safe_dump(CP)))[2] == ""
+
+
+def test_an_update_lists_the_fields_it_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fresh = yaml.safe_load(run(capsys, "-f", write(tmp_path, "cp.yaml", yaml.safe_dump(CP)))[1])
+    ours = next(o for o in fresh["objects"] if o["metadata"]["name"] == "nvidia-dcgm-exporter")
+    drifted = json.loads(json.dumps(ours))
+    drifted["metadata"]["uid"] = "s9"
+    drifted["spec"]["ports"][0]["port"] = 9999
+    path = write(tmp_path, "drift.yaml", yaml.safe_dump_all([CP, drifted]))
+    for fmt, load in (("json", json.loads), ("yaml", yaml.safe_load)):
+        actions = load(run(capsys, "-f", path, "-o", fmt)[1])["actions"]
+        [update] = [a for a in actions if a["action"] == "update"]
+        assert update == {
+            "action": "update",
+            "kind": "Service",
+            "name": "nvidia-dcgm-exporter",
+            "reason": "ConfigChanged",
+            "changed_fields": ["spec.ports"],
+        }
+        assert all("changed_fields" not in a for a in actions if a["action"] != "update")
+
+
 def test_flags_no_adopt_and_selector_mode(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

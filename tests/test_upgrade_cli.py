@@ -100,11 +100,16 @@ def test_prepare_daemonset_prepared_before_gets_only_the_label(
     assert _template_labels(control_plane, target)[CONSUMER] == "true"
     # Another consumer selector: its label (the one the service and the gate use).
     assert (
-        main(["upgrade", "prepare-daemonset", target, "--consumer-selector", "team/gpu", *kc]) == 0
+        main(
+            ["upgrade", "prepare-daemonset", target, "--upgrade-consumer-selector", "team/gpu", *kc]
+        )
+        == 0
     )
     assert _template_labels(control_plane, target)["team/gpu"] == "true"
     capsys.readouterr()
-    code = main(["upgrade", "prepare-daemonset", target, "--consumer-selector", "!team/gpu", *kc])
+    code = main(
+        ["upgrade", "prepare-daemonset", target, "--upgrade-consumer-selector", "!team/gpu", *kc]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "names no label" in err and len(err.strip().splitlines()) == 1
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import os
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from shared_svc.config import add_flags
 from shared_svc.errors import UsageError
 
 T = TypeVar("T")
@@ -68,14 +67,16 @@ def _positive(text: str) -> int:
 
 
 def register(subparsers: Any) -> None:
+    from shared_svc.admission.certs import RENEW_BEFORE_DAYS, VALIDITY_DAYS
+
     parser = subparsers.add_parser(
         "admission",
         help="the admission guard's certificate and uninstall steps (the chart's hook Jobs)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="admission_command", metavar="SUBCOMMAND")
-    parser.set_defaults(handler=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(
+        dest="admission_command", metavar="SUBCOMMAND", title="subcommands", required=True
+    )
 
     certs = commands.add_parser(
         "certs",
@@ -84,7 +85,13 @@ def register(subparsers: Any) -> None:
         "expiring or wrong; then put its ca.crt into the caBundle of each named webhook "
         "configuration that exists.",
     )
-    certs.add_argument("--secret", required=True, type=secret_ref, metavar="NAMESPACE/NAME")
+    certs.add_argument(
+        "--secret",
+        required=True,
+        type=secret_ref,
+        metavar="NAMESPACE/NAME",
+        help="the Secret (kubernetes.io/tls) holding the certificate",
+    )
     certs.add_argument(
         "--service",
         required=True,
@@ -99,11 +106,29 @@ def register(subparsers: Any) -> None:
         help="another name or IP address (a webhook reached by URL, e.g. 127.0.0.1)",
     )
     certs.add_argument(
-        "--webhook", action="append", default=[], type=webhook_ref, metavar="KIND/NAME"
+        "--webhook",
+        action="append",
+        default=[],
+        type=webhook_ref,
+        metavar="KIND/NAME",
+        help="a webhook configuration (mutating/NAME or validating/NAME) whose caBundle to "
+        "set; repeatable",
     )
-    certs.add_argument("--validity-days", type=_positive, default=None)
-    certs.add_argument("--renew-before-days", type=_positive, default=None)
-    certs.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, in-cluster)")
+    certs.add_argument(
+        "--validity-days",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help=f"validity of a new certificate [default: {VALIDITY_DAYS}]",
+    )
+    certs.add_argument(
+        "--renew-before-days",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help=f"replace the certificate this long before it expires [default: {RENEW_BEFORE_DAYS}]",
+    )
+    add_flags(certs, ["kubeconfig"])
     certs.set_defaults(handler=_certs)
 
     remove = commands.add_parser(
@@ -123,31 +148,21 @@ def register(subparsers: Any) -> None:
         "--webhook", action="append", default=[], type=webhook_ref, metavar="KIND/NAME"
     )
     remove.add_argument("--secret", type=secret_ref, default=None, metavar="NAMESPACE/NAME")
-    remove.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, in-cluster)")
+    add_flags(remove, ["kubeconfig"])
     remove.set_defaults(handler=_remove)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
-
-
 def _run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
-    """Connect (kubeconfig or in-cluster), run ``body(api)``, close; API trouble is one line."""
+    """Connect (shared_svc.kubeconfig: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster),
+    run ``body(api)``, close; API trouble is one line."""
     from aiohttp import ClientError
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.commands.upgrade import _api_message
-    from shared_svc.config import Config
-    from shared_svc.service import make_api_client
-
-    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG") or None
-    if kubeconfig is None and (Path.home() / ".kube" / "config").exists():
-        kubeconfig = str(Path.home() / ".kube" / "config")
-    config = Config.model_construct(kubeconfig=kubeconfig)
+    from shared_svc.kubeconfig import api_client
 
     async def main() -> T:
-        api = await make_api_client(config)
+        api = await api_client(args.kubeconfig)
         try:
             return await body(api)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -55,22 +56,30 @@ def register(subparsers: Any) -> None:
         help="YAML or JSON manifests (many documents, List kinds); '-' reads stdin; repeatable",
     )
     parser.add_argument(
-        "--namespace", default="gpu-operator", help="operator namespace (default: gpu-operator)"
+        "--namespace",
+        default="gpu-operator",
+        help="operator namespace: namespaced objects of other namespaces are ignored (a warning)",
     )
     parser.add_argument(
-        "--selector-mode", choices=("auto", "app"), default="auto", help="default: auto"
+        "--selector-mode",
+        choices=("auto", "app"),
+        default="auto",
+        help="auto: move stable names to the common labels when the gate holds; app: never",
     )
     parser.add_argument(
         "--no-adopt", action="store_true", help="never adopt same-named unmanaged objects"
     )
     parser.add_argument(
-        "-o", "--output", choices=("yaml", "json"), default="yaml", help="default: yaml"
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="output format"
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    world = load_world(args.files, args.namespace)
+    ignored: Counter[tuple[str, str | None]] = Counter()
+    world = load_world(args.files, args.namespace, ignored)
+    for line in ignored_lines(ignored, args.namespace):
+        print(f"shared-svc plan: warning: {line}", file=sys.stderr)
     settings = Settings(
         namespace=args.namespace,
         selector_mode=args.selector_mode,
@@ -99,6 +108,8 @@ def plan_output(result: Plan) -> dict[str, Any]:
         }
         if action.action == "delete" and action.preconditions is not None:
             entry["preconditions"] = dict(action.preconditions)
+        if action.action == "update":
+            entry["changed_fields"] = list(action.changed_fields)
         actions.append(entry)
     return {
         "objects": [dict(o) for o in result.objects],
@@ -117,18 +128,44 @@ def plan_output(result: Plan) -> dict[str, Any]:
     }
 
 
-def load_world(files: list[str], namespace: str) -> World:
+def load_world(
+    files: list[str],
+    namespace: str,
+    ignored: Counter[tuple[str, str | None]] | None = None,
+) -> World:
+    """The objects plan reads; ``ignored`` counts the others by (kind, namespace): the
+    namespace None for a kind plan does not read, else a namespace not the operator's."""
     buckets: dict[str, list[K8sObject]] = {
         f: [] for f in (*_CLUSTER_SCOPED.values(), *_NAMESPACED.values())
     }
+    skipped: Counter[tuple[str, str | None]] = Counter() if ignored is None else ignored
     for name in files:
         for obj in _objects(name):
             kind = obj["kind"]
             if kind in _CLUSTER_SCOPED:
                 buckets[_CLUSTER_SCOPED[kind]].append(obj)
-            elif kind in _NAMESPACED and obj["metadata"].get("namespace", namespace) == namespace:
+            elif kind not in _NAMESPACED:
+                skipped[kind, None] += 1
+            elif (where := obj["metadata"].get("namespace", namespace)) != namespace:
+                skipped[kind, str(where)] += 1
+            else:
                 buckets[_NAMESPACED[kind]].append(pod_fields(obj) if kind == "Pod" else obj)
     return World(**{k: tuple(v) for k, v in buckets.items()})
+
+
+def ignored_lines(ignored: Counter[tuple[str, str | None]], namespace: str) -> list[str]:
+    """One line per kind plan does not read and per (kind, other namespace), sorted."""
+    lines = []
+    for (kind, where), count in sorted(ignored.items(), key=lambda i: (i[0][0], i[0][1] or "")):
+        objects = "object" if count == 1 else "objects"
+        if where is None:
+            lines.append(f"ignored {count} {kind} {objects}: plan does not read this kind")
+        else:
+            lines.append(
+                f"ignored {count} {kind} {objects} in namespace {where}: "
+                f"not the operator namespace ({namespace}; --namespace)"
+            )
+    return lines
 
 
 def _cannot_read(name: str, exc: OSError | UnicodeDecodeError) -> UsageError:

@@ -1,19 +1,19 @@
-"""``shared-svc run``: the long-running service. Flags override the environment."""
+"""``shared-svc run``: the long-running service. Every setting is a flag (generated from
+``shared_svc.config.Config``); flags override the environment."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import sys
 from typing import Any
 
-from pydantic import ValidationError
-
 from shared_svc import __version__
-from shared_svc.config import Config
+from shared_svc.config import Config, add_flags, flag_values, load, unknown_env
 from shared_svc.errors import UsageError
 
 log = logging.getLogger("shared_svc")
@@ -22,61 +22,21 @@ log = logging.getLogger("shared_svc")
 _SECRET = re.compile(r"token|password|secret|credential", re.IGNORECASE)
 
 
-def _bool(value: str) -> bool:
-    lowered = value.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-# flag -> (Config field, argparse kwargs). The configuration reference in
-# docs/configuration.md lists the same fields; a test keeps them in step.
-FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--namespace": ("namespace", {}),
-    "--selector-mode": ("selector_mode", {"choices": ["auto", "app"]}),
-    "--adopt": ("adopt", {"type": _bool, "metavar": "BOOL"}),
-    "--services-controller": ("services_controller", {"type": _bool, "metavar": "BOOL"}),
-    "--upgrade-controller": ("upgrade_controller", {"type": _bool, "metavar": "BOOL"}),
-    "--dry-run": ("dry_run", {"type": _bool, "metavar": "BOOL", "nargs": "?", "const": True}),
-    "--kubeconfig": ("kubeconfig", {}),
-    "--pod-name": ("pod_name", {}),
-    "--bind-address": ("bind_address", {}),
-    "--port": ("port", {"type": int}),
-    "--leader-election": ("leader_election", {"type": _bool, "metavar": "BOOL"}),
-    "--lease-name": ("lease_name", {}),
-    "--resync-seconds": ("resync_seconds", {"type": float}),
-    "--log-level": ("log_level", {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]}),
-    "--upgrade-driver-name": ("upgrade_driver_name", {}),
-    "--upgrade-detection": ("upgrade_detection", {"choices": ["off", "report", "evict"]}),
-}
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "run",
         help="run the service (watch, reconcile, serve /livez /readyz /status /metrics)",
-        description="Every setting also reads from the environment (SHARED_SVC_<NAME>, OPERATOR_NAMESPACE, KUBECONFIG); "
-        "see docs/configuration.md.",
+        description="Run the service. Every setting is a flag and an environment variable "
+        "(shown with its default after each flag); a flag overrides its environment "
+        "variable, which overrides the default. See docs/configuration.md.",
     )
-    for flag, (field, kwargs) in FLAGS.items():
-        description = Config.model_fields[field].description
-        parser.add_argument(flag, dest=field, default=None, help=description, **kwargs)
+    add_flags(parser)
     parser.set_defaults(handler=_run)
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    overrides = {
-        f: getattr(args, f) for _, (f, _) in FLAGS.items() if getattr(args, f, None) is not None
-    }
-    try:
-        return Config(**overrides)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
-        )
-        raise UsageError(f"invalid configuration: {problems}") from exc
+    """The settings of ``run``: its flags over the environment over the defaults."""
+    return load(flag_values(args))
 
 
 def effective_config(config: Config) -> dict[str, Any]:
@@ -88,11 +48,19 @@ def effective_config(config: Config) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = load_config(args)
+    warnings = unknown_env(os.environ)
+    try:
+        config = load_config(args)
+    except UsageError:
+        for warning in warnings:  # a misspelt name may be why (one of a pair, say)
+            print(f"shared-svc: warning: {warning}", file=sys.stderr)
+        raise
     from shared_svc import logs
     from shared_svc.service import Service
 
     logs.configure(config.log_level)
+    for warning in warnings:
+        log.warning(warning)
     log.info("starting", extra={"version": __version__, "config": effective_config(config)})
 
     async def main() -> None:

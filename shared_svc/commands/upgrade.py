@@ -27,11 +27,11 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from shared_svc.config import add_flags, flag_values, load, unknown_env
 from shared_svc.errors import UsageError
 
 T = TypeVar("T")
@@ -45,10 +45,10 @@ def register(subparsers: Any) -> None:
         "upgrade",
         help="driver-upgrade consumers: opt a DaemonSet in to parking; show upgrading nodes",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="upgrade_command", metavar="SUBCOMMAND")
-    parser.set_defaults(handler=lambda _args: _usage(parser))
+    commands = parser.add_subparsers(
+        dest="upgrade_command", metavar="SUBCOMMAND", title="subcommands", required=True
+    )
 
     prepare = commands.add_parser(
         "prepare-daemonset",
@@ -87,8 +87,8 @@ def register(subparsers: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever) "
-        "(default: 600; a positive value in the policy is kept)",
+        help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever); "
+        "a positive value in the policy is kept [default: 600]",
     )
     _common(gate)
     gate.set_defaults(handler=configure_gate)
@@ -96,59 +96,24 @@ def register(subparsers: Any) -> None:
     status = commands.add_parser(
         "status", help="upgrading nodes: state, what was freed, what still blocks"
     )
-    status.add_argument(
-        "-o", "--output", choices=("text", "json"), default="text", help="default: text"
-    )
+    status.add_argument("-o", "--output", choices=("text", "json"), default="text")
     _common(status)
     status.set_defaults(handler=show_status)
 
 
+# The settings these commands read, as ``shared-svc run`` names them (shared_svc.config).
+SETTINGS = ("kubeconfig", "namespace", "upgrade_driver_name", "upgrade_consumer_selector")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)",
-    )
-    parser.add_argument(
-        "--driver-name",
-        metavar="NAME",
-        help="driver name of the upgrade labels (default: $SHARED_SVC_UPGRADE_DRIVER_NAME or gpu)",
-    )
-    parser.add_argument(
-        "--consumer-selector",
-        metavar="SELECTOR",
-        help="the service's declared-consumer selector (default: "
-        "$SHARED_SVC_UPGRADE_CONSUMER_SELECTOR or nvidia.com/gpu-driver-upgrade.consumer=true)",
-    )
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    add_flags(parser, SETTINGS)
 
 
 def _config(args: argparse.Namespace) -> Any:
-    """The service's Config (environment included), with --kubeconfig/--driver-name on top."""
-    from pydantic import ValidationError
-
-    from shared_svc.config import Config
-
-    overrides: dict[str, Any] = {}
-    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
-    if not kubeconfig and (Path.home() / ".kube" / "config").exists():
-        kubeconfig = str(Path.home() / ".kube" / "config")
-    if kubeconfig:
-        overrides["kubeconfig"] = kubeconfig
-    if args.driver_name:
-        overrides["upgrade_driver_name"] = args.driver_name
-    if getattr(args, "consumer_selector", None) is not None:
-        overrides["upgrade_consumer_selector"] = args.consumer_selector
-    try:
-        return Config(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise UsageError(f"invalid setting {where}: {first.get('msg')}") from None
+    """The service's settings: these flags over the environment over the defaults."""
+    for warning in unknown_env(os.environ):
+        print(f"shared-svc: warning: {warning}", file=sys.stderr)
+    return load(flag_values(args, SETTINGS))
 
 
 def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> T:
@@ -156,12 +121,12 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> 
     from aiohttp import ClientError
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.service import make_api_client
+    from shared_svc.kubeconfig import api_client
 
     config = _config(args)
 
     async def main() -> T:
-        api = await make_api_client(config)
+        api = await api_client(config.kubeconfig)
         try:
             return await body(api, config)
         finally:
@@ -391,7 +356,7 @@ def configure_gate(args: argparse.Namespace) -> int:
 
 async def gather_gate(api: Any, config: Any) -> dict[str, Any]:
     """The active ClusterPolicy's gate, checked against the consumer selector (the service's
-    default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR / --consumer-selector): the same pure
+    default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR / --upgrade-consumer-selector): the same pure
     check the service makes (its verdict is in its /status)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
