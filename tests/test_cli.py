@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -23,8 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No setting, kubeconfig or cluster from the machine running the tests."""
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No setting, kubeconfig or cluster from the machine running the tests; the logging
+    that ``run`` sets up (its JSON handler on the root logger) undone afterwards."""
     import os
 
     for key in list(os.environ):
@@ -37,6 +39,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         ):
             monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def run_args(*argv: str) -> argparse.Namespace:
@@ -128,6 +135,21 @@ def test_a_bad_value_is_one_line_exit_2(
     assert cli.main(["run", *argv]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert line.startswith("shared-svc: error: invalid configuration: ") and message in line
+
+
+def test_upgrade_reads_the_same_settings_under_the_same_flags(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["upgrade", "status", "--namespace", "Bad"]) == 2
+    assert one_line_error(capsys.readouterr().err) == (
+        "shared-svc: error: invalid configuration: --namespace 'Bad': String should match "
+        "pattern '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"
+    )
+    monkeypatch.setenv("SHARED_SVC_UPGRADE_DRIVER_NAME", "Bad_")
+    assert cli.main(["upgrade", "configure-gate"]) == 2
+    assert "SHARED_SVC_UPGRADE_DRIVER_NAME='Bad_'" in one_line_error(capsys.readouterr().err)
+    with pytest.raises(SystemExit):  # the old spellings are gone: one name per setting
+        cli.main(["upgrade", "status", "--driver-name", "gpu"])
 
 
 # --- 2. unknown SHARED_SVC_* variables ---
