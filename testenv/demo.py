@@ -75,24 +75,64 @@ def step(n: int, title: str, why: str) -> None:
         say(f"    {line.strip()}")
 
 
-async def _walk(cp: Any, log_file: Path) -> None:
+async def connect(cp: Any, log_file: Path) -> Any:
+    """Sends the service's logs (JSON lines) to ``log_file``; returns an admin API client
+    of the control plane ``cp``."""
     from kubernetes_asyncio import client, config
 
     from shared_svc import logs
-    from shared_svc.config import Config
-    from shared_svc.service import Service
-    from testenv.workloads import DcgmWorkloads
 
     logs.configure("INFO")
     handler = logging.FileHandler(log_file)
     handler.setFormatter(logs.JsonFormatter())
     logging.getLogger().handlers[:] = [handler]
-
     configuration = client.Configuration()
     await config.load_kube_config(
         config_file=str(cp.kubeconfig), client_configuration=configuration
     )
-    api = client.ApiClient(configuration=configuration)
+    return client.ApiClient(configuration=configuration)
+
+
+def demo_config(cp: Any, **settings: Any) -> Any:
+    """The service's settings in the demos: namespace ``gpu-operator`` on the control plane
+    ``cp``, endpoints on a free 127.0.0.1 port, quick coalescing; ``settings`` add to them."""
+    from shared_svc.config import Config
+
+    base: dict[str, Any] = {
+        "namespace": NS,
+        "kubeconfig": str(cp.kubeconfig),
+        "bind_address": "127.0.0.1",
+        "port": 0,
+        "pod_name": "shared-svc-demo",
+        "coalesce_seconds": 0.1,
+    }
+    return Config(**{**base, **settings})
+
+
+async def events_table(api: Any, namespaces: tuple[str, ...]) -> None:
+    """shared-svc's Events in ``namespaces``, as a table."""
+    from kubernetes_asyncio import client
+
+    events: Any = client.EventsV1Api(api)
+    rows = [
+        (e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70])
+        for ns in namespaces
+        for e in (await events.list_namespaced_event(ns)).items
+        if e.reporting_controller == "nvidia.com/shared-svc"
+    ]
+    if rows:
+        _table(("TYPE", "REASON", "REGARDING", "NOTE"), sorted(rows, key=lambda r: r[1]))
+    else:
+        say("    no Events: nothing contested, nothing to warn about")
+
+
+async def _walk(cp: Any, log_file: Path) -> None:
+    from kubernetes_asyncio import client
+
+    from testenv.service import running
+    from testenv.workloads import DcgmWorkloads, cp_body, gc_body
+
+    api = await connect(cp, log_file)
     # Plain dict bodies throughout: the typed client models add nothing to a demo.
     core: Any = client.CoreV1Api(api)
     custom: Any = client.CustomObjectsApi(api)
@@ -105,8 +145,12 @@ async def _walk(cp: Any, log_file: Path) -> None:
         """A ClusterPolicy, the DCGM DaemonSets with their pods, and the two Services the
          operator created with controller owner references (only one controller is allowed).""",
     )
+    spec = {"enabled": True, "service": {"internalTrafficPolicy": "Cluster"}}
     cp_obj = await custom.create_cluster_custom_object(
-        "nvidia.com", "v1", "clusterpolicies", _cluster_policy()
+        "nvidia.com",
+        "v1",
+        "clusterpolicies",
+        cp_body(dcgm={"enabled": True}, dcgmExporter=spec),
     )
     owner = {
         "apiVersion": "nvidia.com/v1",
@@ -145,103 +189,97 @@ async def _walk(cp: Any, log_file: Path) -> None:
          either stack can own the Service too. Selectors stay on app labels: the pods have no
          common label yet, and switching now would drop endpoints.""",
     )
-    cfg = Config(
-        namespace=NS,
-        kubeconfig=str(cp.kubeconfig),
-        bind_address="127.0.0.1",
-        port=0,
-        pod_name="shared-svc-demo",
+    cfg = demo_config(
+        cp,
         leader_election=True,
         lease_duration_seconds=6,
         renew_deadline_seconds=4,
         retry_period_seconds=1,
-        coalesce_seconds=0.1,
     )
-    service = Service(cfg)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(service.run(stop))
     try:
-        await asyncio.wait_for(service.started.wait(), 30)
-        await _settle(service)
-        await _show(core)
+        async with running(cfg) as service:
+            await _settle(service)
+            await _show(core)
 
-        step(
-            3,
-            "gpu-operator rolls out pods carrying the common labels",
-            """Once the DaemonSet's rollout is complete and every pod carries
-             nvidia.com/gpu-operator.dcgm(-exporter)=true, the stable names move to the common label.""",
-        )
-        for app in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
-            await workloads.daemonset(app, common=True)
-            for node in ("node-a", "node-b"):
-                await workloads.pod(f"{app}-{node}", app, common=True)
-        await _settle(service)
-        await _show(core)
+            step(
+                3,
+                "gpu-operator rolls out pods carrying the common labels",
+                """Once the DaemonSet's rollout is complete and every pod carries
+                 nvidia.com/gpu-operator.dcgm(-exporter)=true, the stable names move to the common label.""",
+            )
+            for app in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
+                await workloads.daemonset(app, common=True)
+                for node in ("node-a", "node-b"):
+                    await workloads.pod(f"{app}-{node}", app, common=True)
+            await _settle(service)
+            await _show(core)
 
-        step(
-            4,
-            "Migration begins: a GPUCluster (DRA stack) is created",
-            """Both CRs now own the stable Services (sorted, non-controller references). The DRA
-             stack also gets its -dra names. Its pods are not labelled yet, so the stable names keep
-             the legacy selector and the -dra exporter is scraped as well: no exporter goes unscraped.""",
-        )
-        await custom.create_cluster_custom_object(
-            "nvidia.com", "v1alpha1", "gpuclusters", _gpu_cluster()
-        )
-        for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
-            await workloads.daemonset(app, common=False)
-            for node in ("node-c",):
-                await workloads.pod(f"{app}-{node}", app, common=False)
-        await _settle(service)
-        await _show(core)
-        _show_pending(service)
+            step(
+                4,
+                "Migration begins: a GPUCluster (DRA stack) is created",
+                """Both CRs now own the stable Services (sorted, non-controller references). The DRA
+                 stack also gets its -dra names. Its pods are not labelled yet, so the stable names keep
+                 the legacy selector and the -dra exporter is scraped as well: no exporter goes unscraped.""",
+            )
+            await custom.create_cluster_custom_object(
+                "nvidia.com", "v1alpha1", "gpuclusters", gc_body()
+            )
+            for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
+                await workloads.daemonset(app, common=False)
+                for node in ("node-c",):
+                    await workloads.pod(f"{app}-{node}", app, common=False)
+            await _settle(service)
+            await _show(core)
+            _show_pending(service)
 
-        step(
-            5,
-            "The ClusterPolicy is deleted",
-            """Its references are removed; nvidia-dcgm and nvidia-dcgm-exporter stay, with the same
-             clusterIPs, now selecting the DRA pods. Consumers using the stable DNS names never noticed.""",
-        )
-        await custom.delete_cluster_custom_object(
-            "nvidia.com", "v1", "clusterpolicies", "cluster-policy"
-        )
-        await _settle(service)
-        await _show(core)
+            step(
+                5,
+                "The ClusterPolicy is deleted",
+                """Its references are removed; nvidia-dcgm and nvidia-dcgm-exporter stay, with the same
+                 clusterIPs, now selecting the DRA pods. Consumers using the stable DNS names never noticed.""",
+            )
+            await custom.delete_cluster_custom_object(
+                "nvidia.com", "v1", "clusterpolicies", "cluster-policy"
+            )
+            await _settle(service)
+            await _show(core)
 
-        step(
-            6,
-            "The DRA pods roll out with the common labels",
-            "The stable names move to the common labels; the -dra names keep their own.",
-        )
-        for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
-            await workloads.daemonset(app, common=True)
-            await workloads.pod(f"{app}-node-c", app, common=True)
-        await _settle(service)
-        await _show(core)
+            step(
+                6,
+                "The DRA pods roll out with the common labels",
+                "The stable names move to the common labels; the -dra names keep their own.",
+            )
+            for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
+                await workloads.daemonset(app, common=True)
+                await workloads.pod(f"{app}-node-c", app, common=True)
+            await _settle(service)
+            await _show(core)
 
-        step(7, "What shared-svc reported", "Events (events.k8s.io/v1) and an excerpt of /status.")
-        events: Any = client.EventsV1Api(api)
-        rows = []
-        for ns in (NS, "default"):
-            for e in (await events.list_namespaced_event(ns)).items:
-                if e.reporting_controller == "nvidia.com/shared-svc":
-                    rows.append(
-                        (e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70])
-                    )
-        _table(("TYPE", "REASON", "REGARDING", "NOTE"), sorted(rows, key=lambda r: r[1]))
-        status = service.status()
-        excerpt = {
-            k: status[k]
-            for k in ("leader", "leaseHolder", "lastReconcile", "conflicts", "pending", "errors")
-        }
-        excerpt["objects"] = [
-            {k: o[k] for k in ("kind", "name", "neededBy", "selector")} for o in status["objects"]
-        ]
-        say(json.dumps(excerpt, indent=2))
-        say(f"\nThe service's JSON logs: {shared_log(service)}")
+            step(
+                7,
+                "What shared-svc reported",
+                "Events (events.k8s.io/v1) and an excerpt of /status.",
+            )
+            await events_table(api, (NS, "default"))
+            status = service.status()
+            excerpt = {
+                k: status[k]
+                for k in (
+                    "leader",
+                    "leaseHolder",
+                    "lastReconcile",
+                    "conflicts",
+                    "pending",
+                    "errors",
+                )
+            }
+            excerpt["objects"] = [
+                {k: o[k] for k in ("kind", "name", "neededBy", "selector")}
+                for o in status["objects"]
+            ]
+            say(json.dumps(excerpt, indent=2))
+            say(f"\nThe service's JSON logs: {shared_log(service)}")
     finally:
-        stop.set()
-        await asyncio.gather(task, return_exceptions=True)
         await api.close()
     say("\nDone: the service stopped gracefully and released its Lease.")
 
@@ -288,35 +326,3 @@ def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     for row in (header, *rows):
         say("    " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
-
-
-def _cluster_policy() -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        k: {}
-        for k in (
-            "operator",
-            "driver",
-            "toolkit",
-            "devicePlugin",
-            "gfd",
-            "nodeStatusExporter",
-            "daemonsets",
-        )
-    }
-    spec["dcgm"] = {"enabled": True}
-    spec["dcgmExporter"] = {"enabled": True, "service": {"internalTrafficPolicy": "Cluster"}}
-    return {
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": "cluster-policy"},
-        "spec": spec,
-    }
-
-
-def _gpu_cluster() -> dict[str, Any]:
-    return {
-        "apiVersion": "nvidia.com/v1alpha1",
-        "kind": "GPUCluster",
-        "metadata": {"name": "gpu-cluster"},
-        "spec": {"draDriver": {}, "dcgm": {"enabled": True}, "dcgmExporter": {"enabled": True}},
-    }

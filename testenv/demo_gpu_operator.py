@@ -13,7 +13,6 @@ no-ops, so shared-svc's shape stays and neither side writes again. Needs a sourc
 from __future__ import annotations
 
 import asyncio
-import logging
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +21,17 @@ from typing import Any
 import yaml
 
 from shared_svc.errors import UsageError
-from testenv.demo import NS, _settle, _show, _table, say, step
+from testenv.demo import (
+    NS,
+    _settle,
+    _show,
+    _table,
+    connect,
+    demo_config,
+    events_table,
+    say,
+    step,
+)
 
 NAMES = ("nvidia-dcgm", "nvidia-dcgm-exporter")
 OPERANDS = ("nvidia-operator-validator", "nvidia-dcgm", "nvidia-dcgm-exporter")
@@ -80,22 +89,12 @@ def guard_manifests() -> list[dict[str, Any]]:
 
 
 async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) -> None:
-    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio import client
 
-    from shared_svc import logs
-    from shared_svc.config import Config
-    from shared_svc.service import Service
     from testenv import gpu_operator as gpu_env
+    from testenv.service import running
 
-    logs.configure("INFO")
-    handler = logging.FileHandler(log_file)
-    handler.setFormatter(logs.JsonFormatter())
-    logging.getLogger().handlers[:] = [handler]
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(cp.kubeconfig), client_configuration=configuration
-    )
-    api = client.ApiClient(configuration=configuration)
+    api = await connect(cp, log_file)
     core: Any = client.CoreV1Api(api)
 
     async def blocking(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -160,79 +159,58 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
          the managed-by label is added. Without the guard, gpu-operator's next PUT would undo this
          and shared-svc would report a ConflictingWriter.""",
     )
-    cfg = Config(
-        namespace=NS,
-        kubeconfig=str(cp.kubeconfig),
-        bind_address="127.0.0.1",
-        port=0,
-        pod_name="shared-svc-demo",
-        leader_election=False,
-        coalesce_seconds=0.1,
-        discovery_seconds=1.0,
-    )
-    service = Service(cfg)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(service.run(stop))
+    cfg = demo_config(cp, leader_election=False, discovery_seconds=1.0)
     try:
-        await asyncio.wait_for(service.started.wait(), 30)
-        await _settle(service)
-        await _show(core, NAMES)
+        async with running(cfg) as service:
+            await _settle(service)
+            await _show(core, NAMES)
 
-        step(
-            4,
-            f"gpu-operator keeps reconciling for {WATCH_SECONDS} s",
-            """Its PUTs are accepted and change nothing: the resourceVersions stay, and shared-svc
-             has nothing to repair.""",
-        )
-        assert service.writer is not None
-        rv_before, writes_before = await versions(), sum(service.writer.writes.values())
-        counts_before, start = await blocking(gpu_env.request_counts, cp), gpu_env.now()
-        await asyncio.sleep(WATCH_SECONDS)
-        rv_after, writes_after = await versions(), sum(service.writer.writes.values())
-        counts_after = await blocking(gpu_env.request_counts, cp)
-        updates = op.updates(start)
-        refused = sum(
-            n - counts_before[key]
-            for key, n in counts_after.items()
-            if key[0] == "PUT" and key[1] != "200"
-        )
-        say(
-            f"    gpu-operator: {op.reconciles(start)} reconciles, PUTting "
-            f"{' and '.join(f'{n} {updates[n]} times' for n in NAMES)}; "
-            + ("every PUT accepted (200)" if not refused else f"{refused} PUTs refused")
-        )
-        for name in NAMES:
-            verdict = "unchanged" if rv_before[name] == rv_after[name] else "CHANGED"
-            say(f"    {name}: resourceVersion {rv_before[name]} -> {rv_after[name]} ({verdict})")
-        say(f"    shared-svc: {writes_after - writes_before} writes")
-        await _show(core, NAMES)
+            step(
+                4,
+                f"gpu-operator keeps reconciling for {WATCH_SECONDS} s",
+                """Its PUTs are accepted and change nothing: the resourceVersions stay, and shared-svc
+                 has nothing to repair.""",
+            )
+            assert service.writer is not None
+            rv_before, writes_before = await versions(), sum(service.writer.writes.values())
+            counts_before, start = await blocking(gpu_env.request_counts, cp), gpu_env.now()
+            await asyncio.sleep(WATCH_SECONDS)
+            rv_after, writes_after = await versions(), sum(service.writer.writes.values())
+            counts_after = await blocking(gpu_env.request_counts, cp)
+            updates = op.updates(start)
+            refused = sum(
+                n - counts_before[key]
+                for key, n in counts_after.items()
+                if key[0] == "PUT" and key[1] != "200"
+            )
+            say(
+                f"    gpu-operator: {op.reconciles(start)} reconciles, PUTting "
+                f"{' and '.join(f'{n} {updates[n]} times' for n in NAMES)}; "
+                + ("every PUT accepted (200)" if not refused else f"{refused} PUTs refused")
+            )
+            for name in NAMES:
+                verdict = "unchanged" if rv_before[name] == rv_after[name] else "CHANGED"
+                say(
+                    f"    {name}: resourceVersion {rv_before[name]} -> {rv_after[name]} ({verdict})"
+                )
+            say(f"    shared-svc: {writes_after - writes_before} writes")
+            await _show(core, NAMES)
 
-        step(
-            5,
-            "gpu-operator's DaemonSets become ready",
-            "The ClusterPolicy reaches ready; gpu-operator stops requeueing.",
-        )
-        await operands(ready=True)
-        await state("ready")
-        status = await blocking(gpu_env.cluster_policy_status, cp)
-        say(f"    ClusterPolicy cluster-policy: {status.get('state')}")
+            step(
+                5,
+                "gpu-operator's DaemonSets become ready",
+                "The ClusterPolicy reaches ready; gpu-operator stops requeueing.",
+            )
+            await operands(ready=True)
+            await state("ready")
+            status = await blocking(gpu_env.cluster_policy_status, cp)
+            say(f"    ClusterPolicy cluster-policy: {status.get('state')}")
 
-        step(6, "What shared-svc reported", "Its Events and the guard in /status.")
-        events: Any = client.EventsV1Api(api)
-        rows = [
-            (e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70])
-            for e in (await events.list_namespaced_event(NS)).items
-            if e.reporting_controller == "nvidia.com/shared-svc"
-        ]
-        if rows:
-            _table(("TYPE", "REASON", "REGARDING", "NOTE"), sorted(rows, key=lambda r: r[1]))
-        else:
-            say("    no Events: nothing contested, nothing to warn about")
-        guard = service.status()["admissionGuard"]
-        say(f"    admissionGuard: mode={guard['mode']} objects={guard['objects']}")
-        say(f"\nThe service's JSON logs: {log_file}")
+            step(6, "What shared-svc reported", "Its Events and the guard in /status.")
+            await events_table(api, (NS,))
+            guard = service.status()["admissionGuard"]
+            say(f"    admissionGuard: mode={guard['mode']} objects={guard['objects']}")
+            say(f"\nThe service's JSON logs: {log_file}")
     finally:
-        stop.set()
-        await asyncio.gather(task, return_exceptions=True)
         await api.close()
     say("\nDone: shared-svc stopped; gpu-operator and its control plane stop next.")

@@ -16,6 +16,37 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.reconcile.names import COMMON_LABEL
 
 IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4"
+# The keys the project's ClusterPolicy CRD requires (testenv/crds/).
+CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
+
+
+def cp_body(name: str = "cluster-policy", **spec: Any) -> dict[str, Any]:
+    """A ClusterPolicy that passes the CRD (required keys present); ``spec`` overrides blocks."""
+    full: dict[str, Any] = {k: {} for k in CP_REQUIRED}
+    full.update({"daemonsets": {}, "dcgm": {}, "dcgmExporter": {}})
+    full.update(spec)
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": full,
+    }
+
+
+def gc_body(**spec: Any) -> dict[str, Any]:
+    """The GPUCluster (its CRD allows the name ``gpu-cluster`` only); ``spec`` overrides blocks."""
+    full: dict[str, Any] = {
+        "draDriver": {},
+        "dcgm": {"enabled": True},
+        "dcgmExporter": {"enabled": True},
+    }
+    full.update(spec)
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": full,
+    }
 
 
 def pod_labels(app: str, *, common: bool) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -20,41 +19,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.config import Config
 from shared_svc.service import Service
 from testenv import ControlPlane
+from testenv.service import running as running  # the tests' way to run the service
 from testenv.workloads import DcgmWorkloads
+from testenv.workloads import cp_body as cp_body  # the tests' CR bodies
+from testenv.workloads import gc_body as gc_body
 
-CP_REQUIRED = ("operator", "driver", "toolkit", "devicePlugin", "gfd", "nodeStatusExporter")
 COMMON = {
     "dcgm": "nvidia.com/gpu-operator.dcgm",
     "exporter": "nvidia.com/gpu-operator.dcgm-exporter",
 }
-
-
-def cp_body(name: str = "cluster-policy", **spec: Any) -> dict[str, Any]:
-    """A ClusterPolicy that passes the CRD (required keys present); ``spec`` overrides blocks."""
-    full: dict[str, Any] = {k: {} for k in CP_REQUIRED}
-    full.update({"daemonsets": {}, "dcgm": {}, "dcgmExporter": {}})
-    full.update(spec)
-    return {
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": name},
-        "spec": full,
-    }
-
-
-def gc_body(**spec: Any) -> dict[str, Any]:
-    full: dict[str, Any] = {
-        "draDriver": {},
-        "dcgm": {"enabled": True},
-        "dcgmExporter": {"enabled": True},
-    }
-    full.update(spec)
-    return {
-        "apiVersion": "nvidia.com/v1alpha1",
-        "kind": "GPUCluster",
-        "metadata": {"name": "gpu-cluster"},
-        "spec": full,
-    }
 
 
 class Kube:
@@ -170,25 +143,6 @@ def service_config(control_plane: ControlPlane, namespace: str, **overrides: Any
     }
     base.update(overrides)
     return Config(**base)
-
-
-@contextlib.asynccontextmanager
-async def running(config: Config) -> AsyncIterator[Service]:
-    """Runs the service in this event loop until the block ends (then a graceful stop)."""
-    service = Service(config)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(service.run(stop))
-    started = asyncio.ensure_future(service.started.wait())
-    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()  # raises what stopped it
-    if started not in done:
-        raise AssertionError("service did not start within 30s")
-    try:
-        yield service
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=60)
 
 
 async def settle(service: Service, timeout: float = 30.0, quiet: float = 0.4) -> None:
