@@ -328,7 +328,9 @@ def test_bad_configuration_is_one_line_exit_2() -> None:
         env={**os.environ, "KUBECONFIG": "/nonexistent"},
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("shared-svc: error: invalid configuration: port:"), proc.stderr
+    assert proc.stderr.startswith("shared-svc: error: invalid configuration: --port '99999':"), (
+        proc.stderr
+    )
     assert "Traceback" not in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", "/nonexistent"],
