@@ -80,7 +80,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+        unsaid = action.default is None or action.default is False or action.default == []
+        if unsaid or action.default is argparse.SUPPRESS or "default" in text:
             return text
         return super()._get_help_string(action)
 

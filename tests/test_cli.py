@@ -63,7 +63,9 @@ def test_every_setting_is_a_run_flag_with_its_default_and_variable() -> None:
     [run] = [p for p in _parsers(cli.build_parser()) if p.prog == "shared-svc run"]
     text = " ".join(run.format_help().split("\nsettings:", 1)[1].split())
     for name in Config.model_fields:
-        flagged = re.search(re.escape(flag(name)) + r" (\S+) (.*?; env: .*?)\]", text)
+        flagged = re.search(
+            re.escape(flag(name)) + r" (\S+) (.*?; env: [A-Z_]+(?: or [A-Z_]+)?)", text
+        )
         assert flagged, f"{flag(name)} missing from run --help"
         assert "default:" in flagged.group(2), flagged.group(0)
         for env in env_names(name):

@@ -119,14 +119,14 @@ def register(subparsers: Any) -> None:
         type=_positive,
         default=None,
         metavar="N",
-        help=f"validity of a new certificate [default: {VALIDITY_DAYS}]",
+        help=f"validity of a new certificate (default: {VALIDITY_DAYS})",
     )
     certs.add_argument(
         "--renew-before-days",
         type=_positive,
         default=None,
         metavar="N",
-        help=f"replace the certificate this long before it expires [default: {RENEW_BEFORE_DAYS}]",
+        help=f"replace the certificate this long before it expires (default: {RENEW_BEFORE_DAYS})",
     )
     add_flags(certs, ["kubeconfig"])
     certs.set_defaults(handler=_certs)

@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="N",
         help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever); "
-        "a positive value in the policy is kept [default: 600]",
+        "a positive value in the policy is kept (default: 600)",
     )
     _common(gate)
     gate.set_defaults(handler=configure_gate)
@@ -96,7 +96,9 @@ def register(subparsers: Any) -> None:
     status = commands.add_parser(
         "status", help="upgrading nodes: state, what was freed, what still blocks"
     )
-    status.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    status.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="output format"
+    )
     _common(status)
     status.set_defaults(handler=show_status)
 
