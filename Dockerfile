@@ -22,6 +22,9 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m venv --without-pip /opt/venv \
     && pip --python /opt/venv/bin/python install --no-deps --require-hashes -r requirements.lock
+# The package only (what `shared-svc run`, `plan`, `upgrade` and the chart's `admission` hook
+# Jobs run): the checkout's development package testenv/ (control plane, demo) and the tests
+# stay out; tests/test_packaging.py checks the wheel's file list.
 COPY pyproject.toml README.md ./
 COPY shared_svc/ shared_svc/
 RUN pip wheel --no-deps --wheel-dir /wheels . \
