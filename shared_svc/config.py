@@ -200,10 +200,10 @@ class Config(BaseSettings):
         description="Re-list upgrading nodes and reconcile each (gpu-operator requeues every 2 min).",
     )
     upgrade_workers: int = Field(
-        default=4,
+        default=32,
         ge=1,
         le=64,
-        description="Nodes handled at once by the driver-upgrade controller.",
+        description="Nodes handled at once by the driver-upgrade controller (each sends its evictions at once).",
     )
 
     @field_validator("upgrade_consumer_selector")

@@ -10,7 +10,7 @@ import pytest
 from shared_svc.config import Config
 from shared_svc.errors import UsageError
 from shared_svc.reconcile.model import Report
-from shared_svc.upgrade.controller import NodeQueue, UpgradeController
+from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
@@ -100,24 +100,6 @@ async def test_run_handles_nodes_retries_failures_and_stops() -> None:
     assert all(PARKED in n["metadata"]["labels"] for n in io.nodes.values())
     assert sum(1 for w in io.writes if type(w).__name__ == "PodAction") == 5
     assert controller.status()["errors"] == {}  # the failure was retried and cleared
-
-
-async def test_queue_deduplicates_and_reruns_a_node_changed_while_active() -> None:
-    queue = NodeQueue()
-    queue.add("a")
-    queue.add("a")
-    assert len(queue) == 1
-    assert await queue.get() == "a"
-    queue.add("a")  # changed while being handled
-    assert len(queue) == 0
-    queue.done("a")
-    assert len(queue) == 1
-    queue.add_after("b", 0.01)
-    queue.add_after("b", 10)  # the earlier timer wins
-    assert await asyncio.wait_for(queue.get(), 1) == "a"
-    queue.done("a")
-    assert await asyncio.wait_for(queue.get(), 1) == "b"
-    queue.close()
 
 
 def test_patches_of_foreign_keys_are_refused() -> None:
@@ -210,7 +192,7 @@ async def test_unknown_state_is_warned_once_per_node_and_value(
     sent = [(r.reason, r.type, r.regarding.name) for r in recorder.reports]
     assert sent == [("UpgradeStateUnknown", "Warning", n) for n in ("a", "b", "a")]
     assert "node-maintenance-required" in recorder.reports[0].note
-    assert controller.status()["nodes"]["a"]["unknown_state"] is True
+    assert controller.status()["nodes"]["a"]["unknownState"] is True
 
 
 async def test_unknown_state_standby_logs_and_the_leader_sends_the_event() -> None:

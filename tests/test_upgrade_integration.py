@@ -446,7 +446,7 @@ async def test_unprepared_daemonset_consumer_blocks_until_prepared(
     assert warning["type"] == "Warning"
     assert f"DaemonSet {ns}/exporter" in warning["note"] and "prepare-daemonset" in warning["note"]
     status = running.controller.status()["nodes"][node]
-    assert status["phase"] == "freeing" and status["unprepared_daemonsets"] == [f"{ns}/exporter"]
+    assert status["phase"] == "freeing" and status["unpreparedDaemonsets"] == [f"{ns}/exporter"]
     assert not await has_reason(api, node, "GPUConsumersFreed")
     assert await pod_state(api, ns, pod["metadata"]["name"]) == "running"
 
@@ -646,7 +646,7 @@ async def test_freed_consumers_still_there_at_pod_restart_required_warn_on_the_n
     assert f"{ns}/triton" in warning["note"] and ds_pod_key in warning["note"]
     assert "configure-gate" in warning["note"]
     status = running.controller.status()["nodes"][node]
-    assert status["restart_race"] == sorted([f"{ns}/triton", ds_pod_key])
+    assert status["restartRace"] == sorted([f"{ns}/triton", ds_pod_key])
     out = await status_command(control_plane, capsys)
     assert (
         f"at pod-restart-required (the flow did not wait: see the gate): {', '.join(sorted([f'{ns}/triton', ds_pod_key]))}"
@@ -659,3 +659,50 @@ async def test_freed_consumers_still_there_at_pod_restart_required_warn_on_the_n
     assert len(raced) == 1 and (raced[0].get("series") or {}).get("count", 1) == 1
     rec = json.loads((await get_node(api, node))["metadata"]["annotations"][RECORD])
     assert rec["restartRace"] == sorted([f"{ns}/triton", ds_pod_key])
+
+
+async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the_node(
+    api: ApiClient,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 12, upgrade waves: the evictions of one node are in flight together, and the
+    node itself comes from the node cache (no GET of it per pass)."""
+    from shared_svc.upgrade import io as upgrade_io
+
+    real = upgrade_io.raw_request
+    sent: list[tuple[str, str]] = []
+    evicting = {"now": 0, "peak": 0}
+    both = asyncio.Event()
+
+    async def recording(client: ApiClient, method: str, path: str, **kw: Any) -> Any:
+        sent.append((method, path))
+        if not path.endswith("/eviction"):
+            return await real(client, method, path, **kw)
+        evicting["now"] += 1
+        evicting["peak"] = max(evicting["peak"], evicting["now"])
+        if evicting["now"] >= 2:
+            both.set()
+        # Hold each eviction until the other one is in flight too (bounded: sent one
+        # after the other, the first is released after 5 s and the peak stays 1).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(both.wait(), 5)
+        try:
+            return await real(client, method, path, **kw)
+        finally:
+            evicting["now"] -= 1
+
+    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    node = await nodes()
+    await create(api, ex.declared_pod("one", namespace=ns, node_name=node))
+    await create(api, ex.declared_pod("two", namespace=ns, node_name=node))
+    start()
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "one", "terminating"), 30)
+    await eventually(lambda: pod_state_is(api, ns, "two", "terminating"), 30)
+    evictions = [p for m, p in sent if m == "POST" and p.endswith("/eviction")]
+    assert len(evictions) >= 2 and evicting["peak"] == 2, (evictions, evicting)
+    assert ("GET", f"/api/v1/nodes/{node}") not in sent, sent
+    assert ("PATCH", f"/api/v1/nodes/{node}") in sent  # the pass did run (parked label)

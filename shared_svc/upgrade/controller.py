@@ -1,18 +1,19 @@
 """The driver-upgrade loop: per node, on each change and on a periodic resync,
 read node + pods -> ``plan_node`` -> writes -> Events.
 
-Nodes are independent: a work queue hands each node to one worker at a time (several
-nodes at once), a change that arrives while a node is being handled runs it once more
-afterwards, failures are retried per node with capped exponential backoff, and nothing
-escapes the loop. Only the leader writes; a follower (or dry-run) plans and reports
-status only.
+Nodes are independent: the runtime's work queue (``shared_svc.runtime``) hands each node
+to one worker at a time (``upgrade_workers`` nodes at once), a change that arrives while a
+node is being handled runs it once more afterwards, failures are retried per node with
+the runtime's capped exponential backoff, and nothing escapes a worker. A pass reads the
+node from the node cache (no GET) and sends the evictions (or deletes) of the node at
+once. Only the leader writes; a follower (or dry-run) plans and reports status only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,9 +21,12 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from shared_svc.aio import sleep_or_stop
+from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
 from shared_svc.reconcile.model import K8sObject, Report
+from shared_svc.runtime.metrics import RuntimeMetrics
+from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
+from shared_svc.runtime.runnable import Controller, Result, every
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.gate import GateCheck, check_gate
 from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
@@ -38,7 +42,8 @@ from shared_svc.upgrade.settings import UpgradeSettings
 
 log = logging.getLogger(__name__)
 
-# How long a node waits before its next try after a failure, at most (seconds).
+CONTROLLER = "upgrade"  # the ``controller`` / ``name`` label of the runtime's metrics
+# How long a node whose patch met a newer node (409) waits before its next try (seconds).
 CONFLICT_RETRY_SECONDS = 0.05
 
 
@@ -54,72 +59,11 @@ class UpgradeIO(Protocol):
     def node_versions(self) -> dict[str, str]: ...
     def daemonset_objects(self) -> tuple[K8sObject, ...]: ...
     def cluster_policies(self) -> tuple[K8sObject, ...]: ...
-    async def get_node(self, name: str) -> K8sObject | None: ...
+    async def get_node(self, name: str) -> K8sObject | None: ...  # from a cache, no request
     async def pods_on_node(self, name: str) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> None: ...
     async def evict(self, action: PodAction) -> str: ...
     async def delete_pod(self, action: PodAction) -> str: ...
-
-
-DRAIN_SECONDS = 30.0  # how long shutdown waits for the nodes in flight
-
-
-class NodeQueue:
-    """A de-duplicating work queue of node names (controller-runtime's semantics)."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
-        self._active: set[str] = set()
-        self._dirty: set[str] = set()
-        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
-        self.idle = asyncio.Event()  # set while no worker is reconciling a node
-        self.idle.set()
-
-    def __len__(self) -> int:
-        return len(self._queued)
-
-    def add(self, name: str) -> None:
-        if name in self._active:
-            self._dirty.add(name)
-        elif name not in self._queued:
-            self._queued.add(name)
-            self._queue.put_nowait(name)
-
-    def add_after(self, name: str, delay: float) -> None:
-        """Add later; a pending earlier timer for the same node wins."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + max(0.0, delay)
-        current = self._timers.get(name)
-        if current is not None and current[0] <= due:
-            return
-        if current is not None:
-            current[1].cancel()
-        self._timers[name] = (due, loop.call_at(due, self._fire, name))
-
-    def _fire(self, name: str) -> None:
-        self._timers.pop(name, None)
-        self.add(name)
-
-    async def get(self) -> str:
-        name = await self._queue.get()
-        self._queued.discard(name)
-        self._active.add(name)
-        self.idle.clear()
-        return name
-
-    def done(self, name: str) -> None:
-        self._active.discard(name)
-        if not self._active:
-            self.idle.set()
-        if name in self._dirty:
-            self._dirty.discard(name)
-            self.add(name)
-
-    def close(self) -> None:
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
 
 
 class UpgradeController:
@@ -143,7 +87,16 @@ class UpgradeController:
         self._is_leader = is_leader or (lambda: True)
         self._clock = clock
         self.metrics = UpgradeMetrics(registry)
-        self._queue = NodeQueue()
+        self._runtime: Controller[str] = Controller(
+            CONTROLLER,
+            self._reconcile_key,
+            metrics=RuntimeMetrics.of(self.metrics.registry),
+            rate_limiter=ItemExponentialFailureRateLimiter(
+                config.backoff_base_seconds, config.backoff_max_seconds
+            ),
+            workers=config.upgrade_workers,
+            on_beat=self._publish,
+        )
         self._changed = asyncio.Event()
         if io is None:
             from shared_svc.upgrade.io import KubeUpgradeIO
@@ -159,21 +112,36 @@ class UpgradeController:
         self._seen: dict[str, str] = {}
         self._statuses: dict[str, NodeStatus] = {}
         self._errors: dict[str, str] = {}
-        self._failures: Counter[str] = Counter()
         self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
         self._notices_logged: set[str] = set()  # plan.notices: each logged once per process
         self._notices_sent: set[str] = set()  # ... and sent once as an Event
         # What was logged at INFO for a node's last plan; a repeat is logged at DEBUG.
         self._said: dict[str, dict[str, str]] = {}
         self.reconciles = 0
-        self.heartbeat = time.monotonic()  # the runner's liveness check reads it
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
         self._ds_index_cache: dict[str, DaemonSetRef] = {}
         self.gate: GateCheck | None = None  # the upgrade flow's gate, once the caches synced
         self._gate_logged: set[str] = set()  # gate Warnings: logged once, sent once (per process)
         self._gate_sent: set[str] = set()
 
-    # --- the public face for the runner ---
+    # --- the runnable (shared_svc.runtime.runnable.Runnable) ---
+
+    name = CONTROLLER
+    needs_leader = False  # a follower plans too (status, warm caches); only the leader writes
+
+    @property
+    def _queue(self) -> Any:
+        return self._runtime.queue
+
+    def ready(self) -> bool:
+        return self._io.synced()
+
+    def alive(self) -> bool:
+        return self._runtime.alive()
+
+    def leadership_changed(self, leader: bool) -> None:
+        if leader:
+            self.trigger()  # what the last leader left half done
 
     def notify(self) -> None:
         """Something changed (the IO's caches call this): look at the nodes again."""
@@ -182,7 +150,7 @@ class UpgradeController:
     def trigger(self) -> None:
         """Look at every known node again now (e.g. on becoming leader), and the gate."""
         for name in {*self._seen, *self._statuses}:
-            self._queue.add(name)
+            self._runtime.enqueue(name)
         self._changed.set()
 
     def status(self) -> dict[str, Any]:
@@ -191,77 +159,76 @@ class UpgradeController:
             "enabled": True,
             "driver": self.settings.driver_name,
             "detection": self.settings.detection,
-            "dry_run": self._config.dry_run,
+            "dryRun": self._config.dry_run,
             "writing": self._writing(),
             "synced": self._io.synced(),
             "phases": {phase: phases.get(phase, 0) for phase in PHASES},
-            "nodes": {name: self._statuses[name].as_dict() for name in sorted(self._statuses)},
+            "nodes": {
+                name: camel_keys(self._statuses[name].as_dict()) for name in sorted(self._statuses)
+            },
             "errors": dict(sorted(self._errors.items())),
-            "gate": None if self.gate is None else self.gate.as_dict(),
+            "gate": None if self.gate is None else camel_keys(self.gate.as_dict()),
         }
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [
-            asyncio.create_task(self._guard("io", self._io.run, stop)),
-            asyncio.create_task(self._guard("scan", self._scan_loop, stop)),
-            asyncio.create_task(self._guard("resync", self._resync_loop, stop)),
-            asyncio.create_task(self._guard("heartbeat", self._beat_loop, stop)),
+        """Until ``stop``; then the nodes in flight are finished (bounded). The caches and
+        the scan run beside the workers; a cache that ends unexpectedly ends the controller
+        (the runner exits non-zero and Kubernetes restarts the pod)."""
+        io = asyncio.ensure_future(self._io.run(stop))
+        helpers = [
+            asyncio.ensure_future(self._scan_loop(stop)),
+            asyncio.ensure_future(
+                every(
+                    stop,
+                    lambda: self._config.upgrade_resync_seconds,
+                    self.trigger,
+                    name="upgrade-resync",
+                )
+            ),
         ]
-        tasks += [
-            asyncio.create_task(self._guard(f"worker-{i}", self._worker, stop))
-            for i in range(self._config.upgrade_workers)
-        ]
+        workers = asyncio.ensure_future(self._runtime.run(stop))
         try:
-            await stop.wait()
-            # As the Services controller does: finish the nodes in flight before stopping, so
-            # a SIGTERM never cuts a node's writes in half (bounded: a stuck call is cut).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._queue.idle.wait(), DRAIN_SECONDS)
+            await asyncio.wait([io, workers], return_when=asyncio.FIRST_COMPLETED)
+            if io.done() and not stop.is_set():
+                io.result()  # raises what ended the caches
+                raise RuntimeError("the upgrade controller's caches ended unexpectedly")
+            await workers
         finally:
-            for task in tasks:
+            for task in (io, workers, *helpers):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._queue.close()
+            await asyncio.gather(io, workers, *helpers, return_exceptions=True)
 
     # --- loops ---
-
-    async def _guard(
-        self, name: str, loop: Callable[[asyncio.Event], Any], stop: asyncio.Event
-    ) -> None:
-        """Never crash: a loop that fails is logged and started again after a pause."""
-        delay = 0.1
-        while not stop.is_set():
-            try:
-                await loop(stop)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("upgrade controller loop failed; restarting it", extra={"loop": name})
-                await sleep_or_stop(stop, delay)
-                delay = min(delay * 2, self._config.backoff_max_seconds)
 
     def _writing(self) -> bool:
         return not self._config.dry_run and self._is_leader()
 
     async def _scan_loop(self, stop: asyncio.Event) -> None:
-        """Turn cache changes into node names: new or changed resourceVersion, or gone."""
+        """Turn cache changes into node names: new or changed resourceVersion, or gone.
+        A pass that fails is logged and the next change (or resync) tries again."""
         while not stop.is_set():
-            await _wait_or_stop(stop, self._changed)
+            await wait_any(self._changed, stop, self._config.upgrade_resync_seconds)
+            if stop.is_set():
+                return
             self._changed.clear()
             if not self._io.synced():
                 await sleep_or_stop(stop, 0.05)
                 self._changed.set()
                 continue
-            versions = self._io.node_versions()
-            for name, version in versions.items():
-                if self._seen.get(name) != version:
-                    self._queue.add(name)
-            for name in set(self._seen) - set(versions):
-                self._queue.add(name)  # label vanished (or node deleted): look once more
-            self._seen = versions
-            self.metrics.queue_depth.set(len(self._queue))
-            await self._review_gate()
+            try:
+                await self._scan()
+            except Exception:
+                log.exception("upgrade scan failed; trying again on the next change")
+
+    async def _scan(self) -> None:
+        versions = self._io.node_versions()
+        for name, version in versions.items():
+            if self._seen.get(name) != version:
+                self._runtime.enqueue(name)
+        for name in set(self._seen) - set(versions):
+            self._runtime.enqueue(name)  # label vanished (or node deleted): look once more
+        self._seen = versions
+        await self._review_gate()
 
     async def _review_gate(self) -> None:
         """Check the active ClusterPolicy's gate; a Warning on it when freeing races the
@@ -280,63 +247,33 @@ class UpgradeController:
         if sends and report.key not in self._gate_sent and await self._recorder.emit(report):
             self._gate_sent.add(report.key)
 
-    async def _beat_loop(self, stop: asyncio.Event) -> None:
-        """Liveness and the per-phase gauges (summed here, not on every reconcile: O(nodes))."""
-        while not stop.is_set():
-            self.heartbeat = time.monotonic()
-            self._publish()
-            await sleep_or_stop(stop, 1.0)
-
-    async def _resync_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await sleep_or_stop(stop, self._config.upgrade_resync_seconds)
-            self.trigger()
-
-    async def _worker(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            name = await self._queue.get()
-            started = time.perf_counter()
-            try:
-                requeue = await self.reconcile(name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._failed(name, exc)
-            else:
-                self._failures.pop(name, None)
-                self._errors.pop(name, None)
-                self.metrics.reconcile_total.labels(result="ok").inc()
-                if requeue is not None:
-                    self._queue.add_after(name, requeue)
-            finally:
-                self.metrics.reconcile_time.observe(time.perf_counter() - started)
-                self._queue.done(name)
-                self.metrics.queue_depth.set(len(self._queue))
-
-    def _failed(self, name: str, exc: Exception) -> None:
-        if isinstance(exc, NodeChanged):
-            self.metrics.reconcile_total.labels(result="conflict").inc()
-            self._queue.add_after(name, CONFLICT_RETRY_SECONDS)
-            return
-        self._failures[name] += 1
-        n = self._failures[name]
-        delay = min(
-            self._config.backoff_max_seconds, self._config.backoff_base_seconds * 2 ** min(n, 30)
-        )
-        self._errors[name] = f"{type(exc).__name__}: {exc}"[:500]
-        self.metrics.reconcile_total.labels(result="error").inc()
-        log.warning(
-            "upgrade reconcile failed; retrying",
-            extra={"node": name, "error": self._errors[name], "retry_in": round(delay, 3)},
-        )
-        self._queue.add_after(name, delay)
+    async def _reconcile_key(self, name: str) -> Result:
+        """One node, for the runtime's worker: what happened, and when to look again."""
+        try:
+            requeue = await self.reconcile(name)
+        except NodeChanged:
+            # Our patch met a newer node: plan again on it soon (not a failure).
+            return Result("conflict", requeue_after=CONFLICT_RETRY_SECONDS, forget=False)
+        except Exception as exc:
+            self._errors[name] = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning(
+                "upgrade reconcile failed; retrying",
+                extra={
+                    "node": name,
+                    "error": self._errors[name],
+                    "failures": self._runtime.queue.num_requeues(name) + 1,
+                },
+            )
+            return Result("error", retry=True)
+        self._errors.pop(name, None)
+        return Result(requeue_after=requeue)
 
     # --- one node ---
 
     async def reconcile(self, name: str) -> float | None:
         """Plan one node and carry the plan out. Returns when to look again, if sooner than a change."""
         self.reconciles += 1
-        node = await self._io.get_node(name)
+        node = await self._io.get_node(name)  # the node cache's copy: no request
         if node is None:
             self._statuses.pop(name, None)
             self._said.pop(name, None)
@@ -400,24 +337,35 @@ class UpgradeController:
                     cause="done" if plan.status.phase == "restoring" else "aborted"
                 ).inc()
         said: dict[str, str] = {}
-        try:
-            for action in plan.pod_actions:
-                if action.verb == "evict":
-                    outcome = await self._io.evict(action)
-                    self.metrics.evictions.labels(outcome=outcome).inc()
-                else:
-                    outcome = await self._io.delete_pod(action)
-                    self.metrics.deletions.inc()
-                self._say(
-                    said,
-                    plan.node,
-                    f"{action.key}/{action.uid}",
-                    _outcome_line(action, outcome, self.settings.poll_seconds),
-                    pod=action.key,
-                    why=action.why,
-                )
-        finally:
-            self._said[plan.node] = said
+        # The evictions (or deletes) of one node are independent: sent at once, each
+        # outcome counted and logged in plan order; the first failure is raised after.
+        outcomes = await asyncio.gather(
+            *(
+                self._io.evict(action) if action.verb == "evict" else self._io.delete_pod(action)
+                for action in plan.pod_actions
+            ),
+            return_exceptions=True,
+        )
+        failure: BaseException | None = None
+        for action, outcome in zip(plan.pod_actions, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failure = failure or outcome
+                continue
+            if action.verb == "evict":
+                self.metrics.evictions.labels(outcome=outcome).inc()
+            else:
+                self.metrics.deletions.inc()
+            self._say(
+                said,
+                plan.node,
+                f"{action.key}/{action.uid}",
+                _outcome_line(action, outcome, self.settings.poll_seconds),
+                pod=action.key,
+                why=action.why,
+            )
+        self._said[plan.node] = said
+        if failure is not None:
+            raise failure
 
     async def _show(self, plan: NodePlan) -> None:
         """Dry-run or follower: say once what would be written, and (dry-run) report it.
@@ -483,10 +431,9 @@ def _patch_summary(patch: NodePatch) -> str:
     return ", ".join(parts)
 
 
-async def _wait_or_stop(stop: asyncio.Event, event: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(event.wait())]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+_UPPER_AFTER_UNDERSCORE = re.compile(r"_([a-z0-9])")
+
+
+def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
+    """``/status`` speaks camelCase (as the Services controller's and Kubernetes' do)."""
+    return {_UPPER_AFTER_UNDERSCORE.sub(lambda m: m[1].upper(), k): v for k, v in fields.items()}

@@ -1,12 +1,14 @@
 """Prometheus metrics of the driver-upgrade controller (prefix ``shared_svc_upgrade_``).
 
 Registered on the registry the service runner passes (one per running service, see
-``shared_svc.metrics``), or on a private one.
+``shared_svc.metrics``), or on a private one. Its reconcile loop is counted by the
+runtime's metrics (``controller_runtime_*{controller="upgrade"}``, ``workqueue_*{name="upgrade"}``,
+``shared_svc.runtime.metrics``); these are what is proper to upgrades.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 PHASES = ("idle", "freeing", "freed", "parked", "waiting", "restoring", "aborting")
 
@@ -31,18 +33,6 @@ class UpgradeMetrics:
             "GPU consumers whose eviction is refused past the timeout.",
             registry=r,
         )
-        self.reconcile_total = Counter(
-            "shared_svc_upgrade_reconcile_total",
-            "Node reconciles by result.",
-            ["result"],
-            registry=r,
-        )
-        self.reconcile_time = Histogram(
-            "shared_svc_upgrade_reconcile_seconds",
-            "Time per node reconcile (reads, plan, writes).",
-            registry=r,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
         self.evictions = Counter(
             "shared_svc_upgrade_evictions_total",
             "Eviction requests by outcome.",
@@ -65,9 +55,6 @@ class UpgradeMetrics:
             "Nodes restored, by cause (done, aborted).",
             ["cause"],
             registry=r,
-        )
-        self.queue_depth = Gauge(
-            "shared_svc_upgrade_queue_depth", "Nodes waiting for a reconcile.", registry=r
         )
         for phase in PHASES:
             self.nodes.labels(phase=phase).set(0)
