@@ -25,6 +25,7 @@ from testenv import gpu_operator as gpu_env
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "testenv" / "build.sh"
+GPU_OPERATOR_BUILD = REPO / "testenv" / "gpu-operator" / "build.sh"
 
 
 def spawn_detached(script: str, argv0: str) -> int:
@@ -195,9 +196,12 @@ def test_start_then_stop_leaves_no_process(
 
 # --- build.sh ---
 FAKE_GO = """#!/usr/bin/env bash
-# A stand-in for go: records each build, takes a second, writes an executable at -o.
+# A stand-in for go: records each build, takes a second, writes an executable at -o (or,
+# as `go install`, in $GOBIN); `go mod download -json` names $FAKE_GO_MODULE as the source.
 if [[ $1 == version ]]; then echo "go version go0.0-fake linux/amd64"; exit 0; fi
+if [[ $1 == mod ]]; then printf '{\\n\\t"Dir": "%s",\\n}\\n' "$FAKE_GO_MODULE"; exit 0; fi
 echo "build $*" >> "$FAKE_GO_LOG"
+out="${GOBIN:-}/gpu-operator"
 while [[ $# -gt 0 ]]; do [[ $1 == -o ]] && out=$2; shift; done
 sleep 1
 printf '#!/bin/sh\\n' > "$out" && chmod +x "$out"
@@ -253,3 +257,59 @@ def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) 
     )
     assert again.stdout.strip() == directory and "cached build" in again.stderr
     assert len(builds(tmp_path)) == 4
+
+
+def fake_gpu_operator_module(root: Path) -> Path:
+    """The parts of gpu-operator's module source that its build lays out."""
+    for d in ("assets/state-dcgm", "manifests/state-x", "deployments/gpu-operator/crds"):
+        (root / d).mkdir(parents=True)
+    (root / "assets" / "state-dcgm" / "0100_daemonset.yaml").write_text("kind: DaemonSet\n")
+    (root / "deployments" / "gpu-operator" / "crds" / "policy.yaml").write_text("kind: CRD\n")
+    templates = root / "deployments" / "gpu-operator" / "templates"
+    templates.mkdir()
+    for name in ("clusterrole.yaml", "role.yaml"):
+        (templates / name).write_text(f"# {name}\n")
+    return root
+
+
+def test_gpu_operator_builds_of_the_same_version_started_at_once_build_once(
+    tmp_path: Path,
+) -> None:
+    """gpu-operator/build.sh shares build.sh's cache and lock (testenv/lib.sh)."""
+    env = {
+        **fake_go_env(tmp_path),
+        "FAKE_GO_MODULE": str(fake_gpu_operator_module(tmp_path / "module")),
+    }
+    runs = [
+        subprocess.Popen(
+            ["bash", str(GPU_OPERATOR_BUILD)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    dirs = {out.strip() for out, _ in outputs}
+    assert len(dirs) == 1, dirs
+    assert len(builds(tmp_path)) == 1, builds(tmp_path)
+    assert any("waiting for it" in err for _, err in outputs), "the second run waited"
+    (directory,) = map(Path, dirs)
+    assert directory.parent == tmp_path / "cache" / "gpu-operator"
+    assert os.access(directory / "gpu-operator", os.X_OK)
+    assert (directory / "opt" / "gpu-operator" / "state-dcgm" / "0100_daemonset.yaml").exists()
+    assert (directory / "opt" / "gpu-operator" / "manifests" / "state-x").is_dir()
+    assert sorted(p.name for p in (directory / "rbac").iterdir()) == [
+        "clusterrole.yaml",
+        "role.yaml",
+    ]
+    assert [p.name for p in (directory / "crds").iterdir()] == ["policy.yaml"]
+    assert not list(directory.parent.glob("*.tmp.*")), "no build directory left behind"
+
+    again = subprocess.run(
+        ["bash", str(GPU_OPERATOR_BUILD)], env=env, capture_output=True, text=True, check=True
+    )
+    assert again.stdout.strip() == str(directory) and "cached build" in again.stderr
+    assert len(builds(tmp_path)) == 1

@@ -12,42 +12,24 @@
 # at run time nothing is read from the module cache and nothing is downloaded.
 #
 # A second run with unchanged inputs costs a hash and a stat. Builds of the same inputs
-# take a lock (flock on a file in the cache directory). Prints the directory holding the
-# binary on stdout; timings go to stderr. Run it under `nice -n 10` on a busy machine.
+# take a lock (../lib.sh: the cache and the lock, shared with ../build.sh). Prints the
+# directory holding the binary on stdout; timings go to stderr. Run it under `nice -n 10`
+# on a busy machine.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cache_root="${SHARED_SVC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shared-svc}"
-start=$(date +%s%N)
+source "$here/../lib.sh"
+name=gpu-operator kind=gpu-operator
 version=$(tr -d '[:space:]' <"$here/version")
+what=$version
 module=github.com/NVIDIA/gpu-operator
 key=$( {
   go version
-  cat "$here/version" "$here/build.sh"
+  cat "$here/version" "$here/build.sh" "$here/../lib.sh"
 } | sha256sum | cut -c1-16)
-out="$cache_root/gpu-operator/$key"
 complete() {
   [[ -x "$1/gpu-operator" && -d "$1/opt/gpu-operator/state-dcgm" && -d "$1/opt/gpu-operator/manifests" && -d "$1/crds" && -d "$1/rbac" ]]
 }
-cached() {
-  complete "$out" || return 1
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  printf 'gpu-operator: cached build %s (%s) in %d.%03ds\n' "$key" "$version" $((ms / 1000)) $((ms % 1000)) >&2
-  echo "$out"
-}
-if cached; then exit 0; fi
-mkdir -p "$cache_root/gpu-operator"
-if command -v flock >/dev/null; then
-  exec 9>"$cache_root/gpu-operator/$key.lock"
-  if ! flock -n 9; then
-    echo "gpu-operator: another build of $key is running; waiting for it..." >&2
-    flock 9
-  fi
-  if cached; then exit 0; fi  # (also when the other build ended just before the lock)
-else
-  echo "gpu-operator: flock not found: builds started at once are not serialized" >&2
-fi
-tmp="$out.tmp.$$"
-trap 'rm -rf "$tmp"' EXIT
+cached_or_locked
 mkdir -p "$tmp/bin"
 cd "$tmp"  # outside any module or workspace: `go install pkg@version` uses the module's go.mod
 commit=${version##*-}
@@ -64,11 +46,4 @@ cp -R "$src/manifests" "$tmp/opt/gpu-operator/manifests"
 cp "$src"/deployments/gpu-operator/crds/*.yaml "$tmp/crds/"
 cp "$src"/deployments/gpu-operator/templates/{clusterrole,role}.yaml "$tmp/rbac/"
 chmod -R u+w "$tmp"  # the module cache is read-only
-if complete "$out"; then
-  rm -rf "$tmp"  # another build of the same inputs finished first: keep its files in place
-else
-  rm -rf "$out" && mv "$tmp" "$out"
-fi
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-printf 'gpu-operator: built %s (%s) in %d.%03ds\n' "$key" "$version" $((ms / 1000)) $((ms % 1000)) >&2
-echo "$out"
+publish
