@@ -1,12 +1,14 @@
 """The Services controller: cache snapshot -> planner -> writer -> reports.
 
 Level-triggered: an event only says "look again"; every reconcile reads the whole
-namespace from the caches. Events coalesce into one pending reconcile (a flag, not a
-queue), and reconciles never overlap. An event while idle is served at once; one that
-arrives during a reconcile, or less than ``coalesce_seconds`` after it, waits until that
-spacing has passed, so a burst becomes few reconciles. A failed reconcile is retried
-with exponential backoff, cut short when a cache re-lists (the watches are back after an
-outage) or discovery changes; the loop beats its heartbeat all along (liveness = the loop turns).
+namespace from the caches. It runs on the runtime (``shared_svc.runtime``) as a work
+queue with one key, ``services``, and one worker: events coalesce into that key (dedup),
+and reconciles never overlap (in-flight tracking). An event while idle is served at
+once; one that arrives during a reconcile, or less than ``coalesce_seconds`` after it,
+is handed out when that spacing has passed (a delayed add), so a burst becomes few
+reconciles. A failed reconcile is retried after the runtime's exponential backoff (with
+jitter), cut short when a cache re-lists (the watches are back after an outage) or
+discovery changes; the runtime beats the heartbeat all along (liveness = not wedged).
 Every write also passes the writer's token bucket. Only the leader writes;
 a standby keeps its caches warm and plans, so it can take over at once.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import random
 import time
 import uuid
 from collections import Counter, deque
@@ -41,13 +42,17 @@ from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.model import Action, ObjectRef, Plan, Report, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
+from shared_svc.runtime.runnable import Controller, Result, every
 
 log = logging.getLogger(__name__)
 
 SERVICE_MONITOR_GV = SERVICE_MONITORS.group_version
-# The loop beats at least this often while it waits, backoff included (liveness: the loop
-# turns; whether reconciles succeed is /status and /metrics, not /livez).
+# The runtime beats this often, backoff included (liveness: not wedged; whether
+# reconciles succeed is /status and /metrics, not /livez).
 HEARTBEAT_SECONDS = 5.0
+KEY = "services"  # the one key of the work queue: "look at the namespace again"
+CACHE_WAIT_SECONDS = 0.5  # caches not synced yet: look again this soon
 
 
 def _utc() -> str:
@@ -74,9 +79,17 @@ class ServicesController:
         self._writer = writer
         self._metrics = metrics
         self._is_leader = is_leader
-        self._wake = asyncio.Event()
-        # Ends a backoff early: the caches re-synced (after an outage) or discovery changed.
-        self._retry_now = asyncio.Event()
+        self._runtime: Controller[str] = Controller(
+            CONTROLLER,
+            self._reconcile_key,
+            metrics=metrics.runtime,
+            rate_limiter=ItemExponentialFailureRateLimiter(
+                config.backoff_base_seconds, config.backoff_max_seconds, jitter=0.5
+            ),
+            workers=1,
+            cooldown=config.coalesce_seconds,
+            beat_seconds=lambda: HEARTBEAT_SECONDS,
+        )
         self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
         self._informers: dict[str, Informer] = {}
@@ -86,7 +99,6 @@ class ServicesController:
         self.service_monitor_served = False
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
-        self.heartbeat = time.monotonic()
         self.reconciling = False
         # Event dedupe: occurrences (conflicts, pending, errors) active in the last plan are not re-emitted.
         self._active_warnings: set[str] = set()
@@ -95,7 +107,6 @@ class ServicesController:
         # (kind, name, field) -> monotonic times we re-applied an unchanged intent to it
         self._corrections: dict[tuple[str, str, str], deque[float]] = {}
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
-        self._failures = 0
         self._namespace_reported = False  # OperatorNamespaceMissing sent in this episode
         self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
 
@@ -141,7 +152,7 @@ class ServicesController:
             # A (re-)list, e.g. the watches back after an API-server outage: the failures
             # before it say nothing about now, so retry at once instead of after the backoff.
             self._relists[id(informer)] = relists
-            self._retry_now.set()
+            self._retry_now()
             if (
                 informer is self._sm_informer
                 and not informer.served
@@ -151,8 +162,48 @@ class ServicesController:
         self.trigger()
 
     def trigger(self) -> None:
-        self._wake.set()
-        self._metrics.workqueue_depth.labels(CONTROLLER).set(1)
+        self._runtime.enqueue(KEY)
+
+    def _retry_now(self) -> None:
+        """A backoff ends early: what failed before may work now (else: a change)."""
+        if self._failures:
+            log.info("caches re-synced or discovery changed: retrying now")
+        if self._failures or self._runtime.queue.processing(KEY):
+            self._runtime.retry_now(KEY)  # also a reconcile failing right now
+        else:
+            self.trigger()
+
+    @property
+    def _failures(self) -> int:
+        """Reconciles failed in a row (the runtime's retry count)."""
+        return self._runtime.queue.num_requeues(KEY)
+
+    @property
+    def heartbeat(self) -> float:
+        return self._runtime.heartbeat
+
+    @heartbeat.setter
+    def heartbeat(self, value: float) -> None:
+        self._runtime.heartbeat = value
+
+    def pending(self) -> bool:
+        """A reconcile is due (queued, or waiting out the spacing or a backoff)."""
+        return self._runtime.pending(KEY)
+
+    # --- the runnable (shared_svc.runtime.runnable.Runnable) ---
+
+    name = CONTROLLER
+    needs_leader = False  # a standby plans too (warm caches); only the leader writes
+
+    def ready(self) -> bool:
+        return self.caches_synced()
+
+    def alive(self) -> bool:
+        return self._runtime.alive()
+
+    def leadership_changed(self, leader: bool) -> None:
+        if leader:
+            self.trigger()
 
     def caches_synced(self) -> bool:
         informers = list(self._informers.values())
@@ -216,8 +267,7 @@ class ServicesController:
             if served != self.service_monitor_served:
                 log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
                 self.service_monitor_served = served
-                self._retry_now.set()  # what failed before may work now
-                self.trigger()
+                self._retry_now()  # what failed before may work now
             await wait_any(self._rediscover, stop, self._config.discovery_seconds)
             self._rediscover.clear()
         self._sm_stop.set()
@@ -229,63 +279,26 @@ class ServicesController:
         self._informers = {name: self._informer(res) for name, res in self._resources().items()}
         tasks = [asyncio.ensure_future(self._shared.run(i, stop)) for i in self._informers.values()]
         tasks.append(asyncio.ensure_future(self._discovery_loop(stop)))
+        tasks.append(
+            asyncio.ensure_future(
+                every(stop, lambda: self._config.resync_seconds, self.trigger, name="resync")
+            )
+        )
         try:
-            await self._loop(stop)
+            await self._runtime.run(stop)  # until stop; then the reconcile in flight ends
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _loop(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        next_resync = loop.time() + self._config.resync_seconds
-        retry_at: float | None = None  # after a failure: no reconcile before this
-        last_end = -float("inf")  # loop time at which the last reconcile ended
-        waiting_for_caches = False
-        while not stop.is_set():
-            self.heartbeat = time.monotonic()
-            if self._retry_now.is_set():
-                self._retry_now.clear()
-                self._failures = 0
-                if retry_at is not None:
-                    log.info("caches re-synced or discovery changed: retrying now")
-                    retry_at = loop.time()  # the backoff is over: reconcile at once
-            if retry_at is not None and loop.time() < retry_at:
-                # Backing off, beating all along; only a re-sync or discovery cuts it short.
-                wait = min(retry_at - loop.time(), HEARTBEAT_SECONDS)
-                await wait_any(self._retry_now, stop, wait)
-                continue
-            retry = retry_at is not None
-            retry_at = None
-            tick = 0.5 if waiting_for_caches else HEARTBEAT_SECONDS
-            timeout = 0.0 if retry else max(0.0, min(next_resync - loop.time(), tick))
-            woke = await wait_any(self._wake, stop, timeout)
-            if stop.is_set():
-                break
-            if not (woke or retry or waiting_for_caches) and loop.time() < next_resync:
-                continue  # heartbeat tick
-            spacing = self._config.coalesce_seconds - (loop.time() - last_end)
-            if woke and not retry and spacing > 0:
-                # Woken during or just after a reconcile: a burst is on, gather the rest of it.
-                await asyncio.sleep(spacing)
-            self._wake.clear()
-            self._metrics.workqueue_depth.labels(CONTROLLER).set(0)
-            if loop.time() >= next_resync:
-                next_resync = loop.time() + self._config.resync_seconds
-            waiting_for_caches = not self.caches_synced()
-            if waiting_for_caches:
-                # An informer that syncs (again) triggers; the short tick looks again anyway.
-                self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
-                continue
-            ok = await self.reconcile_once()
-            last_end = loop.time()
-            if ok:
-                self._failures = 0
-            else:
-                self._failures += 1
-                self._metrics.workqueue_retries.labels(CONTROLLER).inc()
-                base = self._config.backoff_base_seconds * 2 ** min(self._failures, 30)
-                delay = min(self._config.backoff_max_seconds, base) * (0.5 + random.random() / 2)
-                retry_at = loop.time() + delay
+    async def _reconcile_key(self, key: str) -> Result:
+        """The runtime's reconcile of the one key."""
+        if not self.caches_synced():
+            # An informer that syncs (again) triggers; look again soon anyway.
+            self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
+            return Result(None, requeue_after=CACHE_WAIT_SECONDS, forget=False)
+        if await self.reconcile_once():
+            return Result("success")
+        return Result("error", retry=True)
 
     def snapshot(self) -> World:
         i = self._informers
@@ -336,7 +349,6 @@ class ServicesController:
             return True
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
-            self._metrics.reconcile_errors.labels(CONTROLLER).inc()
             log.warning("reconcile failed", extra={"error": error})
             if namespace_gone(exc):
                 await self._report_namespace_missing(world)
@@ -344,10 +356,6 @@ class ServicesController:
         finally:
             duration = time.monotonic() - started
             self.reconciling = False
-            self._metrics.reconcile_total.labels(
-                CONTROLLER, "error" if result == "error" else "success"
-            ).inc()
-            self._metrics.reconcile_time.labels(CONTROLLER).observe(duration)
             if result != "error":
                 self._metrics.last_success.set(time.time())
             self.last_reconcile = {

@@ -1,4 +1,5 @@
-"""Prometheus metrics: controller-runtime's names where they fit, plus domain metrics.
+"""Prometheus metrics: controller-runtime's names (``shared_svc.runtime.metrics``, one
+set for both controllers) plus domain metrics.
 
 One registry per running service (not the global default), so several replicas can run
 in one process in tests and each /metrics shows only its own figures.
@@ -6,7 +7,9 @@ in one process in tests and each /metrics shows only its own figures.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared_svc.runtime.metrics import RuntimeMetrics
 
 CONTROLLER = "shared-services"
 
@@ -15,34 +18,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.reconcile_total = Counter(
-            "controller_runtime_reconcile_total",
-            "Reconciles by controller and result.",
-            ["controller", "result"],
-            registry=r,
-        )
-        self.reconcile_errors = Counter(
-            "controller_runtime_reconcile_errors_total",
-            "Reconciles that failed.",
-            ["controller"],
-            registry=r,
-        )
-        self.reconcile_time = Histogram(
-            "controller_runtime_reconcile_time_seconds",
-            "Time per reconcile.",
-            ["controller"],
-            registry=r,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
-        self.workqueue_depth = Gauge(
-            "workqueue_depth",
-            "Pending reconcile requests (0 or 1: coalesced).",
-            ["name"],
-            registry=r,
-        )
-        self.workqueue_retries = Counter(
-            "workqueue_retries_total", "Reconciles retried after a failure.", ["name"], registry=r
-        )
+        # The reconcile loop's metrics: the runtime's, shared with the upgrade controller
+        # (controller="shared-services" / "upgrade").
+        self.runtime = RuntimeMetrics.of(r)
         self.leader = Gauge(
             "leader_election_master_status", "1 if this replica leads.", ["name"], registry=r
         )

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from aiohttp import web
@@ -29,10 +28,12 @@ from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
 from shared_svc.metrics import Metrics
+from shared_svc.runtime.runnable import Manager, Runnable
+
+if TYPE_CHECKING:
+    from shared_svc.upgrade.controller import UpgradeController
 
 log = logging.getLogger(__name__)
-
-STALL_SECONDS = 120.0
 
 
 class ControllerCrashed(RuntimeError):
@@ -76,7 +77,8 @@ class Service:
         self.api: ApiClient | None = None
         self.elector: LeaseElector | None = None
         self.controller: ServicesController | None = None
-        self.upgrade: Any = None
+        self.upgrade: UpgradeController | None = None
+        self.manager: Manager | None = None  # runs both controllers (shared_svc.runtime)
         self.writer: Writer | None = None
         self.recorder: EventRecorder | None = None
         self.admission: AdmissionGuard | None = None  # the webhook server and guard monitor
@@ -87,19 +89,16 @@ class Service:
     def is_leader(self) -> bool:
         return self.elector.is_leader if self.elector else True
 
+    def runnables(self) -> list[Runnable]:
+        return [r for r in (self.controller, self.upgrade) if r is not None]
+
     def alive(self) -> bool:
-        beats = [
-            c.heartbeat
-            for c in (self.controller, self.upgrade)
-            if c is not None and hasattr(c, "heartbeat")
-        ]
-        return all(time.monotonic() - b < STALL_SECONDS for b in beats)
+        """No controller wedged (shared_svc.runtime.runnable.STALL_SECONDS)."""
+        return all(r.alive() for r in self.runnables())
 
     def ready(self) -> bool:
         """Caches synced, for every controller that runs (a standby is ready too)."""
-        services_ready = self.controller.caches_synced() if self.controller else True
-        upgrade_ready = bool(self.upgrade.status()["synced"]) if self.upgrade is not None else True
-        return services_ready and upgrade_ready
+        return all(r.ready() for r in self.runnables())
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -188,26 +187,16 @@ class Service:
                 )
                 await self.admission.start()
 
-            work_stop = asyncio.Event()
             lease_stop = asyncio.Event()
-            work: list[asyncio.Future[Any]] = []
-            if self.controller:
-                work.append(asyncio.ensure_future(self.controller.run(work_stop)))
-            if self.upgrade is not None:
-                work.append(asyncio.ensure_future(self.upgrade.run(work_stop)))
+            self.manager = Manager(self.runnables(), self.is_leader)
             lease_task = (
                 asyncio.ensure_future(self.elector.run(lease_stop)) if self.elector else None
             )
             self.started.set()
-            stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-            await asyncio.wait([stopper, *work], return_when=asyncio.FIRST_COMPLETED)
-            crashed = [w.exception() for w in work if w.done() and w.exception() is not None]
-            for exc in crashed:
-                log.error("controller ended unexpectedly", exc_info=exc)
-            log.info("shutting down: finishing the reconcile in flight")
-            work_stop.set()
-            await asyncio.gather(*work, return_exceptions=True)
-            stopper.cancel()
+            # Until SIGTERM or a controller ending unexpectedly; each controller then
+            # finishes the reconcile in flight.
+            crashed = await self.manager.run(stop)
+            log.info("controllers stopped")
             lease_stop.set()
             if lease_task:
                 await asyncio.gather(lease_task, return_exceptions=True)
@@ -224,7 +213,5 @@ class Service:
 
     def _on_leadership(self, lead: bool) -> None:
         self.metrics.leader.labels(self.config.lease_name).set(1 if lead else 0)
-        if lead:
-            for controller in (self.controller, self.upgrade):
-                if controller is not None:
-                    controller.trigger()
+        if self.manager is not None:
+            self.manager.leadership_changed(lead)

@@ -178,7 +178,7 @@ async def converged(service: Service) -> bool:
     return (
         ctrl.last_reconcile.get("result") == "success"
         and not ctrl.last_plan.writes
-        and not ctrl._wake.is_set()
+        and not ctrl.pending()
     )
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from shared_svc import controller as controller_module
-from shared_svc import service as service_module
+from shared_svc.runtime import runnable as runnable_module
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused
@@ -28,7 +28,7 @@ STALL = 3.0
 async def test_livez_stays_ok_while_writes_keep_failing(
     control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_module, "STALL_SECONDS", STALL)
+    monkeypatch.setattr(runnable_module, "STALL_SECONDS", STALL)
     monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 0.25)
     await kube.create_cr(cp_body())
     # Every retry waits 4-8 s, then 8-16 s, ...: each backoff is longer than the stall.

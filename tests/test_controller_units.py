@@ -232,13 +232,10 @@ class SyncedCache:
 
 
 class LoopProbe:
-    """The Services controller's loop, with its reconciles and its sleeps logged in order."""
+    """The Services controller's loop (the runtime's queue and worker), with its reconciles
+    and its coalescing waits (delayed adds of the one key) logged in order."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, coalesce_seconds: float) -> None:
-        import types
-
-        import shared_svc.controller as controller_module
-
         self.log: list[str] = []
         self.ctrl = ServicesController(
             None,  # type: ignore[arg-type]
@@ -249,22 +246,23 @@ class LoopProbe:
             is_leader=lambda: True,
         )
         self.ctrl._informers = {"pods": SyncedCache()}  # type: ignore[dict-item]
+        queue = self.ctrl._runtime.queue
+        add_after = queue.add_after
 
-        async def sleep(seconds: float) -> None:
-            self.log.append("sleep")
-            await asyncio.sleep(seconds)
+        def delayed(key: str, delay: float) -> None:
+            if delay > 0:
+                self.log.append("sleep")  # a wait before the next reconcile
+            add_after(key, delay)
 
         async def reconcile_once() -> bool:
             self.log.append("reconcile")
             await asyncio.sleep(0)  # changes may arrive while it runs
             return True
 
-        # The controller module's asyncio, with sleep logged (the test's own is untouched).
-        logged = types.SimpleNamespace(**{**vars(asyncio), "sleep": sleep})
-        monkeypatch.setattr(controller_module, "asyncio", logged)
+        monkeypatch.setattr(queue, "add_after", delayed)
         monkeypatch.setattr(self.ctrl, "reconcile_once", reconcile_once)
         self.stop = asyncio.Event()
-        self.task = asyncio.ensure_future(self.ctrl._loop(self.stop))
+        self.task = asyncio.ensure_future(self.ctrl._runtime.run(self.stop))
 
     def change(self) -> None:
         self.log.append("change")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,7 +15,7 @@ from shared_svc.runtime.ratelimit import (
     ItemExponentialFailureRateLimiter,
     MaxOfRateLimiter,
 )
-from shared_svc.runtime.runnable import Controller, Result
+from shared_svc.runtime.runnable import Controller, Manager, Result
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 
 
@@ -207,3 +208,71 @@ async def test_controller_cooldown_spaces_reruns_and_holds_events_during_backoff
     assert len(seen) == 2 and seen[1] - seen[0] >= 0.09
     stop.set()
     await asyncio.wait_for(task, 1)
+
+
+class Probe:
+    """A runnable that records when it runs."""
+
+    def __init__(self, name: str, needs_leader: bool, crash: bool = False) -> None:
+        self.name = name
+        self.needs_leader = needs_leader
+        self.running = False
+        self.runs = 0
+        self.leader: list[bool] = []
+        self._crash = crash
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.running, self.runs = True, self.runs + 1
+        try:
+            if self._crash:
+                raise RuntimeError(f"{self.name} crashed")
+            await stop.wait()
+        finally:
+            self.running = False
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, object]:
+        return {}
+
+    def leadership_changed(self, leader: bool) -> None:
+        self.leader.append(leader)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met")
+
+
+async def test_manager_runs_leader_gated_runnables_only_while_leading() -> None:
+    leading = [False]
+    always, gated = Probe("always", False), Probe("gated", True)
+    manager = Manager([always, gated], lambda: leading[0])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(manager.run(stop))
+    await _until(lambda: always.running)
+    assert not gated.running
+    leading[0] = True
+    manager.leadership_changed(True)
+    await _until(lambda: gated.running)
+    leading[0] = False
+    manager.leadership_changed(False)
+    await _until(lambda: not gated.running)
+    assert always.running and always.leader == gated.leader == [True, False]
+    stop.set()
+    assert await asyncio.wait_for(task, 1) == []
+    assert not always.running and gated.runs == 1
+
+
+async def test_manager_stops_everything_when_a_runnable_crashes() -> None:
+    other = Probe("other", False)
+    manager = Manager([other, Probe("crashy", False, crash=True)], lambda: True)
+    crashed = await asyncio.wait_for(manager.run(asyncio.Event()), 1)
+    assert [str(e) for e in crashed] == ["crashy crashed"] and not other.running

@@ -283,3 +283,37 @@ async def test_accepted_eviction_says_evicted(caplog: pytest.LogCaptureFixture) 
     assert lines(caplog, logging.INFO) == [
         "evicted GPU consumer ml/a (declared: matches nvidia.com/gpu-driver-upgrade.consumer=true)"
     ]
+
+
+async def test_reconciles_are_counted_under_the_runtime_metric_names() -> None:
+    from prometheus_client import CollectorRegistry
+
+    nodes = [ex.node(f"n{i}", state="cordon-required") for i in range(2)]
+    io = ex.FakeUpgradeIO(nodes, [ex.declared_pod("p", node_name="n0")])
+    io.fail_next = [RuntimeError("boom")]
+    registry = CollectorRegistry()
+    cfg = Config(upgrade_controller=True, backoff_base_seconds=0.001)
+    controller = UpgradeController(
+        None, cfg, Recorder(), is_leader=lambda: True, io=io, registry=registry
+    )
+    io.on_change = controller.notify
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    controller.notify()
+    sample = registry.get_sample_value
+    ok = {"controller": "upgrade", "result": "success"}
+    for _ in range(500):
+        if (sample("controller_runtime_reconcile_total", ok) or 0) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert (sample("controller_runtime_reconcile_total", ok) or 0) >= 2
+    error = {"controller": "upgrade", "result": "error"}
+    assert sample("controller_runtime_reconcile_total", error) == 1
+    assert sample("controller_runtime_reconcile_errors_total", {"controller": "upgrade"}) == 1
+    assert sample("workqueue_retries_total", {"name": "upgrade"}) == 1
+    assert (sample("workqueue_adds_total", {"name": "upgrade"}) or 0) >= 3
+    assert sample("shared_svc_upgrade_reconcile_total", {"result": "ok"}) is None
+    status = controller.status()
+    assert "dryRun" in status and "dry_run" not in status
