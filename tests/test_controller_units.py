@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController, managers_of_field
+from shared_svc.controller import ServicesController
+from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.metrics import Metrics
 from shared_svc.reconcile.model import ObjectRef, Plan, Report
 from testenv import ControlPlane

@@ -5,7 +5,8 @@
 - the pure cores, ``reconcile/`` and every module of ``upgrade/`` but its shell
   (:data:`UPGRADE_SHELL`), import no I/O: neither ``kube``, ``runtime``, ``service``,
   ``controller``, the upgrade shell, nor aiohttp, kubernetes_asyncio or prometheus_client;
-- ``kube/`` (generic API I/O) imports neither core.
+- ``kube/`` (generic API I/O) imports neither core;
+- both controllers run on the one runtime (``shared_svc.runtime``).
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 """
@@ -106,3 +107,10 @@ def test_kube_imports_neither_core(path: Path) -> None:
         if within(m, "shared_svc.reconcile") or within(m, "shared_svc.upgrade")
     )
     assert not cores, f"{module_name(path)} (generic I/O) imports {cores}"
+
+
+@pytest.mark.parametrize("path", [PACKAGE / "controller.py", PACKAGE / "upgrade" / "controller.py"])
+def test_both_controllers_run_on_the_one_runtime(path: Path) -> None:
+    assert any(within(m, "shared_svc.runtime") for m in imports_of(path)), (
+        f"{module_name(path)} does not import shared_svc.runtime"
+    )
