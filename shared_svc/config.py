@@ -287,8 +287,8 @@ def add_flags(
     for field in Config.model_fields if fields is None else fields:
         info = Config.model_fields[field]
         help_text = (
-            f"{info.description} [default: {default_text(field)}; "
-            f"env: {' or '.join(env_names(field))}]"
+            f"{info.description} (default: {default_text(field)}; "
+            f"env: {' or '.join(env_names(field))})"
         ).replace("%", "%%")
         extra: dict[str, Any] = {}
         if info.annotation is bool:

@@ -27,6 +27,7 @@ from shared_svc.kube.cache import Informers
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
+from shared_svc.kubeconfig import api_client
 from shared_svc.metrics import Metrics
 from shared_svc.runtime.runnable import Manager, Runnable
 
@@ -121,7 +122,7 @@ class Service:
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
-        self.api = api = await make_api_client(cfg)
+        self.api = api = await api_client(cfg.kubeconfig)
         try:
             self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name, dry_run=cfg.dry_run)
             self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
