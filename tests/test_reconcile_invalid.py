@@ -34,6 +34,9 @@ BAD_SPECS: list[Any] = [
     {"dcgmExporter": {"serviceMonitor": {"honorLabels": "false"}}},
     {"dcgmExporter": {"serviceMonitor": {"additionalLabels": {"bad key!": "x"}}}},
     {"dcgmExporter": {"serviceMonitor": {"additionalLabels": {"k": "v" * 64}}}},
+    # A trailing newline is no label (a regex's "$" used to let it through).
+    {"dcgmExporter": {"serviceMonitor": {"additionalLabels": {"release\n": "x"}}}},
+    {"dcgmExporter": {"serviceMonitor": {"additionalLabels": {"release": "x\n"}}}},
     {"dcgmExporter": {"serviceMonitor": {"relabelings": [1]}}},
     {"dcgmExporter": {"serviceMonitor": {"relabelings": {"a": 1}}}},
 ]

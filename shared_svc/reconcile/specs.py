@@ -14,7 +14,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.labels import is_label_key, is_label_value
+from shared_svc.k8s.objects import K8sObject
 
 CLUSTER_POLICY: Final = "ClusterPolicy"
 GPU_CLUSTER: Final = "GPUCluster"
@@ -23,9 +24,6 @@ CRKind = Literal["ClusterPolicy", "GPUCluster"]
 _DURATION = re.compile(
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 )
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 def _prometheus_duration(value: str) -> str:
@@ -34,18 +32,11 @@ def _prometheus_duration(value: str) -> str:
     return value
 
 
-def is_label_key(key: str) -> bool:
-    prefix, sep, name = key.rpartition("/")
-    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return False
-    return bool(_LABEL_NAME.match(name))
-
-
 def _label_map(value: dict[str, str]) -> dict[str, str]:
     for key, val in value.items():
         if not is_label_key(key):
             raise ValueError(f"{key!r} is not a valid label key")
-        if len(val) > 63 or not _LABEL_VALUE.match(val):
+        if not is_label_value(val):
             raise ValueError(f"{val!r} (label {key!r}) is not a valid label value")
     return value
 
