@@ -22,16 +22,20 @@ from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_usern
 from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.resources import GVR
+from shared_svc.kube.resources import (
+    GVR,
+    MUTATING_POLICY_BINDINGS,
+    MUTATING_WEBHOOKS,
+    VALIDATING_WEBHOOKS,
+)
 from shared_svc.kube.writer import raw_request
 
 log = logging.getLogger(__name__)
 
-ADMISSION = "admissionregistration.k8s.io"
 KINDS = {
-    "policy": GVR(ADMISSION, "v1", "mutatingadmissionpolicybindings"),
-    "webhook": GVR(ADMISSION, "v1", "mutatingwebhookconfigurations"),
-    "delete": GVR(ADMISSION, "v1", "validatingwebhookconfigurations"),
+    "policy": MUTATING_POLICY_BINDINGS,
+    "webhook": MUTATING_WEBHOOKS,
+    "delete": VALIDATING_WEBHOOKS,
 }
 MISSING_REASON = "AdmissionGuardMissing"
 

@@ -25,14 +25,16 @@ from typing import Any, TypeVar
 
 from shared_svc.config import add_flags
 from shared_svc.errors import UsageError
+from shared_svc.kube.resources import (
+    MUTATING_POLICY_BINDINGS,
+    MUTATING_WEBHOOKS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+)
 
 T = TypeVar("T")
 
-ADMISSION = "/apis/admissionregistration.k8s.io/v1"
-WEBHOOK_KINDS = {
-    "mutating": "mutatingwebhookconfigurations",
-    "validating": "validatingwebhookconfigurations",
-}
+WEBHOOK_KINDS = {"mutating": MUTATING_WEBHOOKS, "validating": VALIDATING_WEBHOOKS}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
@@ -217,10 +219,9 @@ async def ensure_secret(
     from shared_svc.admission import certs
     from shared_svc.kube.writer import raw_request
 
-    path = f"/api/v1/namespaces/{namespace}/secrets"
     for _ in range(3):  # another Job (or replica of this one) may write at the same time
         try:
-            live = await raw_request(api, "GET", f"{path}/{name}")
+            live = await raw_request(api, "GET", SECRETS.item(name, namespace))
         except Exception as exc:
             if _status(exc) != 404:
                 raise
@@ -245,13 +246,13 @@ async def ensure_secret(
         }
         try:
             if live is None:
-                await raw_request(api, "POST", path, body=body)
+                await raw_request(api, "POST", SECRETS.collection(namespace), body=body)
                 print(f"secret {namespace}/{name}: created")
             else:
                 body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
                 body["metadata"]["labels"] = live["metadata"].get("labels") or {}
                 body["type"] = live.get("type", "kubernetes.io/tls")  # type is immutable
-                await raw_request(api, "PUT", f"{path}/{name}", body=body)
+                await raw_request(api, "PUT", SECRETS.item(name, namespace), body=body)
                 print(f"secret {namespace}/{name}: replaced ({reason})")
         except Exception as exc:
             if _status(exc) in (409,):  # created or changed meanwhile: look again
@@ -265,7 +266,7 @@ async def patch_ca_bundle(api: Any, kind: str, name: str, ca_bundle: str) -> Non
     from shared_svc.admission.certs import ca_bundle_patch
     from shared_svc.kube.writer import raw_request
 
-    path = f"{ADMISSION}/{WEBHOOK_KINDS[kind]}/{name}"
+    path = WEBHOOK_KINDS[kind].item(name)
     for _ in range(3):
         try:
             live = await raw_request(api, "GET", path)
@@ -293,18 +294,15 @@ async def patch_ca_bundle(api: Any, kind: str, name: str, ca_bundle: str) -> Non
 
 def _remove(args: argparse.Namespace) -> int:
     targets = [
-        (f"policy binding {b}", f"{ADMISSION}/mutatingadmissionpolicybindings/{b}")
-        for b in args.policy_binding
+        (f"policy binding {b}", MUTATING_POLICY_BINDINGS.item(b)) for b in args.policy_binding
     ]
     targets += [
-        (f"{kind} webhook configuration {n}", f"{ADMISSION}/{WEBHOOK_KINDS[kind]}/{n}")
+        (f"{kind} webhook configuration {n}", WEBHOOK_KINDS[kind].item(n))
         for kind, n in args.webhook
     ]
     if args.secret:
         namespace, name = args.secret
-        targets.append(
-            (f"secret {namespace}/{name}", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        )
+        targets.append((f"secret {namespace}/{name}", SECRETS.item(name, namespace)))
 
     async def body(api: Any) -> int:
         from shared_svc.kube.writer import raw_request

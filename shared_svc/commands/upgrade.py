@@ -276,17 +276,16 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
 
 # --- configure-gate ---
 
-CLUSTER_POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
-
 
 async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
     """The ClusterPolicies; [] when the CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
+    from shared_svc.kube.resources import CLUSTER_POLICIES_GVR
     from shared_svc.kube.writer import raw_request
 
     try:
-        data = await raw_request(api, "GET", CLUSTER_POLICIES)
+        data = await raw_request(api, "GET", CLUSTER_POLICIES_GVR.collection())
     except ApiException as exc:
         if exc.status == 404:
             return []
@@ -295,9 +294,8 @@ async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
 
 
 def configure_gate(args: argparse.Namespace) -> int:
-    from urllib.parse import quote
-
     from shared_svc.k8s.selectors import parse_selector
+    from shared_svc.kube.resources import CLUSTER_POLICIES_GVR
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -342,7 +340,7 @@ def configure_gate(args: argparse.Namespace) -> int:
         await raw_request(
             api,
             "PATCH",
-            f"{CLUSTER_POLICIES}/{quote(policy.name)}",
+            CLUSTER_POLICIES_GVR.item(policy.name),
             body=guarded,
             content_type=MERGE_PATCH,
             query=[("fieldManager", "shared-svc-configure-gate")],
