@@ -39,7 +39,14 @@ from shared_svc.kube.writer import Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.reconcile.failures import namespace_missing_reports
-from shared_svc.reconcile.model import Action, ObjectRef, Plan, Report, World
+from shared_svc.reconcile.fight import (
+    FightHistory,
+    fight_report,
+    fight_verdict,
+    next_active,
+    warnings_to_emit,
+)
+from shared_svc.reconcile.model import Action, Plan, Report, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
@@ -476,24 +483,22 @@ class ServicesController:
         the object right between two strikes of the other writer proves nothing.
         """
         key = (action.kind, action.name)
-        if live is None or self._applied.get(key) != action.apply or not action.changed_fields:
-            for k in [k for k in self._corrections if k[:2] == key]:
-                del self._corrections[k]
+        history, verdict = fight_verdict(
+            FightHistory({k: tuple(v) for k, v in self._corrections.items()}),
+            action.kind,
+            action.name,
+            apply_body=action.apply,
+            last_applied=self._applied.get(key),
+            live_present=live is not None,
+            changed_fields=action.changed_fields,
+            now=time.monotonic(),
+            threshold=self._config.conflicting_writer_threshold,
+            window=self._config.conflicting_writer_window_seconds,
+        )
+        self._corrections = {k: deque(v) for k, v in history.strikes.items()}
+        if verdict is None or live is None:
             return False
-        now = time.monotonic()
-        window = self._config.conflicting_writer_window_seconds
-        fields = action.changed_fields
-        counts = []
-        for f in fields:
-            times = self._corrections.setdefault((*key, f), deque())
-            times.append(now)
-            while times and now - times[0] > window:
-                times.popleft()
-            counts.append(len(times))
-        worst = max(counts)
-        if worst < self._config.conflicting_writer_threshold:
-            return False
-        field = fields[counts.index(worst)]
+        field = verdict.field
         owners = managers_of_field(live, field)
         writers = name_writers(live, owners)  # e.g. "gpu-operator / Update"
         managers = owners or [w.split(" / ")[0] for w in writers]
@@ -507,40 +512,18 @@ class ServicesController:
             "since": _utc(),
         }
         self._metrics.conflicting_writer.inc()
-        meta = live.get("metadata", {})
         await self._emit(
-            Report(
-                type="Warning",
-                reason="ConflictingWriter",
-                action="Reconcile",
-                regarding=ObjectRef(
-                    api_version=live.get("apiVersion", "v1"),
-                    kind=action.kind,
-                    name=action.name,
-                    namespace=meta.get("namespace"),
-                    uid=meta.get("uid"),
-                ),
-                note=(
-                    f"field manager {', '.join(writers)} keeps changing {field} of {action.kind}/{action.name}; "
-                    f"shared-svc re-applied it {worst} times and now leaves the object alone for "
-                    f"{int(self._config.conflicting_writer_backoff_seconds)}s. Install the admission guard "
-                    "(docs/install.md) so gpu-operator's updates change nothing."
-                ),
-                key=f"ConflictingWriter/{action.kind}/{action.name}/{field}",
-            )
+            fight_report(verdict, live, writers, self._config.conflicting_writer_backoff_seconds)
         )
-        for f in fields:
-            self._corrections.pop((*key, f), None)
         return True
 
     async def _emit_occurrences(self, plan: Plan) -> None:
-        occurrences = [r for r in plan.reports if r.after_write is None]
-        active = set()
-        for report in occurrences:
-            if report.key in self._active_warnings or await self._emit(report):
-                active.add(report.key)
+        written = set()
+        for report in warnings_to_emit(self._active_warnings, plan.reports):
+            if await self._emit(report):
+                written.add(report.key)
         # Keys whose Event could not be written stay out, so the next reconcile retries them.
-        self._active_warnings = active
+        self._active_warnings = set(next_active(self._active_warnings, plan.reports, written))
 
     async def _emit(self, report: Report) -> bool:
         written = await self._recorder.emit(report)

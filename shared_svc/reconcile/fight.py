@@ -1,0 +1,143 @@
+"""The shell's two rules over history, as pure functions: ConflictingWriter and Warning dedup.
+
+ConflictingWriter (contract section 5, "detects the fight ... reports it and backs off"):
+another writer keeps undoing our intent. A fight is the same intent re-applied to the same
+field ``threshold`` times within ``window`` seconds. Only a change of our own intent (or
+the object going away, or nothing left to correct) resets the count: a reconcile that
+finds the object right between two strikes of the other writer proves nothing.
+
+Warning dedup: an occurrence (a report not tied to a write) that was active in the last
+plan is not emitted again; one whose Event could not be written stays out of the active
+set, so the next reconcile retries it; one that goes away and comes back is emitted again
+(its Event series grows).
+
+Plain data in, plain data out: no clock (``now`` is an argument), no I/O. The shell keeps
+the history between reconciles, looks up who owns the field (``managedFields``) and emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared_svc.k8s.events import ObjectRef, Report, note
+
+FieldKey = tuple[str, str, str]  # (kind, name, dotted field)
+
+
+@dataclass(frozen=True)
+class FightHistory:
+    """Per (kind, name, field): when our unchanged intent was re-applied to it, oldest first.
+
+    Times are the shell's monotonic seconds; only times within the window are kept.
+    """
+
+    strikes: Mapping[FieldKey, tuple[float, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FightVerdict:
+    """Another writer fights us over ``field`` of ``kind/name``: ``count`` re-applies in the window."""
+
+    kind: str
+    name: str
+    field: str
+    count: int
+
+
+def fight_verdict(
+    history: FightHistory,
+    kind: str,
+    name: str,
+    *,
+    apply_body: Any,
+    last_applied: Any,
+    live_present: bool,
+    changed_fields: Sequence[str],
+    now: float,
+    threshold: int,
+    window: float,
+) -> tuple[FightHistory, FightVerdict | None]:
+    """Count one more correction of ``kind/name`` and say whether it is a fight.
+
+    ``apply_body`` is the intent about to be applied, ``last_applied`` the one we applied
+    last (``None``: never), ``changed_fields`` the fields whose live value differs from it.
+    A strike older than ``window`` no longer counts. The verdict names the first changed
+    field with the most strikes; once given, the strikes of those fields start over.
+    """
+    obj = (kind, name)
+    # Drop what can never count again (older than the window at any later ``now``).
+    strikes = {
+        k: kept
+        for k, times in history.strikes.items()
+        if (kept := tuple(t for t in times if now - t <= window))
+    }
+    if not live_present or last_applied != apply_body or not changed_fields:
+        # Our intent changed (or there is nothing to fight over): the count starts over.
+        return FightHistory({k: v for k, v in strikes.items() if k[:2] != obj}), None
+    counts = []
+    for f in changed_fields:
+        times = (*strikes.get((kind, name, f), ()), now)
+        strikes[(kind, name, f)] = times
+        counts.append(len(times))
+    worst = max(counts)
+    if worst < threshold:
+        return FightHistory(strikes), None
+    contested = changed_fields[counts.index(worst)]
+    for f in changed_fields:
+        strikes.pop((kind, name, f), None)
+    return FightHistory(strikes), FightVerdict(kind, name, contested, worst)
+
+
+def fight_report(
+    verdict: FightVerdict,
+    live: Mapping[str, Any],
+    writers: Sequence[str],
+    backoff_seconds: float,
+) -> Report:
+    """The ConflictingWriter Warning about the live object, naming the other writers."""
+    meta = live.get("metadata") or {}
+    what = f"{verdict.kind}/{verdict.name}"
+    return Report(
+        type="Warning",
+        reason="ConflictingWriter",
+        action="Reconcile",
+        regarding=ObjectRef(
+            api_version=live.get("apiVersion", "v1"),
+            kind=verdict.kind,
+            name=verdict.name,
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid"),
+        ),
+        note=note(
+            f"field manager {', '.join(writers)} keeps changing {verdict.field} of {what}; "
+            f"shared-svc re-applied it {verdict.count} times and now leaves the object alone for "
+            f"{int(backoff_seconds)}s. Install the admission guard "
+            "(docs/install.md) so gpu-operator's updates change nothing."
+        ),
+        key=f"ConflictingWriter/{what}/{verdict.field}",
+    )
+
+
+def warnings_to_emit(
+    active_keys: AbstractSet[str], reports: Iterable[Report]
+) -> tuple[Report, ...]:
+    """The occurrences (reports not tied to a write) of a plan that are not active already."""
+    return tuple(r for r in reports if r.after_write is None and r.key not in active_keys)
+
+
+def next_active(
+    active_keys: AbstractSet[str], reports: Iterable[Report], written: AbstractSet[str]
+) -> frozenset[str]:
+    """The keys active after this plan: its occurrences already active, or written now.
+
+    An occurrence whose Event could not be written stays out, so it is emitted again next
+    time; one the plan no longer has drops out, so it is emitted again when it comes back.
+    """
+    return frozenset(
+        r.key
+        for r in reports
+        if r.after_write is None and (r.key in active_keys or r.key in written)
+    )
