@@ -77,9 +77,23 @@ _NOT_JSON = {
 }
 
 
+class _Streamed(list[Any]):
+    """A top-level ``items`` read as a stream: its members built, checked and kept one at
+    a time; else the first member that could not be built or failed the checks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unbuilt: Exception | None = None
+        self.bad: _Bad | None = None
+
+
 def _tree(value: Any, depth: int) -> Any:
     if value is None or isinstance(value, bool):
         return value
+    if type(value) is _Streamed:  # checked already, member by member
+        if value.bad is not None:
+            raise value.bad
+        return list(value)
     if isinstance(value, str):
         if not _text_ok(value):
             raise _Bad("a string that is not valid Unicode")
@@ -153,6 +167,7 @@ class _Bounds(yaml.composer.Composer, yaml.constructor.SafeConstructor):
         self._open: set[str] = set()  # anchors whose node is being composed
         self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to
         self._alias_nodes = 0
+        self._streamed: dict[int, _Streamed] = {}  # id(placeholder node) -> its items
 
     def compose_document(self) -> Any:
         self._sizes = {}
@@ -202,11 +217,21 @@ class _Bounds(yaml.composer.Composer, yaml.constructor.SafeConstructor):
     def refuse(self, node: Any) -> NoReturn:
         _fail(f"!!{node.tag.rpartition(':')[2]} is not a JSON value", node)
 
+    def construct_streamed(self, node: Any) -> Any:
+        """The place of a streamed ``items`` in its document: its members, or the first
+        error building them, raised where building the document whole would raise it."""
+        streamed: _Streamed = self._streamed[id(node)]
+        if streamed.unbuilt is not None:
+            raise streamed.unbuilt
+        return streamed
+
 
 _Bounds.add_constructor("tag:yaml.org,2002:int", _Bounds.construct_yaml_int)  # type: ignore[type-var]
 _Bounds.add_constructor("tag:yaml.org,2002:timestamp", _Bounds.construct_timestamp_text)  # type: ignore[type-var]
 for _tag in ("binary", "set", "omap", "pairs"):
     _Bounds.add_constructor(f"tag:yaml.org,2002:{_tag}", _Bounds.refuse)  # type: ignore[type-var]
+_STREAMED = "tag:shared-svc.nvidia.com,2026:streamed-items"  # never resolved from text
+_Bounds.add_constructor(_STREAMED, _Bounds.construct_streamed)  # type: ignore[type-var]
 
 
 class _BoundedLoader(_Bounds, yaml.SafeLoader):
@@ -295,13 +320,19 @@ def _looks_like_json(text: str) -> bool:
     return text.lstrip()[:1] in ("{", "[")
 
 
-def load_documents(text: str) -> list[Any]:
+def load_documents(text: str, keep: Callable[[Any], Any] | None = None) -> list[Any]:
     """The documents of a manifest (YAML, many documents, or one JSON value), bounded.
 
     Raises :class:`InputError` (one line) for input over :data:`MAX_BYTES`, invalid
     YAML or JSON, nesting beyond :data:`MAX_DEPTH`, aliases that recurse or expand to
     more than :data:`MAX_ALIAS_NODES` nodes, and non-JSON values. Each document is
     returned through :func:`well_formed` (``None`` for an empty YAML document).
+
+    With ``keep``, YAML is streamed: documents are read one at a time, and the members of
+    a document's top-level ``items`` sequence (a ``kind: List``) are composed, built and
+    checked one at a time; each of them, and each document that is not such a list, goes
+    through ``keep`` (which may return less of it) once it has passed the checks, so only
+    what ``keep`` returns is held. The bounds and the values before ``keep`` are the same.
     """
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise InputError(f"larger than {size_text(MAX_BYTES)}")
@@ -314,14 +345,22 @@ def load_documents(text: str) -> list[Any]:
             pass  # not JSON after all (a YAML flow mapping, several documents): read as YAML
         else:
             return [_document(value, 1)]
-    if _NoAliasLoader is not None and "&" not in text and "*" not in text:
+    if keep is not None:
+        loader = (_FastLoader or _BoundedLoader)(text)
+    elif _NoAliasLoader is not None and "&" not in text and "*" not in text:
         loader = _NoAliasLoader(text)
     else:
         loader = (_FastLoader or _BoundedLoader)(text)
     documents: list[Any] = []
     try:
-        while loader.check_node():
-            documents.append(_document(loader.get_data(), len(documents) + 1))
+        if keep is None:
+            while loader.check_node():
+                documents.append(_document(loader.get_data(), len(documents) + 1))
+        else:
+            loader.get_event()  # StreamStartEvent
+            while not loader.check_event(yaml.StreamEndEvent):
+                documents.append(_streamed_document(loader, keep, len(documents) + 1))
+            loader.get_event()
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -334,6 +373,92 @@ def load_documents(text: str) -> list[Any]:
     finally:
         loader.dispose()
     return documents
+
+
+def _plain(event: Any, kind: Any) -> bool:
+    """An event opening a node of ``kind`` with no anchor and no tag (nothing can refer to
+    it, and it resolves to the plain mapping or sequence)."""
+    return isinstance(event, kind) and event.anchor is None and event.tag is None
+
+
+def _streamed_document(loader: Any, keep: Callable[[Any], Any], number: int) -> Any:
+    """One YAML document, from its DocumentStartEvent; a top-level ``items`` sequence is
+    composed, built, checked and kept one member at a time (see :func:`load_documents`).
+
+    The rest of the document is composed and built whole with a placeholder where such an
+    ``items`` was, so an error is the one building the document whole raises first: a
+    composing error (syntax, bounds) as it is read, a building error (a refused tag, a
+    long integer) before any failed check, each kind first in document order.
+    """
+    loader.get_event()  # DocumentStartEvent
+    loader._sizes = {}
+    loader._streamed = {}
+    if not _plain(loader.peek_event(), yaml.MappingStartEvent):
+        node = loader.compose_node(None, None)
+        loader.get_event()  # DocumentEndEvent
+        loader.anchors = {}
+        value = _document(loader.construct_document(node), number)
+        return None if value is None else keep(value)
+    start = loader.get_event()
+    pairs: list[tuple[Any, Any]] = []
+    lists = False
+    loader._depth = 1
+    try:
+        while not loader.check_event(yaml.MappingEndEvent):
+            key = loader.compose_node(None, None)
+            if (
+                isinstance(key, yaml.ScalarNode)
+                and key.tag == _STR
+                and key.value == "items"
+                and _plain(loader.peek_event(), yaml.SequenceStartEvent)
+            ):
+                seq = loader.get_event()
+                loader._depth = 2
+                streamed = _stream_items(loader, keep)
+                end = loader.get_event()
+                loader._depth = 1
+                placeholder = yaml.SequenceNode(_STREAMED, [], seq.start_mark, end.end_mark)
+                loader._streamed[id(placeholder)] = streamed
+                pairs.append((key, placeholder))
+                lists = True
+            else:
+                pairs.append((key, loader.compose_node(None, None)))
+        end = loader.get_event()
+    finally:
+        loader._depth = 0
+    loader.get_event()  # DocumentEndEvent
+    loader.anchors = {}
+    mapping = yaml.MappingNode(_MAP, pairs, start.start_mark, end.end_mark, start.flow_style)
+    value = _document(loader.construct_document(mapping), number)
+    loader._streamed = {}
+    return value if lists else keep(value)
+
+
+def _stream_items(loader: Any, keep: Callable[[Any], Any]) -> _Streamed:
+    """The members of a sequence, up to its SequenceEndEvent: each composed, built and
+    checked alone, then kept; the first that cannot be built or fails is remembered."""
+    streamed = _Streamed()
+    index = 0
+    while not loader.check_event(yaml.SequenceEndEvent):
+        node = loader.compose_node(None, None)
+        if streamed.unbuilt is None:
+            try:
+                value = loader.construct_document(node)
+            except (InputError, yaml.YAMLError) as exc:
+                streamed.unbuilt = exc
+            else:
+                if streamed.bad is None:
+                    try:
+                        streamed.append(keep(_tree(value, 2)))
+                    except _Bad as exc:
+                        exc.path.insert(0, index)
+                        streamed.bad = exc
+                del value
+        del node
+        # Only anchored nodes can be referred to again: forget the sizes of the others.
+        loader._sizes = {id(n): loader._sizes.get(id(n), 1) for n in loader.anchors.values()}
+        index += 1
+    return streamed
 
 
 # ---------------------------------------------------------------- a big JSON List, streamed

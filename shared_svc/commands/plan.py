@@ -221,7 +221,7 @@ def _objects(name: str) -> Iterator[K8sObject]:
     try:
         documents = _streamed(name)
         if documents is None:
-            documents = load_documents(_read(name))
+            documents = load_documents(_read(name), keep=_keep)
     except InputError as exc:
         raise UsageError(f"{name}: {exc}") from None
     for number, document in enumerate(documents, start=1):
