@@ -60,6 +60,8 @@ CHART_VALUES = {
     "upgrade_poll_seconds": "upgrade.pollSeconds",
     "upgrade_resync_seconds": "upgrade.resyncSeconds",
     "upgrade_workers": "upgrade.workers",
+    "upgrade_writes_per_second": "upgrade.writesPerSecond",
+    "upgrade_writes_burst": "upgrade.writesBurst",
     "operator_service_account": "admission.operatorServiceAccount",
     "operator_field_manager": "admission.operatorFieldManager",
     "webhook_port": "admission.webhook.port",

@@ -205,6 +205,14 @@ class Config(BaseSettings):
         le=64,
         description="Nodes handled at once by the driver-upgrade controller (each sends its evictions at once).",
     )
+    upgrade_writes_per_second: float = Field(
+        default=200.0,
+        gt=0,
+        description="Write rate limit of the driver-upgrade controller (node patches, evictions, deletes): one token bucket, apart from the Services writer's.",
+    )
+    upgrade_writes_burst: int = Field(
+        default=400, ge=1, description="Burst of the driver-upgrade controller's write rate limit."
+    )
 
     @field_validator("upgrade_consumer_selector")
     @classmethod

@@ -515,6 +515,12 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
         90.0,
     ),
     "upgrade.workers=8": ("SHARED_SVC_UPGRADE_WORKERS", "upgrade_workers", 8),
+    "upgrade.writesPerSecond=50": (
+        "SHARED_SVC_UPGRADE_WRITES_PER_SECOND",
+        "upgrade_writes_per_second",
+        50.0,
+    ),
+    "upgrade.writesBurst=80": ("SHARED_SVC_UPGRADE_WRITES_BURST", "upgrade_writes_burst", 80),
     "tuning.resyncSeconds=600": ("SHARED_SVC_RESYNC_SECONDS", "resync_seconds", 600.0),
     "tuning.discoverySeconds=30": ("SHARED_SVC_DISCOVERY_SECONDS", "discovery_seconds", 30.0),
     "tuning.coalesceSeconds=0.5": ("SHARED_SVC_COALESCE_SECONDS", "coalesce_seconds", 0.5),

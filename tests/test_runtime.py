@@ -57,6 +57,22 @@ def test_bucket_and_max_of() -> None:
         MaxOfRateLimiter()
 
 
+async def test_bucket_take_spends_the_burst_then_waits_its_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writers' pacing: ``take`` spends a token; past the burst, concurrent takers
+    wait in reservation order (1/rate apart), on a frozen clock."""
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    bucket = BucketRateLimiter(4.0, 2, clock=lambda: 0.0)
+    await asyncio.gather(*(bucket.take() for _ in range(4)))
+    assert slept == [0.25, 0.5]
+
+
 async def test_queue_dedups_tracks_in_flight_and_requeues_after_done() -> None:
     registry = CollectorRegistry()
     queue: WorkQueue[str] = WorkQueue("q", metrics=RuntimeMetrics.of(registry))

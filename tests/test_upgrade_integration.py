@@ -32,6 +32,7 @@ from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import pods_on_node
 from testenv import upgrade_examples as ex
@@ -706,3 +707,58 @@ async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the
     assert len(evictions) >= 2 and evicting["peak"] == 2, (evictions, evicting)
     assert ("GET", f"/api/v1/nodes/{node}") not in sent, sent
     assert ("PATCH", f"/api/v1/nodes/{node}") in sent  # the pass did run (parked label)
+
+
+async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
+    api: ApiClient,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 12, upgrade waves within the write rate limit: every node patch, eviction and
+    delete the upgrade controller sends has taken a token of its bucket first."""
+    from shared_svc.upgrade import io as upgrade_io
+
+    real = upgrade_io.raw_request
+    log: list[str] = []  # "take", or the method of a write sent
+
+    class Counted(BucketRateLimiter):
+        async def take(self) -> None:
+            log.append("take")
+            await super().take()
+
+    async def recording(client: ApiClient, method: str, path: str, **kw: Any) -> Any:
+        if method != "GET":
+            log.append(method)
+        return await real(client, method, path, **kw)
+
+    def counted(config: Config) -> BucketRateLimiter:
+        return Counted(
+            config.upgrade_writes_per_second, config.upgrade_writes_burst, clock=lambda: 0.0
+        )
+
+    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    monkeypatch.setattr(upgrade_io, "upgrade_write_limiter", counted)
+    node = await nodes()
+    await create(api, ex.declared_pod("one", namespace=ns, node_name=node))
+    await create(api, ex.declared_pod("two", namespace=ns, node_name=node))
+    start()
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "one", "terminating"), 30)
+    await eventually(lambda: pod_state_is(api, ns, "two", "terminating"), 30)
+    writes = [entry for entry in log if entry != "take"]
+    assert {"PATCH", "POST"} <= set(writes), log  # the node patch and the evictions
+    taken = sent = 0
+    for entry in log:  # each write took its own token before it was sent
+        taken += entry == "take"
+        sent += entry != "take"
+        assert sent <= taken, log
+    assert taken == sent, log
+
+
+def test_the_upgrade_controller_builds_its_bucket_from_the_settings() -> None:
+    from shared_svc.upgrade.io import upgrade_write_limiter
+
+    bucket = upgrade_write_limiter(settings(upgrade_writes_per_second=7.0, upgrade_writes_burst=9))
+    assert (bucket.rate, bucket.burst) == (7.0, 9.0)

@@ -6,9 +6,9 @@ bug or a fight can never turn into a flood of requests.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -17,6 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.k8s.managed_fields import FIELD_MANAGER as FIELD_MANAGER
 from shared_svc.kube.resources import GVR, LEASES, SERVICE_MONITORS, SERVICES
+from shared_svc.runtime.ratelimit import BucketRateLimiter
 
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
@@ -112,34 +113,10 @@ def namespace_gone(exc: BaseException) -> bool:
     )
 
 
-class TokenBucket:
-    def __init__(self, rate: float, burst: int) -> None:
-        self._rate = rate
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._last: float | None = None
-        self._lock = asyncio.Lock()
-
-    async def take(self) -> None:
-        async with self._lock:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            if self._last is not None:
-                self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-            self._last = now
-            if self._tokens < 1:
-                wait = (1 - self._tokens) / self._rate
-                await asyncio.sleep(wait)
-                self._last = loop.time()
-                self._tokens = 0
-            else:
-                self._tokens -= 1
-
-
 class Writer:
     def __init__(self, api: ApiClient, *, rate: float = 10.0, burst: int = 100) -> None:
         self._api = api
-        self._bucket = TokenBucket(rate, burst)
+        self._bucket = BucketRateLimiter(rate, burst, clock=time.monotonic)
         self.writes: Counter[str] = Counter()  # verb -> count, for /status and tests
 
     async def _write(self, verb: str, method: str, path: str, **kw: Any) -> Any:

@@ -4,10 +4,15 @@ Every retry delay in shared-svc comes from here: a failed reconcile of either co
 and a failed list or watch of a cache. Each limiter answers ``when(key)`` (the delay of
 the next try, counting it as a failure), ``forget(key)`` (it succeeded: start over) and
 ``num_requeues(key)``.
+
+The same token bucket also paces writes: every write of the Services writer and of the
+upgrade controller waits for a token (``BucketRateLimiter.take``), as client-go's REST
+client does with its QPS/Burst limiter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -76,7 +81,8 @@ class ItemExponentialFailureRateLimiter:
 
 class BucketRateLimiter:
     """An overall token bucket over all keys: ``rate`` tries per second, ``burst`` at once.
-    ``when`` reserves a token and answers how long until it is there."""
+    ``when`` reserves a token and answers how long until it is there; ``take`` reserves
+    one and waits for it (a write's turn: concurrent callers queue in reservation order)."""
 
     def __init__(self, rate: float, burst: int, *, clock: Callable[[], float]) -> None:
         if rate <= 0 or burst < 1:
@@ -94,6 +100,12 @@ class BucketRateLimiter:
         self._last = now
         self._tokens -= 1
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    async def take(self) -> None:
+        """Wait until a token is there, and spend it."""
+        delay = self.when(None)
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def forget(self, key: Hashable) -> None:
         pass

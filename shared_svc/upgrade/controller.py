@@ -6,7 +6,9 @@ to one worker at a time (``upgrade_workers`` nodes at once), a change that arriv
 node is being handled runs it once more afterwards, failures are retried per node with
 the runtime's capped exponential backoff, and nothing escapes a worker. A pass reads the
 node from the node cache (no GET) and sends the evictions (or deletes) of the node at
-once. Only the leader writes; a follower (or dry-run) plans and reports status only.
+once. Every write (node patch, eviction, delete) waits for a token of one bucket
+(``upgrade_writes_per_second``, ``upgrade_writes_burst``). Only the leader writes; a
+follower (or dry-run) plans and reports status only.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class UpgradeController:
         )
         self._changed = asyncio.Event()
         if io is None:
-            from shared_svc.upgrade.io import KubeUpgradeIO
+            from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 
             io = KubeUpgradeIO(
                 api_client,
@@ -107,6 +109,7 @@ class UpgradeController:
                 on_change=self._changed.set,
                 resync_seconds=config.upgrade_resync_seconds,
                 informers=informers,  # kube.cache.Informers: caches shared with the runner's
+                write_limiter=upgrade_write_limiter(config),
             )
         self._io = io
         self._seen: dict[str, str] = {}

@@ -4,22 +4,27 @@ The only code of ``shared_svc.upgrade`` that talks to the API server: caches of 
 upgrading nodes, of DaemonSets and of ClusterPolicies (``kube.cache.Informer``), pods of one node by field
 selector, evictions (``policy/v1``), deletes with a uid precondition, and node merge
 patches that touch only our own label and annotation keys, guarded by resourceVersion.
+The controller's writes (node patches, evictions, deletes) each wait for a token of one
+bucket (``upgrade_writes_per_second``, ``upgrade_writes_burst``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
 from shared_svc.kube.resources import CLUSTER_POLICIES, NODES, PODS, daemonsets
 from shared_svc.kube.resources import DAEMONSETS as DAEMONSETS_GVR
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
@@ -138,6 +143,13 @@ async def patch_daemonset_template(
     return result
 
 
+def upgrade_write_limiter(config: Config) -> BucketRateLimiter:
+    """The one token bucket all writes of the upgrade controller wait for."""
+    return BucketRateLimiter(
+        config.upgrade_writes_per_second, config.upgrade_writes_burst, clock=time.monotonic
+    )
+
+
 def _version(obj: K8sObject) -> int:
     version = str(obj.get("metadata", {}).get("resourceVersion", ""))
     return int(version) if version.isdigit() else 0
@@ -154,9 +166,12 @@ class KubeUpgradeIO:
         on_change: Callable[[], None],
         resync_seconds: float = 120.0,
         informers: Informers | None = None,
+        write_limiter: BucketRateLimiter | None = None,
     ) -> None:
         self._api = api
         self._driver = driver_name
+        # Every write waits for one of its tokens (the controller passes the configured one).
+        self._writes = write_limiter or upgrade_write_limiter(Config.model_construct())
         # Shared with the Services controller when the runner passes its registry.
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
@@ -218,6 +233,7 @@ class KubeUpgradeIO:
 
     async def patch_node(self, patch: NodePatch) -> None:
         check_own_keys(patch, self._driver)
+        await self._writes.take()
         try:
             await raw_request(
                 self._api,
@@ -239,6 +255,7 @@ class KubeUpgradeIO:
             "metadata": {"name": action.name, "namespace": action.namespace},
             "deleteOptions": {"preconditions": {"uid": action.uid}},
         }
+        await self._writes.take()
         try:
             # The endpoint of CoreV1Api.create_namespaced_pod_eviction, with a raw body.
             await raw_request(
@@ -254,6 +271,7 @@ class KubeUpgradeIO:
 
     async def delete_pod(self, action: PodAction) -> EvictOutcome:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": action.uid}}
+        await self._writes.take()
         try:
             await raw_request(
                 self._api, "DELETE", PODS.item(action.name, action.namespace), body=body
