@@ -165,7 +165,7 @@ CR_READER = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ("list",), ()),
 }
 UPGRADE = {
-    ("", "nodes", ("get", "list", "patch", "watch"), ()),
+    ("", "nodes", ("list", "patch", "watch"), ()),  # no get: nodes come from the cache
     ("", "pods", ("list",), ()),
     ("", "pods/eviction", ("create",), ()),
     ("apps", "daemonsets", ("list", "watch"), ()),

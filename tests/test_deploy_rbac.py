@@ -469,8 +469,10 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         finally:
             stop.set()
             await task
-        # Still nothing beyond the grant: no node writes other than patch, no pods outside list/delete.
+        # Still nothing beyond the grant: no node writes other than patch, no pods outside
+        # list/delete, and no GET of a node (the controller reads nodes from its cache).
         assert await status_of(client.CoreV1Api(api).delete_node(node)) == 403
+        assert await status_of(client.CoreV1Api(api).read_node(node)) == 403
         assert await status_of(client.CoreV1Api(api).read_namespaced_pod("consumer-0", ns)) == 403
     finally:
         await api.close()

@@ -68,16 +68,6 @@ def daemonset_path(namespace: str, name: str) -> str:
     return DAEMONSETS_GVR.item(name, namespace)
 
 
-async def get_node(api: ApiClient, name: str) -> K8sObject | None:
-    try:
-        node: K8sObject = await raw_request(api, "GET", NODES.item(name))
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return node
-
-
 async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
     data = await raw_request(
         api, "GET", NODES.collection(), query=[("labelSelector", label_selector)]
