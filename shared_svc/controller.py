@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -112,7 +112,7 @@ class ServicesController:
         # ConflictingWriter: what we applied last, and how often the same drift came back.
         self._applied: dict[tuple[str, str], dict[str, Any]] = {}
         # (kind, name, field) -> monotonic times we re-applied an unchanged intent to it
-        self._corrections: dict[tuple[str, str, str], deque[float]] = {}
+        self._corrections = FightHistory()
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
         self._namespace_reported = False  # OperatorNamespaceMissing sent in this episode
         self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
@@ -484,7 +484,7 @@ class ServicesController:
         """
         key = (action.kind, action.name)
         history, verdict = fight_verdict(
-            FightHistory({k: tuple(v) for k, v in self._corrections.items()}),
+            self._corrections,
             action.kind,
             action.name,
             apply_body=action.apply,
@@ -495,7 +495,7 @@ class ServicesController:
             threshold=self._config.conflicting_writer_threshold,
             window=self._config.conflicting_writer_window_seconds,
         )
-        self._corrections = {k: deque(v) for k, v in history.strikes.items()}
+        self._corrections = history
         if verdict is None or live is None:
             return False
         field = verdict.field

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from aiohttp import web
-from kubernetes_asyncio import client
-from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
-from shared_svc.errors import UsageError
 from shared_svc.http import make_app, make_runner
 from shared_svc.kube.cache import Informers
 from shared_svc.kube.events import EventRecorder
@@ -39,36 +34,6 @@ log = logging.getLogger(__name__)
 
 class ControllerCrashed(RuntimeError):
     """A controller loop ended without being asked to; the process should exit non-zero."""
-
-
-async def make_api_client(config: Config) -> ApiClient:
-    configuration = client.Configuration()
-    if config.kubeconfig:
-        if not os.path.exists(config.kubeconfig):  # noqa: ASYNC240 (once, at start-up)
-            raise UsageError(f"kubeconfig {config.kubeconfig} does not exist")
-        try:
-            with open(config.kubeconfig) as fh:  # noqa: ASYNC230 (once, at start-up)
-                parsed = yaml.safe_load(fh)
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"kubeconfig {config.kubeconfig} cannot be read: {exc}") from exc
-        if not isinstance(parsed, dict) or not parsed.get("clusters"):
-            raise UsageError(
-                f"kubeconfig {config.kubeconfig} is not a kubeconfig (it names no clusters)"
-            )
-        try:
-            await kube_config.load_kube_config(
-                config_file=config.kubeconfig, client_configuration=configuration
-            )
-        except Exception as exc:
-            raise UsageError(f"kubeconfig {config.kubeconfig} cannot be used: {exc}") from exc
-    else:
-        try:
-            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except kube_config.ConfigException as exc:
-            raise UsageError(
-                f"no kubeconfig given and not running in a cluster ({exc}); pass --kubeconfig"
-            ) from exc
-    return ApiClient(configuration=configuration)
 
 
 class Service:
