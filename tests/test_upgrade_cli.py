@@ -20,6 +20,31 @@ KEY = "nvidia.com/gpu-driver-upgrade.parked"
 CONSUMER = "nvidia.com/gpu-driver-upgrade.consumer"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
 T0 = 1_700_000_000.0
+# The keys of a node and of the gate in the service's /status (docs/upgrade.md).
+STATUS_NODE_KEYS = {
+    "node",
+    "state",
+    "mode",
+    "phase",
+    "parkedLabel",
+    "parkedByUs",
+    "since",
+    "freedAt",
+    "pending",
+    "refused",
+    "blocked",
+    "evicted",
+    "stuck",
+    "detected",
+    "daemonsetPods",
+    "unpreparedDaemonsets",
+    "operatorHookPods",
+    "partialDaemonsets",
+    "restartRace",
+    "unknownState",
+    "recordError",
+}
+STATUS_GATE_KEYS = {"state", "policy", "podSelector", "timeoutSeconds", "wanted", "message"}
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
 GPU = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
 
@@ -231,7 +256,11 @@ def test_status_lists_only_nodes_upgrading_or_still_parked(
     try:
         kc = ["--kubeconfig", str(control_plane.kubeconfig)]
         assert main(["upgrade", "status", "-o", "json", *kc]) == 0
-        listed = {s["node"]: s["state"] for s in json.loads(capsys.readouterr().out)["nodes"]}
+        printed = json.loads(capsys.readouterr().out)
+        listed = {s["node"]: s["state"] for s in printed["nodes"]}
+        # The keys of /status (camelCase, docs/upgrade.md) for the same things.
+        assert all(set(s) == STATUS_NODE_KEYS for s in printed["nodes"]), printed["nodes"]
+        assert set(printed["gate"]) == STATUS_GATE_KEYS, printed["gate"]
         assert set(shown) <= set(listed)
         assert {n: listed[n] for n in shown} == shown
         assert not set(idle) & set(listed)

@@ -14,6 +14,7 @@ from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
+from tests.test_upgrade_cli import STATUS_NODE_KEYS
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 
@@ -193,6 +194,8 @@ async def test_unknown_state_is_warned_once_per_node_and_value(
     assert sent == [("UpgradeStateUnknown", "Warning", n) for n in ("a", "b", "a")]
     assert "node-maintenance-required" in recorder.reports[0].note
     assert controller.status()["nodes"]["a"]["unknownState"] is True
+    # The same keys as `shared-svc upgrade status -o json` (tests/test_upgrade_cli.py).
+    assert set(controller.status()["nodes"]["a"]) == STATUS_NODE_KEYS
 
 
 async def test_unknown_state_standby_logs_and_the_leader_sends_the_event() -> None:

@@ -462,7 +462,10 @@ def show_status(args: argparse.Namespace) -> int:
 
     gate, statuses = _run(args, body)
     if args.output == "json":
-        sys.stdout.write(json.dumps({"gate": gate, "nodes": statuses}, indent=2) + "\n")
+        from shared_svc.k8s.objects import camel_keys  # the keys of /status, for the same things
+
+        shown = {"gate": camel_keys(gate), "nodes": [camel_keys(s) for s in statuses]}
+        sys.stdout.write(json.dumps(shown, indent=2) + "\n")
     else:
         sys.stdout.write(_gate_line(gate) + _text(statuses))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 K8sObject = dict[str, Any]
@@ -46,3 +47,12 @@ def in_namespace(obj: K8sObject, namespace: str) -> bool:
     """A namespaced object of ``namespace`` (a missing namespace is taken as it)."""
     ns = meta(obj).get("namespace")
     return ns is None or ns == namespace
+
+
+_UPPER_AFTER_UNDERSCORE = re.compile(r"_([a-z0-9])")
+
+
+def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``fields`` in camelCase, as Kubernetes spells JSON (``freed_at`` ->
+    ``freedAt``): ``/status`` and ``shared-svc upgrade status -o json`` both use it."""
+    return {_UPPER_AFTER_UNDERSCORE.sub(lambda m: m[1].upper(), k): v for k, v in fields.items()}

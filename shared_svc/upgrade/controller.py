@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
+from shared_svc.k8s.objects import camel_keys
 from shared_svc.reconcile.model import K8sObject, Report
 from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
@@ -432,11 +432,3 @@ def _patch_summary(patch: NodePatch) -> str:
         for key, value in patch.annotations
     ]
     return ", ".join(parts)
-
-
-_UPPER_AFTER_UNDERSCORE = re.compile(r"_([a-z0-9])")
-
-
-def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
-    """``/status`` speaks camelCase (as the Services controller's and Kubernetes' do)."""
-    return {_UPPER_AFTER_UNDERSCORE.sub(lambda m: m[1].upper(), k): v for k, v in fields.items()}
