@@ -17,11 +17,21 @@ name and HTTP port are set besides), and the script prints, from /proc of that p
   every 10 s, are the API server's own ``kubernetes`` Service: they come without
   shared-svc too);
 - CPU: (utime + stime) from /proc/<pid>/stat over the same window, in % of one core.
+  The default window is 300 s, the default ``resync_seconds``: the average then takes in
+  the periodic re-lists (the Services controller's every 300 s, the upgrade controller's
+  every 120 s), the bulk of the idle CPU in this world (the re-list of 8,000 pods).
+
+The Lease writes counted include the API server's own (its identity Lease in
+``kube-system``, one write every 10 s); shared-svc's are one PUT per ``retry_period``.
+
+``--profile FILE`` runs this tree's process under cProfile for the window only
+(``benchmarks/profiled_run.py``: SIGUSR1 starts, SIGUSR2 stops and writes FILE) and prints
+the top functions; the CPU figure of such a run includes the profiler's overhead.
 
 ``--before REF`` runs the same measurements on the code of git ``REF`` too (a temporary
 worktree put first on PYTHONPATH), in the same world, and prints both side by side.
 
-    .venv/bin/python benchmarks/bench_memory.py [--before REF] [--window 60]
+    .venv/bin/python benchmarks/bench_memory.py [--before REF] [--window 300] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ import asyncio
 import copy
 import json
 import os
+import pstats
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -221,7 +233,9 @@ async def build_world(api: ApiClient, ns: str, consumers_ns: str) -> None:
 class Run:
     """One ``shared-svc run`` process."""
 
-    def __init__(self, cp: testenv.ControlPlane, ns: str, pythonpath: str | None) -> None:
+    def __init__(
+        self, cp: testenv.ControlPlane, ns: str, pythonpath: str | None, profile: str | None = None
+    ) -> None:
         self.port = testenv.free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SHARED_SVC_")},
@@ -237,7 +251,12 @@ class Run:
         fd, self.log_name = tempfile.mkstemp(prefix="shared-svc-bench-mem-", suffix=".log")
         self._log = os.fdopen(fd, "wb")
         exe = Path(sys.executable).with_name("shared-svc")
-        self.proc = subprocess.Popen([str(exe), "run"], env=env, stdout=self._log, stderr=self._log)
+        argv = [str(exe), "run"]
+        if profile:  # cProfile of the measured window (benchmarks/profiled_run.py)
+            env["BENCH_PROFILE_OUT"] = profile
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
+            argv = [sys.executable, str(ROOT / "benchmarks" / "profiled_run.py")]
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=self._log)
 
     async def ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -274,18 +293,30 @@ async def measure_small(cp: testenv.ControlPlane, ns: str, pythonpath: str | Non
 
 
 async def measure_big(
-    cp: testenv.ControlPlane, ns: str, pythonpath: str | None, window: float
+    cp: testenv.ControlPlane,
+    ns: str,
+    pythonpath: str | None,
+    window: float,
+    profile: str | None = None,
 ) -> dict[str, Any]:
-    run = Run(cp, ns, pythonpath)
+    run = Run(cp, ns, pythonpath, profile)
     try:
         started = time.monotonic()
         await run.ready()
         synced_in = time.monotonic() - started
         await asyncio.sleep(10)
         after = memory(run.proc.pid)
+        if profile:
+            run.proc.send_signal(signal.SIGUSR1)
         writes0, cpu0, t0 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
         await asyncio.sleep(window)
         writes1, cpu1, t1 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
+        if profile:
+            run.proc.send_signal(signal.SIGUSR2)
+            await asyncio.sleep(2)
+            stats = pstats.Stats(profile)
+            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats("cumulative").print_stats(40)
         end = memory(run.proc.pid)
         writes = {
             r: writes1.get(r, 0) - writes0.get(r, 0)
@@ -315,7 +346,7 @@ def worktree(ref: str) -> str:
     return path
 
 
-async def main(before: str | None, window: float) -> None:
+async def main(before: str | None, window: float, profile: str | None = None) -> None:
     tree = worktree(before) if before else None
     variants: list[tuple[str, str | None]] = [*([(f"before ({before})", tree)] if tree else [])]
     variants.append(("after (this tree)", None))
@@ -332,7 +363,8 @@ async def main(before: str | None, window: float) -> None:
         await build_world(api, ns, consumers)
         await api.close()
         for label, path in variants:
-            results[label].update(await measure_big(cp, ns, path, window))
+            prof = profile if path is None else None  # this tree only
+            results[label].update(await measure_big(cp, ns, path, window, prof))
             print(f"{label}: {results[label]}", flush=True)
     finally:
         cp.stop()
@@ -374,10 +406,13 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--before", help="git ref to measure too (e.g. HEAD)")
-    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--window", type=float, default=300.0)
+    parser.add_argument(
+        "--profile", help="cProfile the window of this tree's run into FILE; print the top"
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="world size factor (smoke runs)")
     args = parser.parse_args()
     NODES, OPERATOR_PODS, CONSUMER_PODS = (
         max(1, int(n * args.scale)) for n in (NODES, OPERATOR_PODS, CONSUMER_PODS)
     )
-    asyncio.run(main(args.before, args.window))
+    asyncio.run(main(args.before, args.window, args.profile))
