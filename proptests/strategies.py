@@ -6,7 +6,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from shared_svc.reconcile.model import K8sObject, Plan, Settings, World
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.reconcile.model import Plan, Settings, World
 from shared_svc.reconcile.needs import compute_needs, counting_crs
 from shared_svc.reconcile.planner import live_objects, plan
 from tests.worlds import (

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proptests.strategies import crs, settings_strategy, workloads, worlds
-from shared_svc.reconcile.model import K8sObject, Settings, World
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import covered_nodes, index_workloads, rule_selectors
 from tests.worlds import apply_plan, find

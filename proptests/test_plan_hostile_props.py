@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from proptests.strategies import worlds
 from shared_svc.cli import main
-from shared_svc.reconcile.model import K8sObject, World
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.reconcile.model import World
 from tests.worlds import cluster_policy, gc_spec, gpu_cluster, service
 
 Path_ = tuple[str | int, ...]

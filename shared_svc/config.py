@@ -22,16 +22,13 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from shared_svc.errors import UsageError
+from shared_svc.k8s.selectors import parse_selector
 from shared_svc.reconcile.model import Settings as CoreSettings
 
 ENV_PREFIX = "SHARED_SVC_"
 # Not settings: read by the development tooling (testenv/, make demo) under the same prefix.
 DEV_TOOLING_ENV = frozenset(
     {"SHARED_SVC_CACHE", "SHARED_SVC_GPU_OPERATOR_DIR", "SHARED_SVC_TESTENV_BIN"}
-)
-
-_LABEL_SELECTOR_CHARS = set(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=!, ()"
 )
 
 
@@ -216,10 +213,8 @@ class Config(BaseSettings):
 
     @field_validator("upgrade_consumer_selector")
     @classmethod
-    def _selector_chars(cls, value: str) -> str:
-        bad = set(value) - _LABEL_SELECTOR_CHARS
-        if bad:
-            raise ValueError(f"invalid characters in label selector: {''.join(sorted(bad))!r}")
+    def _selector_valid(cls, value: str) -> str:
+        parse_selector(value)  # SelectorError (a ValueError) names the offending part
         return value
 
     @model_validator(mode="after")

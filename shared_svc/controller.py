@@ -31,6 +31,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.admission.rules import name_writers
 from shared_svc.aio import wait_any
 from shared_svc.config import Config
+from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.kube.cache import Informer, Informers, Resource
 from shared_svc.kube.events import EventRecorder
@@ -46,7 +47,7 @@ from shared_svc.reconcile.fight import (
     next_active,
     warnings_to_emit,
 )
-from shared_svc.reconcile.model import Action, Plan, Report, World
+from shared_svc.reconcile.model import Action, Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter

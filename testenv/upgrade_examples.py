@@ -10,7 +10,7 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key

@@ -11,9 +11,10 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
+from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.metrics import Metrics
-from shared_svc.reconcile.model import ObjectRef, Plan, Report
+from shared_svc.reconcile.model import Plan
 from testenv import ControlPlane
 from tests.svc import Kube, running, service_config
 

@@ -6,10 +6,10 @@ import asyncio
 import logging
 
 import pytest
+from pydantic import ValidationError
 
 from shared_svc.config import Config
-from shared_svc.errors import UsageError
-from shared_svc.reconcile.model import Report
+from shared_svc.k8s.events import Report
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
@@ -135,8 +135,9 @@ async def test_trigger_requeues_every_known_node() -> None:
     assert len(controller._queue) == 2
 
 
-def test_bad_consumer_selector_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="upgrade_consumer_selector"):
+def test_bad_consumer_selector_is_refused_with_the_configuration() -> None:
+    # The settings model parses it with the one selector parser (shared_svc.k8s.selectors).
+    with pytest.raises(ValidationError, match=r"(?s)upgrade_consumer_selector.*unbalanced"):
         make(ex.FakeUpgradeIO([], []), upgrade_consumer_selector="a in (b")
 
 

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.config import Config
+from shared_svc.k8s.events import Report
 from shared_svc.k8s.selectors import parse_selector
-from shared_svc.reconcile.model import Report
 from shared_svc.upgrade import daemonsets, record
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.gate import (

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from shared_svc.reconcile.model import Action, K8sObject, Plan, World
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.reconcile.model import Action, Plan, World
 
 NS = "gpu-operator"
 CP_API = "nvidia.com/v1"

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from shared_svc.errors import UsageError
+from shared_svc.k8s.objects import K8sObject
 from shared_svc.manifests import (
     MAX_BYTES,
     InputError,
@@ -27,7 +28,7 @@ from shared_svc.manifests import (
     load_json_stream,
     size_text,
 )
-from shared_svc.reconcile.model import K8sObject, Plan, Settings, World
+from shared_svc.reconcile.model import Plan, Settings, World
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import pod_fields
 

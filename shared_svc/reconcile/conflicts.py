@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared_svc.k8s.events import note
-from shared_svc.reconcile.model import Conflict, ConflictValue, ObjectRef, Report
+from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.reconcile.model import Conflict, ConflictValue
 from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.specs import CRSpec
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared_svc.k8s.objects import annotations_of, labels_of, meta, spec
-from shared_svc.reconcile.model import Action, K8sObject, ManagedKind
+from shared_svc.k8s.objects import K8sObject, annotations_of, labels_of, meta, spec
+from shared_svc.reconcile.model import Action, ManagedKind
 from shared_svc.reconcile.names import (
     APP_LABEL,
     COMMON_LABEL,

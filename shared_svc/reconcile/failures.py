@@ -5,9 +5,9 @@ Pure like the rest of the core: the shell says what failed, this says what to te
 
 from __future__ import annotations
 
-from shared_svc.k8s.events import note
+from shared_svc.k8s.events import Report, note
 from shared_svc.reconcile.conflicts import cr_event_ref
-from shared_svc.reconcile.model import Report, World
+from shared_svc.reconcile.model import World
 from shared_svc.reconcile.needs import counting_crs
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# The Kubernetes vocabulary both cores share (``shared_svc.k8s``), named here too.
-from shared_svc.k8s.events import ObjectRef as ObjectRef
-from shared_svc.k8s.events import Report as Report
-from shared_svc.k8s.objects import K8sObject as K8sObject
+from shared_svc.k8s.events import Report
+from shared_svc.k8s.objects import K8sObject
 
 SelectorMode = Literal["auto", "app"]
 ActionKind = Literal["create", "update", "delete", "unchanged", "skip"]

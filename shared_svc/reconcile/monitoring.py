@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared_svc.k8s.events import note
-from shared_svc.k8s.objects import labels_of, meta, name_of, spec
+from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.k8s.objects import K8sObject, labels_of, meta, name_of, spec
 from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.conflicts import Resolution, cr_event_ref, resolve
-from shared_svc.reconcile.model import K8sObject, ObjectRef, Pending, Report
+from shared_svc.reconcile.model import Pending
 from shared_svc.reconcile.names import (
     APP_LABEL,
     EXPORTER_PORT,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from shared_svc.k8s.objects import owner_refs
-from shared_svc.reconcile.model import K8sObject, World
+from shared_svc.k8s.objects import K8sObject, owner_refs
+from shared_svc.reconcile.model import World
 from shared_svc.reconcile.names import (
     DCGM,
     DCGM_DRA,

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared_svc.k8s.objects import labels_of, owner_refs
-from shared_svc.reconcile.model import K8sObject
+from shared_svc.k8s.objects import K8sObject, labels_of, owner_refs
 from shared_svc.reconcile.names import CR_GROUP, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from shared_svc.reconcile.specs import CLUSTER_POLICY, GPU_CLUSTER, CRSpec
 

@@ -10,8 +10,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from shared_svc.k8s.events import note
-from shared_svc.k8s.objects import annotations_of, in_namespace, labels_of, meta, name_of, spec
+from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.k8s.objects import (
+    K8sObject,
+    annotations_of,
+    in_namespace,
+    labels_of,
+    meta,
+    name_of,
+    spec,
+)
 from shared_svc.reconcile.conflicts import Resolution, conflict_reports, cr_event_ref
 from shared_svc.reconcile.diff import (
     Desired,
@@ -21,13 +29,10 @@ from shared_svc.reconcile.diff import (
 )
 from shared_svc.reconcile.model import (
     Action,
-    K8sObject,
     ManagedKind,
-    ObjectRef,
     ObjectStatus,
     Pending,
     Plan,
-    Report,
     Settings,
     SpecError,
     World,

@@ -6,9 +6,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from shared_svc.k8s.objects import spec
+from shared_svc.k8s.objects import K8sObject, spec
 from shared_svc.reconcile.conflicts import Resolution, resolve
-from shared_svc.reconcile.model import K8sObject
 from shared_svc.reconcile.names import (
     APP_LABEL,
     COMPONENT_OF,

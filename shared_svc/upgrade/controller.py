@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
-from shared_svc.k8s.objects import camel_keys
-from shared_svc.reconcile.model import K8sObject, Report
+from shared_svc.k8s.events import Report
+from shared_svc.k8s.objects import K8sObject, camel_keys
 from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, every

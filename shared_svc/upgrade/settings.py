@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from shared_svc.errors import UsageError
-from shared_svc.k8s.selectors import Selector, SelectorError, parse_selector
+from shared_svc.k8s.selectors import Selector, parse_selector
 
 if TYPE_CHECKING:
     from shared_svc.config import Config
@@ -30,14 +29,10 @@ class UpgradeSettings:
 
     @staticmethod
     def from_config(config: Config) -> UpgradeSettings:
-        """Raises ``UsageError`` (one line, exit 2) for a consumer selector that does not parse."""
-        try:
-            selector = parse_selector(config.upgrade_consumer_selector)
-        except SelectorError as exc:
-            raise UsageError(f"upgrade_consumer_selector: {exc}") from None
+        """``Config`` has checked the consumer selector (a bad one is a one-line error)."""
         return UpgradeSettings(
             driver_name=config.upgrade_driver_name,
-            consumer_selector=selector,
+            consumer_selector=parse_selector(config.upgrade_consumer_selector),
             detection=config.upgrade_detection,
             runtime_classes=frozenset(config.upgrade_runtime_classes),
             eviction_timeout_seconds=config.upgrade_eviction_timeout_seconds,
