@@ -90,7 +90,7 @@ def json_depth(raw: bytes) -> int:
     of the quotes and brackets left, the brackets outside strings count. Bytes-level
     C operations only, but the final sum: it runs on every page of a re-list.
     """
-    bare = raw.replace(b"\\\"", b"").translate(None, _NOT_QUOTE_OR_BRACKET)
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
     brackets = b"".join(bare.split(b'"')[::2])
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
