@@ -50,6 +50,8 @@ def test_longest_names_make_a_certificate() -> None:
         ({"service": "Bad_Name", "namespace": "ns"}, "service"),
         ({"service": "w", "namespace": "a.b"}, "namespace"),
         ({"service": "w", "namespace": "ns", "extra_sans": ["not a name"]}, "neither"),
+        ({"service": "w\n", "namespace": "ns"}, "service"),  # a whole-string match
+        ({"service": "w", "namespace": "ns", "extra_sans": ["abc\n"]}, "neither"),
         ({"service": "w", "namespace": "ns", "validity_days": 0}, "validity"),
     ],
 )

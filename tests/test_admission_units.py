@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from shared_svc.admission.guard import guard_mode
 from shared_svc.admission.rules import name_writers, operator_username, operator_writes
 from shared_svc.admission.server import make_webhook_app, tls_context
+from shared_svc.commands.admission import secret_ref
 from shared_svc.commands.run import load_config
 from shared_svc.errors import UsageError
 
@@ -74,6 +75,15 @@ def test_webhook_tls_settings_fail_in_one_line(
     with pytest.raises(UsageError, match="go together") as err:
         load_config(argparse.Namespace())
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["ns/abc\n", "ns\n/abc", "a.b/abc", "ns/Abc", "ns/" + "a" * 254])
+def test_admission_names_are_whole_kubernetes_names(text: str) -> None:
+    """A Secret's namespace is a DNS label and its name a DNS subdomain, matched whole (a
+    trailing newline is not a name)."""
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a Kubernetes object name"):
+        secret_ref(text)
+    assert secret_ref("gpu-operator/shared-svc.webhook") == ("gpu-operator", "shared-svc.webhook")
 
 
 def test_conflicting_writer_names_the_writer_and_its_operation() -> None:

@@ -157,6 +157,8 @@ def _generation(cp: testenv.ControlPlane, target: str) -> int:
     [
         (["no-slash"], "expected NAMESPACE/NAME"),
         (["Bad/Name"], "expected NAMESPACE/NAME"),
+        (["default/abc\n"], "expected NAMESPACE/NAME"),  # a whole-string match, no "$\n"
+        (["a.b/abc"], "expected NAMESPACE/NAME"),  # a namespace is a DNS label
         (["default/does-not-exist"], "not found"),
         (["gpu-operator/nvidia-driver-daemonset"], "operator namespace"),
     ],

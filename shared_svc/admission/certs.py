@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +25,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from shared_svc.k8s.labels import is_object_name
+
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"
 VALIDITY_DAYS = 3650
 RENEW_BEFORE_DAYS = 30
-_DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class CertError(ValueError):
@@ -57,7 +57,7 @@ def cert_spec(
     the shorter forms are listed too. ``extra_sans`` adds names or IP addresses (a webhook
     reached by URL out of cluster, e.g. ``127.0.0.1``)."""
     for label, value in (("service", service), ("namespace", namespace)):
-        if not _DNS.match(value) or "." in value or len(value) > 63:
+        if not is_object_name(value, label=True):
             raise CertError(f"{label} {value!r} is not a DNS label")
     if not 1 <= validity_days <= 36500:
         raise CertError(f"validity {validity_days} days is not between 1 and 36500")
@@ -67,7 +67,7 @@ def cert_spec(
         try:
             ips.append(str(ipaddress.ip_address(san)))
         except ValueError:
-            if not _DNS.match(san) or len(san) > 253:
+            if not is_object_name(san):
                 raise CertError(f"{san!r} is neither an IP address nor a DNS name") from None
             dns.append(san)
     full = f"{service}.{namespace}.svc"

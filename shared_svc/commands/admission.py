@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from shared_svc.config import add_flags
 from shared_svc.errors import UsageError
+from shared_svc.k8s.labels import is_object_name
 from shared_svc.kube.resources import (
     MUTATING_POLICY_BINDINGS,
     MUTATING_WEBHOOKS,
@@ -35,11 +35,10 @@ from shared_svc.kube.resources import (
 T = TypeVar("T")
 
 WEBHOOK_KINDS = {"mutating": MUTATING_WEBHOOKS, "validating": VALIDATING_WEBHOOKS}
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-def _object_name(text: str, what: str) -> str:
-    if not _NAME.match(text) or len(text) > 253:
+def _object_name(text: str, what: str, *, label: bool = False) -> str:
+    if not is_object_name(text, label=label):
         raise argparse.ArgumentTypeError(f"{what} {text!r} is not a Kubernetes object name")
     return text
 
@@ -48,7 +47,7 @@ def secret_ref(text: str) -> tuple[str, str]:
     namespace, sep, name = text.partition("/")
     if not sep or not namespace or "/" in name:
         raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}")
-    return _object_name(namespace, "namespace"), _object_name(name, "name")
+    return _object_name(namespace, "namespace", label=True), _object_name(name, "name")
 
 
 def webhook_ref(text: str) -> tuple[str, str]:
@@ -97,7 +96,7 @@ def register(subparsers: Any) -> None:
     certs.add_argument(
         "--service",
         required=True,
-        type=lambda t: _object_name(t, "service"),
+        type=lambda t: _object_name(t, "service", label=True),
         help="the webhook Service (names <service>.<namespace>.svc)",
     )
     certs.add_argument(

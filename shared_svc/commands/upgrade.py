@@ -24,7 +24,6 @@ import asyncio
 import difflib
 import json
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -33,10 +32,10 @@ import yaml
 
 from shared_svc.config import add_flags, flag_values, load, unknown_env
 from shared_svc.errors import UsageError
+from shared_svc.k8s.labels import is_object_name
 
 T = TypeVar("T")
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PROTECTED_KEY_PREFIX = "nvidia.com/gpu.deploy."
 
 
@@ -164,13 +163,7 @@ def _consumer_labels(config: Any) -> dict[str, str]:
 
 def parse_target(text: str) -> tuple[str, str]:
     namespace, sep, name = text.partition("/")
-    if (
-        not sep
-        or not _NAME.match(namespace)
-        or not _NAME.match(name)
-        or len(namespace) > 63
-        or len(name) > 253
-    ):
+    if not sep or not is_object_name(namespace, label=True) or not is_object_name(name):
         raise UsageError(f"expected NAMESPACE/NAME of a DaemonSet, got {text!r}")
     return namespace, name
 
