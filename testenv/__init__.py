@@ -3,7 +3,7 @@
 Built from Go modules by ``testenv/build.sh`` (cached), started with free ports in a
 temporary directory, authenticated by a static token file (admin in
 ``system:masters``) with ``--authorization-mode=RBAC``. Used by the test fixtures, the
-demo, the benchmarks and ``shared-svc testenv``. On request kube-controller-manager runs
+demo, the benchmarks and ``python -m testenv``. On request kube-controller-manager runs
 too, with the garbage collector and EndpointSlice controllers only (:data:`CONTROLLERS`);
 there is never a DaemonSet controller, scheduler or kubelet.
 

@@ -21,9 +21,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.config import Config
 from shared_svc.kube.writer import Writer
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.io import KubeUpgradeIO
+from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from testenv import ControlPlane
@@ -427,7 +428,9 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
     )
     api = await as_identity(control_plane, ident)
     try:
-        io = KubeUpgradeIO(api, DRIVER, on_change=lambda: None)
+        io = KubeUpgradeIO(
+            api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
+        )
         off = {
             "pods on node": io.pods_on_node(node),
             "patch node": io.patch_node(patch),
@@ -505,7 +508,9 @@ async def test_upgrade_controller_alone_reads_cluster_policies_and_cannot_write_
         custom = client.CustomObjectsApi(api)
         # The gate check's cache (shared_svc.upgrade.io) syncs: ClusterPolicies are listed
         # and watched with the upgrade controller's own grant (no Services controller here).
-        io = KubeUpgradeIO(api, DRIVER, on_change=lambda: None)
+        io = KubeUpgradeIO(
+            api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
+        )
         stop = asyncio.Event()
         task = asyncio.ensure_future(io.run(stop))
         try:

@@ -36,7 +36,7 @@ def make(
     controller = UpgradeController(
         None, cfg, recorder, is_leader=lambda: leader, io=io, clock=lambda: 1000.0
     )
-    io.on_change = controller.notify
+    io.on_change = controller.trigger
     return controller, recorder
 
 
@@ -91,7 +91,7 @@ async def test_run_handles_nodes_retries_failures_and_stops() -> None:
     controller, _ = make(io, backoff_base_seconds=0.001, upgrade_workers=3)
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
-    controller.notify()
+    controller.trigger()
     for _ in range(500):
         if all(PARKED in n["metadata"]["labels"] for n in io.nodes.values()):
             break
@@ -156,7 +156,7 @@ async def test_stop_finishes_the_node_in_flight() -> None:
     controller, _ = make(io)
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
-    controller.notify()
+    controller.trigger()
     await asyncio.wait_for(io.started.wait(), 5)
     stop.set()  # while the node patch is in flight
     await asyncio.wait_for(task, 5)
@@ -300,10 +300,10 @@ async def test_reconciles_are_counted_under_the_runtime_metric_names() -> None:
     controller = UpgradeController(
         None, cfg, Recorder(), is_leader=lambda: True, io=io, registry=registry
     )
-    io.on_change = controller.notify
+    io.on_change = controller.trigger
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
-    controller.notify()
+    controller.trigger()
     sample = registry.get_sample_value
     ok = {"controller": "upgrade", "result": "success"}
     for _ in range(500):

@@ -26,13 +26,19 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from shared_svc.config import add_flags, flag_values, load, unknown_env
+from shared_svc.config import Config, add_flags, flag_values, load, unknown_env
 from shared_svc.errors import UsageError
 from shared_svc.k8s.labels import is_object_name
+
+if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that connect
+    from kubernetes_asyncio.client import ApiClient
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.k8s.selectors import Selector
 
 T = TypeVar("T")
 
@@ -110,14 +116,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, SETTINGS)
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> Config:
     """The service's settings: these flags over the environment over the defaults."""
     for warning in unknown_env(os.environ):
         print(f"shared-svc: warning: {warning}", file=sys.stderr)
     return load(flag_values(args, SETTINGS))
 
 
-def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> T:
+def _run(args: argparse.Namespace, body: Callable[[ApiClient, Config], Awaitable[T]]) -> T:
     """Connect, run ``body(api, config)``, close; API trouble becomes one line, not a traceback."""
     from aiohttp import ClientError
     from kubernetes_asyncio.client.exceptions import ApiException
@@ -141,20 +147,27 @@ def _run(args: argparse.Namespace, body: Callable[[Any, Any], Awaitable[T]]) -> 
         raise UsageError(f"cannot reach the API server: {exc or type(exc).__name__}") from None
 
 
-def _api_message(exc: Any) -> str:
+def _api_message(exc: ApiException) -> str:
     from shared_svc.kube.writer import status_of
 
     return str(status_of(exc).get("message") or exc.reason)
 
 
-def _consumer_labels(config: Any) -> dict[str, str]:
-    """The declared consumer label(s) of the consumer selector (one line on a bad selector)."""
-    from shared_svc.k8s.selectors import SelectorError, parse_selector
+def _consumer_selector(config: Config) -> Selector:
+    """The consumer selector ``Config`` parsed and checked (a bad one is a one-line error
+    when the configuration is read)."""
+    from shared_svc.upgrade.settings import UpgradeSettings
+
+    return UpgradeSettings.from_config(config).consumer_selector
+
+
+def _consumer_labels(config: Config) -> dict[str, str]:
+    """The declared consumer label(s) of the consumer selector (one line when it has none)."""
     from shared_svc.upgrade.gate import NoConsumerLabel, consumer_labels
 
     try:
-        return consumer_labels(parse_selector(config.upgrade_consumer_selector))
-    except (SelectorError, NoConsumerLabel) as exc:
+        return consumer_labels(_consumer_selector(config))
+    except NoConsumerLabel as exc:
         raise UsageError(f"upgrade_consumer_selector: {exc}") from None
 
 
@@ -198,7 +211,7 @@ def diff_text(before: dict[str, Any], after: dict[str, Any], label: str) -> str:
 def prepare_daemonset(args: argparse.Namespace) -> int:
     namespace, name = parse_target(args.target)
 
-    async def body(api: Any, config: Any) -> int:
+    async def body(api: ApiClient, config: Config) -> int:
         from shared_svc.upgrade import io as upgrade_io
         from shared_svc.upgrade.daemonsets import (
             classify_daemonset,
@@ -270,15 +283,15 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
 # --- configure-gate ---
 
 
-async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
+async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     """The ClusterPolicies; [] when the CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.kube.resources import CLUSTER_POLICIES_GVR
+    from shared_svc.kube.resources import CLUSTER_POLICIES
     from shared_svc.kube.writer import raw_request
 
     try:
-        data = await raw_request(api, "GET", CLUSTER_POLICIES_GVR.collection())
+        data = await raw_request(api, "GET", CLUSTER_POLICIES.gvr.collection())
     except ApiException as exc:
         if exc.status == 404:
             return []
@@ -287,8 +300,7 @@ async def _list_cluster_policies(api: Any) -> list[dict[str, Any]]:
 
 
 def configure_gate(args: argparse.Namespace) -> int:
-    from shared_svc.k8s.selectors import parse_selector
-    from shared_svc.kube.resources import CLUSTER_POLICIES_GVR
+    from shared_svc.kube.resources import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -301,7 +313,7 @@ def configure_gate(args: argparse.Namespace) -> int:
     if timeout <= 0:
         raise UsageError(f"--timeout-seconds must be > 0, got {timeout}")
 
-    async def body(api: Any, config: Any) -> int:
+    async def body(api: ApiClient, config: Config) -> int:
         _consumer_labels(config)  # one line for a selector without a label
         active = active_policy(await _list_cluster_policies(api))
         if active is None:
@@ -309,7 +321,7 @@ def configure_gate(args: argparse.Namespace) -> int:
         policy = policy_of_cluster_policy(active)
         plan = plan_gate(
             policy,
-            parse_selector(config.upgrade_consumer_selector),
+            _consumer_selector(config),
             replace=args.replace,
             timeout_seconds=timeout,
         )
@@ -333,7 +345,7 @@ def configure_gate(args: argparse.Namespace) -> int:
         await raw_request(
             api,
             "PATCH",
-            CLUSTER_POLICIES_GVR.item(policy.name),
+            CLUSTER_POLICIES.gvr.item(policy.name),
             body=guarded,
             content_type=MERGE_PATCH,
             query=[("fieldManager", "shared-svc-configure-gate")],
@@ -347,13 +359,12 @@ def configure_gate(args: argparse.Namespace) -> int:
 # --- status ---
 
 
-async def gather_gate(api: Any, config: Any) -> dict[str, Any]:
+async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
     """The active ClusterPolicy's gate, checked against the consumer selector (the service's
     default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR / --upgrade-consumer-selector): the same pure
     check the service makes (its verdict is in its /status)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.k8s.selectors import parse_selector
     from shared_svc.upgrade.gate import check_gate
 
     try:
@@ -365,11 +376,11 @@ async def gather_gate(api: Any, config: Any) -> dict[str, Any]:
             "state": "unknown",
             "message": "cannot list ClusterPolicies (403): gate not checked",
         }
-    check, _ = check_gate(policies, parse_selector(config.upgrade_consumer_selector))
+    check, _ = check_gate(policies, _consumer_selector(config))
     return check.as_dict()
 
 
-async def gather_status(api: Any, config: Any) -> list[dict[str, Any]]:
+async def gather_status(api: ApiClient, config: Config) -> list[dict[str, Any]]:
     """The status of every node that is upgrading or still parked, from the service's record.
 
     Only the driver name (the label keys) comes from local configuration: the eviction
@@ -450,7 +461,7 @@ def _text(statuses: list[dict[str, Any]]) -> str:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    async def body(api: Any, config: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def body(api: ApiClient, config: Config) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return await gather_gate(api, config), await gather_status(api, config)
 
     gate, statuses = _run(args, body)

@@ -52,7 +52,6 @@ DAEMONSETS = GVR("apps", "v1", "daemonsets")
 LEASES = GVR("coordination.k8s.io", "v1", "leases")
 EVENTS = GVR("events.k8s.io", "v1", "events")
 SERVICE_MONITORS = GVR("monitoring.coreos.com", "v1", "servicemonitors")
-CLUSTER_POLICIES_GVR = GVR("nvidia.com", "v1", "clusterpolicies")
 MUTATING_POLICY_BINDINGS = GVR(
     "admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings"
 )

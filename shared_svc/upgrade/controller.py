@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -42,6 +42,12 @@ from shared_svc.upgrade.planner import (
 )
 from shared_svc.upgrade.settings import UpgradeSettings
 
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+    from shared_svc.kube.cache import Informers
+    from shared_svc.runtime.workqueue import WorkQueue
+
 log = logging.getLogger(__name__)
 
 CONTROLLER = "upgrade"  # the ``controller`` / ``name`` label of the runtime's metrics
@@ -54,7 +60,7 @@ class Recorder(Protocol):
 
 
 class UpgradeIO(Protocol):
-    """What ``shared_svc.upgrade.io.KubeUpgradeIO`` provides (a fake runs the benchmark)."""
+    """What ``shared_svc.upgrade.io.KubeUpgradeIO`` provides (tests run the controller on a fake with these methods)."""
 
     async def run(self, stop: asyncio.Event) -> None: ...
     def synced(self) -> bool: ...
@@ -73,7 +79,7 @@ class UpgradeController:
 
     def __init__(
         self,
-        api_client: Any,
+        api_client: ApiClient | None,
         config: Config,
         recorder: Recorder,
         *,
@@ -81,7 +87,7 @@ class UpgradeController:
         registry: CollectorRegistry | None = None,
         io: UpgradeIO | None = None,
         clock: Callable[[], float] = time.time,
-        informers: Any = None,
+        informers: Informers | None = None,
     ) -> None:
         self.settings = UpgradeSettings.from_config(config)
         self._config = config
@@ -103,12 +109,14 @@ class UpgradeController:
         if io is None:
             from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 
+            if api_client is None:
+                raise ValueError("the upgrade controller needs an API client or an io")
             io = KubeUpgradeIO(
                 api_client,
                 self.settings.driver_name,
                 on_change=self._changed.set,
                 resync_seconds=config.upgrade_resync_seconds,
-                informers=informers,  # kube.cache.Informers: caches shared with the runner's
+                informers=informers,  # caches shared with the runner's
                 write_limiter=upgrade_write_limiter(config),
             )
         self._io = io
@@ -133,7 +141,7 @@ class UpgradeController:
     needs_leader = False  # a follower plans too (status, warm caches); only the leader writes
 
     @property
-    def _queue(self) -> Any:
+    def _queue(self) -> WorkQueue[str]:
         return self._runtime.queue
 
     def ready(self) -> bool:
@@ -145,10 +153,6 @@ class UpgradeController:
     def leadership_changed(self, leader: bool) -> None:
         if leader:
             self.trigger()  # what the last leader left half done
-
-    def notify(self) -> None:
-        """Something changed (the IO's caches call this): look at the nodes again."""
-        self._changed.set()
 
     def trigger(self) -> None:
         """Look at every known node again now (e.g. on becoming leader), and the gate."""

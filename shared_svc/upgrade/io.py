@@ -21,8 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
-from shared_svc.kube.resources import CLUSTER_POLICIES, NODES, PODS, daemonsets
-from shared_svc.kube.resources import DAEMONSETS as DAEMONSETS_GVR
+from shared_svc.kube.resources import CLUSTER_POLICIES, DAEMONSETS, NODES, PODS, daemonsets
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -59,13 +58,13 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
 
 
 # All namespaces, kept as what the planners read (``k8s.projections.daemonset_fields``).
-DAEMONSETS = daemonsets()
-# Read for the upgrade flow's gate (``shared_svc.upgrade.gate``); never written by the service.
-# Both are shared with the Services controller when both run (``kube.cache.Informers``).
+ALL_DAEMONSETS = daemonsets()
+# ClusterPolicies (``kube.resources.CLUSTER_POLICIES``) are read for the upgrade flow's gate
+# (``shared_svc.upgrade.gate``), never written by the service. Both caches are shared with the Services controller when both run (``kube.cache.Informers``).
 
 
 def daemonset_path(namespace: str, name: str) -> str:
-    return DAEMONSETS_GVR.item(name, namespace)
+    return DAEMONSETS.item(name, namespace)
 
 
 async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
@@ -83,7 +82,7 @@ async def pods_on_node(api: ApiClient, node: str) -> list[K8sObject]:
 
 
 async def list_daemonsets(api: ApiClient) -> list[K8sObject]:
-    data = await raw_request(api, "GET", DAEMONSETS_GVR.collection())
+    data = await raw_request(api, "GET", DAEMONSETS.collection())
     return list(data.get("items") or [])
 
 
@@ -146,7 +145,8 @@ def _version(obj: K8sObject) -> int:
 
 
 class KubeUpgradeIO:
-    """What the controller reads and writes; a fake with the same methods runs the benchmark."""
+    """What the controller reads and writes (tests run the controller on a fake with the
+    same methods)."""
 
     def __init__(
         self,
@@ -156,12 +156,12 @@ class KubeUpgradeIO:
         on_change: Callable[[], None],
         resync_seconds: float = 120.0,
         informers: Informers | None = None,
-        write_limiter: BucketRateLimiter | None = None,
+        write_limiter: BucketRateLimiter,
     ) -> None:
         self._api = api
         self._driver = driver_name
-        # Every write waits for one of its tokens (the controller passes the configured one).
-        self._writes = write_limiter or upgrade_write_limiter(Config.model_construct())
+        # Every write waits for one of its tokens (``upgrade_write_limiter``).
+        self._writes = write_limiter
         # Shared with the Services controller when the runner passes its registry.
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
@@ -171,7 +171,7 @@ class KubeUpgradeIO:
         )
         self._on_change = on_change
         self._daemonsets = self._registry.informer(
-            DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
+            ALL_DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
         )
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
         self._cluster_policies = self._registry.informer(
