@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 from typing import Any
 
@@ -19,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.config import Config
-from shared_svc.k8s.events import Report
+from shared_svc.k8s.events import NOTE_LIMIT, Report
 from shared_svc.k8s.selectors import parse_selector
+from shared_svc.kube.events import event_body
 from shared_svc.upgrade import daemonsets, record
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.gate import (
@@ -85,6 +87,17 @@ def test_gate_selects_the_consumers_only_when_every_requirement_holds(
     assert (report is None) == (state == "ok")
     if report is not None:
         assert "races the driver restart" in report.note
+
+
+def test_a_long_gate_warning_is_cut_once_in_bytes_by_the_event() -> None:
+    """The report carries the whole message; the Event note cuts it to 1024 bytes (between
+    characters), not the report to 1000 characters first."""
+    foreign = "app in (" + ",".join(f"gpu-é{i}" for i in range(150)) + ")"
+    verdict, report = check(ex.cluster_policy(pod_selector=foreign, timeout_seconds=300))
+    assert report is not None and len(verdict.message) > 1000
+    assert report.note == verdict.message
+    sent = event_body(report, "pod-0", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))["note"]
+    assert len(sent.encode()) <= NOTE_LIMIT and verdict.message.startswith(sent[:-3])
 
 
 def test_no_flow_no_warning() -> None:

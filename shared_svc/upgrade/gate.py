@@ -257,7 +257,7 @@ def gate_report(check: GateCheck, policy: UpgradePolicy) -> Report | None:
         "GPUConsumerGateMissing" if check.state == "missing" else "GPUConsumerGateMismatch",
         "CheckUpgradePolicy",
         regarding,
-        check.message[:1000],
+        check.message,  # the Event note is cut to its limit in bytes (k8s.events.note)
         f"upgrade-gate/{policy.name}/{digest}",
     )
 
