@@ -98,6 +98,15 @@ def _one_line(exc: HttpProcessingError) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def bound_port(runner: web.BaseRunner) -> int:
+    """The TCP port ``runner``'s started site listens on (the one the OS picked for port 0),
+    read from aiohttp's public ``BaseRunner.addresses``."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):  # (host, port) or (host, port, flowinfo, scope_id)
+            return int(address[1])
+    raise RuntimeError("the runner listens on no TCP port")
+
+
 def make_runner(app: web.Application, *, client_timeout: float = CLIENT_TIMEOUT) -> web.AppRunner:
     """The runner that serves ``app`` (no access log; see the module docstring)."""
     return web.AppRunner(

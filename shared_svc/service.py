@@ -17,7 +17,7 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
-from shared_svc.http import make_app, make_runner
+from shared_svc.http import bound_port, make_app, make_runner
 from shared_svc.kube.cache import Informers
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
@@ -139,9 +139,7 @@ class Service:
             await self._runner.setup()
             site = web.TCPSite(self._runner, cfg.bind_address, cfg.port)
             await site.start()
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
-            self.port = sockets[0].getsockname()[1] if sockets else cfg.port
+            self.port = bound_port(self._runner)
             log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
             if cfg.services_controller:
                 self.admission = AdmissionGuard(

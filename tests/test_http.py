@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from shared_svc.http import CLIENT_TIMEOUT, make_app, make_runner
+from shared_svc.http import CLIENT_TIMEOUT, bound_port, make_app, make_runner
 from tests.kube import eventually
 
 
@@ -32,9 +32,8 @@ async def port() -> AsyncIterator[int]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server: Any = site._server
     try:
-        yield server.sockets[0].getsockname()[1]
+        yield bound_port(runner)
     finally:
         await runner.cleanup()
 

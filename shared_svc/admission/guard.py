@@ -213,7 +213,7 @@ class AdmissionGuard:
             from aiohttp import web
 
             from shared_svc.admission.server import CertReloader, make_webhook_app
-            from shared_svc.http import make_runner
+            from shared_svc.http import bound_port, make_runner
 
             self.certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
             app = make_webhook_app(
@@ -229,8 +229,7 @@ class AdmissionGuard:
                 self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=self.certs.context
             )
             await site.start()
-            sockets = getattr(site._server, "sockets", None) or []
-            self.webhook_port = sockets[0].getsockname()[1] if sockets else cfg.webhook_port
+            self.webhook_port = bound_port(self._runner)
             log.info("serving the admission webhook", extra={"port": self.webhook_port})
         self._task = asyncio.ensure_future(self._run())
 
