@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.model import Plan, Settings
-from shared_svc.reconcile.monitoring import label_selector_matches
 from shared_svc.reconcile.planner import plan
 from tests.worlds import (
     action_of,
@@ -78,7 +78,8 @@ def test_odd_unmanaged_service_monitor_selector_never_raises(selector: dict[str,
     odd["spec"]["selector"] = selector
     result = plan(world(gpu_cluster(), stack("GPUCluster"), odd), Settings())
     assert duplicates(result) == []
-    assert label_selector_matches(selector, {"app": "nvidia-dcgm-exporter"}) is False
+    with pytest.raises(SelectorError):  # invalid: it selects nothing (the plan skips it)
+        label_selector(selector)
 
 
 # Section 7: the ServiceMonitor "selects ... exactly the exporter Services that will carry
@@ -110,7 +111,7 @@ def test_service_monitor_with_nothing_to_select_has_a_valid_selector(adopt: bool
         {"app": "nvidia-dcgm-exporter-dra", "app.kubernetes.io/managed-by": "shared-svc"},
         {"app.kubernetes.io/managed-by": "shared-svc"},
     ):
-        assert not label_selector_matches(selector, labels)
+        assert not label_selector(selector).matches(labels)
     # And a settled world stays settled: the same plan again writes nothing new.
     after = settled(world(cp, stack("ClusterPolicy"), foreign), Settings(adopt=adopt))
     assert plan(after, Settings(adopt=adopt)).writes == ()

@@ -13,7 +13,6 @@ from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.ratelimit import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
-    MaxOfRateLimiter,
 )
 from shared_svc.runtime.runnable import Controller, Manager, Result
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
@@ -44,17 +43,9 @@ def test_exponential_limiter_caps_the_exponent() -> None:
     assert delays[-1] == delays[-2] == 0.2 * 2**10
 
 
-def test_bucket_and_max_of() -> None:
-    now = [0.0]
-    bucket = BucketRateLimiter(10.0, 2, clock=lambda: now[0])
+def test_bucket_spends_the_burst_then_spaces_keys() -> None:
+    bucket = BucketRateLimiter(10.0, 2, clock=lambda: 0.0)
     assert [bucket.when(k) for k in "abc"] == [0.0, 0.0, pytest.approx(0.1)]
-    both = MaxOfRateLimiter(ItemExponentialFailureRateLimiter(0.5, 10.0), bucket)
-    assert both.when("x") == 1.0  # the per-item delay is the longer one
-    now[0] = 10.0
-    both.forget("x")
-    assert both.num_requeues("x") == 0 and both.when("x") == 1.0
-    with pytest.raises(ValueError):
-        MaxOfRateLimiter()
 
 
 async def test_bucket_take_spends_the_burst_then_waits_its_turn(

@@ -158,16 +158,6 @@ def _scraped_expression(scraped: Sequence[str]) -> dict[str, Any]:
     return {"key": MANAGED_BY_LABEL, "operator": "DoesNotExist"}
 
 
-def label_selector_matches(selector: Any, obj_labels: Mapping[str, str]) -> bool:
-    """Does a ServiceMonitor's ``spec.selector`` select ``obj_labels``? Kubernetes
-    LabelSelector semantics (an empty selector selects everything); an invalid or missing
-    selector selects nothing (prometheus-operator rejects that ServiceMonitor)."""
-    try:
-        return label_selector(selector).matches(obj_labels)
-    except SelectorError:
-        return False
-
-
 def _watches_namespace(monitor: K8sObject, namespace: str) -> bool:
     """prometheus-operator's reading: ``any``, else ``matchNames``, else its own namespace.
 

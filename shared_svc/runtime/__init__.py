@@ -2,7 +2,7 @@
 controller-runtime's Manager, cut to what shared-svc needs).
 
 - :mod:`.ratelimit`: one family of retry delays (per-item exponential failure limiter,
-  overall token bucket, max-of combinator);
+  overall token bucket);
 - :mod:`.workqueue`: a de-duplicating work queue with in-flight tracking, delayed adds,
   rate-limited adds and a bounded drain on shutdown;
 - :mod:`.runnable`: the runnable protocol (run, ready, alive, status, leader gating), the

@@ -112,23 +112,3 @@ class BucketRateLimiter:
 
     def num_requeues(self, key: Hashable) -> int:
         return 0
-
-
-class MaxOfRateLimiter:
-    """The longest delay any of ``limiters`` asks for (client-go's default controller
-    limiter is the max of a per-item exponential one and an overall bucket)."""
-
-    def __init__(self, *limiters: RateLimiter) -> None:
-        if not limiters:
-            raise ValueError("at least one limiter")
-        self.limiters = limiters
-
-    def when(self, key: Hashable) -> float:
-        return max(limiter.when(key) for limiter in self.limiters)
-
-    def forget(self, key: Hashable) -> None:
-        for limiter in self.limiters:
-            limiter.forget(key)
-
-    def num_requeues(self, key: Hashable) -> int:
-        return max(limiter.num_requeues(key) for limiter in self.limiters)

@@ -230,12 +230,6 @@ class Manager:
         self._is_leader = is_leader
         self._leadership = asyncio.Event()
 
-    def ready(self) -> bool:
-        return all(r.ready() for r in self.runnables)
-
-    def alive(self) -> bool:
-        return all(r.alive() for r in self.runnables)
-
     def leadership_changed(self, leader: bool) -> None:
         for runnable in self.runnables:
             runnable.leadership_changed(leader)

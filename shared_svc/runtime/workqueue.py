@@ -147,16 +147,9 @@ class WorkQueue(Generic[K]):
     def processing(self, key: K) -> bool:
         return key in self._processing
 
-    def in_flight(self) -> int:
-        return len(self._processing)
-
     def pending(self, key: K) -> bool:
         """Queued, re-added while in flight, or due by a delayed add."""
         return key in self._queued or key in self._dirty or key in self._timers
-
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
 
     # --- shutdown ---
 
