@@ -662,6 +662,25 @@ async def test_freed_consumers_still_there_at_pod_restart_required_warn_on_the_n
     assert rec["restartRace"] == sorted([f"{ns}/triton", ds_pod_key])
 
 
+async def two_consumers_evicted(
+    api: ApiClient,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+) -> str:
+    """A node with two declared consumer pods (``one``, ``two``) goes into
+    ``cordon-required`` under a started service; returns the node once both pods are
+    terminating (evicted)."""
+    node = await nodes()
+    await create(api, ex.declared_pod("one", namespace=ns, node_name=node))
+    await create(api, ex.declared_pod("two", namespace=ns, node_name=node))
+    start()
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "one", "terminating"), 30)
+    await eventually(lambda: pod_state_is(api, ns, "two", "terminating"), 30)
+    return node
+
+
 async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the_node(
     api: ApiClient,
     ns: str,
@@ -696,13 +715,7 @@ async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the
             evicting["now"] -= 1
 
     monkeypatch.setattr(upgrade_io, "raw_request", recording)
-    node = await nodes()
-    await create(api, ex.declared_pod("one", namespace=ns, node_name=node))
-    await create(api, ex.declared_pod("two", namespace=ns, node_name=node))
-    start()
-    await set_state(api, node, "cordon-required")
-    await eventually(lambda: pod_state_is(api, ns, "one", "terminating"), 30)
-    await eventually(lambda: pod_state_is(api, ns, "two", "terminating"), 30)
+    node = await two_consumers_evicted(api, ns, nodes, start)
     evictions = [p for m, p in sent if m == "POST" and p.endswith("/eviction")]
     assert len(evictions) >= 2 and evicting["peak"] == 2, (evictions, evicting)
     assert ("GET", f"/api/v1/nodes/{node}") not in sent, sent
@@ -740,13 +753,7 @@ async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
 
     monkeypatch.setattr(upgrade_io, "raw_request", recording)
     monkeypatch.setattr(upgrade_io, "upgrade_write_limiter", counted)
-    node = await nodes()
-    await create(api, ex.declared_pod("one", namespace=ns, node_name=node))
-    await create(api, ex.declared_pod("two", namespace=ns, node_name=node))
-    start()
-    await set_state(api, node, "cordon-required")
-    await eventually(lambda: pod_state_is(api, ns, "one", "terminating"), 30)
-    await eventually(lambda: pod_state_is(api, ns, "two", "terminating"), 30)
+    await two_consumers_evicted(api, ns, nodes, start)
     writes = [entry for entry in log if entry != "take"]
     assert {"PATCH", "POST"} <= set(writes), log  # the node patch and the evictions
     taken = sent = 0
