@@ -112,6 +112,28 @@ async def test_a_relist_decides_on_resource_versions(kube: Kube) -> None:
     assert spy.changes == 3 and [p["metadata"]["name"] for p in informer.items()] == ["a"]
 
 
+async def test_a_relist_keeps_the_cached_objects_of_unchanged_versions(kube: Kube) -> None:
+    """A re-list of an unchanged world keeps the very objects it holds (one store, not a
+    second projected copy) and wakes nobody; a changed object is replaced, a deleted one
+    is gone."""
+    for name in ("a", "b", "c"):
+        await _create_pod(kube, name)
+    informer, spy = pods_informer(kube, page_size=2)
+    await informer.relist()
+    before = {p["metadata"]["name"]: p for p in informer.items()}
+    await informer.relist()
+    after = {p["metadata"]["name"]: p for p in informer.items()}
+    assert all(after[n] is before[n] for n in ("a", "b", "c"))
+    assert spy.changes == 1 and informer.relists == 2
+    await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"labels": {"app": "y"}}})
+    await kube.core.delete_namespaced_pod("c", kube.ns, grace_period_seconds=0)
+    await informer.relist()
+    now = {p["metadata"]["name"]: p for p in informer.items()}
+    assert sorted(now) == ["a", "b"] and spy.changes == 2
+    assert now["a"] is not before["a"] and now["a"]["metadata"]["labels"] == {"app": "y"}
+    assert now["b"] is before["b"]
+
+
 async def test_watch_events_are_projected_and_dropped_fields_wake_nobody(kube: Kube) -> None:
     informer, spy = pods_informer(kube)
     stop = asyncio.Event()

@@ -27,7 +27,9 @@ Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``
 each object as it arrives, from a list page or a watch event, so only the fields the
 planners read are kept and the whole object is dropped at once. A re-list replaces the
 store and compares only resourceVersions (kept per object aside the projection) to decide
-whether anything changed: one ``on_change`` at most, no deep comparison.
+whether anything changed: one ``on_change`` at most, no deep comparison. An object whose
+resourceVersion is the cached one keeps its cached (projected) object: it is neither
+projected again nor copied, so a re-list of an unchanged world holds one store, not two.
 
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
@@ -380,12 +382,19 @@ class Informer:
             meta = data.get("metadata") or {}
             resource_version = meta.get("resourceVersion", "") or resource_version
             for item in data.get("items") or []:
-                item.setdefault("apiVersion", api_version)
-                item.setdefault("kind", self.resource.kind)
                 key = _key(item)
                 if pruned and has_pruned(item):
                     pruned_keys.add(key)
-                versions[key] = item.get("metadata", {}).get("resourceVersion", "")
+                version = item.get("metadata", {}).get("resourceVersion", "")
+                versions[key] = version
+                # Unchanged since cached (same resourceVersion): keep the cached object,
+                # so an unchanged world is held once, not twice, and not projected again.
+                cached = self._items.get(key) if version else None
+                if cached is not None and self._versions.get(key) == version:
+                    items[key] = cached
+                    continue
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", self.resource.kind)
                 items[key] = shared_strings(project(item)) if project else item
             del data
             token = meta.get("continue") or ""
