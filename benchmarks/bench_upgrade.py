@@ -23,10 +23,16 @@ nodes) and times, from sending the first patch, with a watch of nodes and pods:
   shared-svc looks at a node again only every ``upgrade_poll_seconds`` (5 s) while its
   consumers are leaving, so it is bounded below by that poll.
 
+Each repetition also prints when the benchmark's own state patches had all landed (part
+of the makespan: the clock starts at the first one) and the upgrade controller's counters
+over it (passes, node patches, evictions, from its ``/metrics``). ``--profile FILE``
+cProfiles shared-svc during the last repetition (``benchmarks/profiled_run.py``, as
+``bench_memory.py --profile``) and prints the top functions.
+
 Between repetitions the nodes go to ``upgrade-done`` (shared-svc removes its label and
 record) and back to ``upgrade-required``, and new consumer pods are created.
 
-    .venv/bin/python benchmarks/bench_upgrade.py [--nodes 200] [--consumers 2] [--runs 5]
+    .venv/bin/python benchmarks/bench_upgrade.py [--nodes 200] [--consumers 2] [--runs 5] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import pstats
+import signal
 import statistics
 import subprocess
 import sys
@@ -224,7 +232,30 @@ async def records_gone(api: ApiClient, nodes: int, timeout: float = 120) -> None
         await asyncio.sleep(0.5)
 
 
-async def main(nodes: int, per_node: int, runs: int, ref: str | None, timeout: float = 300) -> None:
+def upgrade_counters(run: Run) -> dict[str, float]:
+    """The upgrade controller's passes and writes so far, from its /metrics."""
+    _, body = http_get(run.port, "/metrics")
+    wanted = (
+        'controller_runtime_reconcile_total{controller="upgrade"',
+        "shared_svc_upgrade_evictions_total",
+        "shared_svc_upgrade_node_patches_total",
+    )
+    counts: dict[str, float] = {}
+    for line in body.splitlines():
+        if line.startswith(wanted):
+            key, _, value = line.rpartition(" ")
+            counts[key] = float(value)
+    return counts
+
+
+async def main(
+    nodes: int,
+    per_node: int,
+    runs: int,
+    ref: str | None,
+    timeout: float = 300,
+    profile: str | None = None,
+) -> None:
     tree = worktree(ref) if ref else None
     cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
     run: Run | None = None
@@ -264,20 +295,25 @@ async def main(nodes: int, per_node: int, runs: int, ref: str | None, timeout: f
                 for i in range(nodes)
             ]
         )
-        run = Run(cp, OPERATOR_NS, tree)
+        run = Run(cp, OPERATOR_NS, tree, profile)
         await run.ready()
         watcher = Watcher(api)
         await watcher.start()
         makespans: list[float] = []
         freed: list[float] = []
         per_node_done: list[float] = []
+        landed: list[float] = []
         for rep in range(runs):
             pods = consumer_pods(rep, nodes, per_node)
             await create_consumers(api, pods)
             await asyncio.sleep(2)  # quiet: shared-svc has seen the pods come (it does nothing)
             watcher.reset()
+            before = upgrade_counters(run)
+            if profile and rep == runs - 1:
+                run.proc.send_signal(signal.SIGUSR1)
             t0 = time.monotonic()
             await set_state(api, nodes, "cordon-required")
+            landed.append(time.monotonic() - t0)
             names = [node_name(i) for i in range(nodes)]
             by_node: dict[str, list[str]] = {n: [] for n in names}
             for pod, node in pods.items():
@@ -299,13 +335,27 @@ async def main(nodes: int, per_node: int, runs: int, ref: str | None, timeout: f
                 run,
             )
             freed.append(max(watcher.freed_at.values()) - t0)
+            if profile and rep == runs - 1:
+                run.proc.send_signal(signal.SIGUSR2)
+            after = upgrade_counters(run)
             print(
-                f"run {rep + 1}: makespan {makespans[-1]:.2f} s, freed {freed[-1]:.2f} s",
+                f"run {rep + 1}: makespan {makespans[-1]:.2f} s (the {nodes} state patches "
+                f"landed by {landed[-1]:.2f} s), freed {freed[-1]:.2f} s; counters: "
+                + ", ".join(
+                    f"{k} +{after[k] - before.get(k, 0):g}"
+                    for k in sorted(after)
+                    if after[k] != before.get(k, 0)
+                ),
                 flush=True,
             )
             await set_state(api, nodes, "upgrade-done")
             await records_gone(api, nodes)
             await set_state(api, nodes, "upgrade-required")
+        if profile:
+            await asyncio.sleep(2)
+            stats = pstats.Stats(profile)
+            stats.sort_stats("tottime").print_stats(25)
+            stats.sort_stats("cumulative").print_stats(40)
     finally:
         if watcher is not None:
             await watcher.stop()
@@ -349,5 +399,9 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--ref", help="run shared-svc of this git ref (a worktree), not this tree")
+    parser.add_argument(
+        "--profile",
+        help="cProfile shared-svc during the last repetition into FILE (benchmarks/profiled_run.py); print the top",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.nodes, args.consumers, args.runs, args.ref, args.timeout))
+    asyncio.run(main(args.nodes, args.consumers, args.runs, args.ref, args.timeout, args.profile))
