@@ -168,6 +168,22 @@ def _daemonset(app: str, ns: str) -> dict[str, Any]:
     }
 
 
+def gpu_node(name: str, **labels: str) -> dict[str, Any]:
+    """A GPU Node as the benchmarks create it (extra labels beside the hostname and GPU ones)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.present": "true",
+                **labels,
+            },
+        },
+    }
+
+
 async def build_world(api: ApiClient, ns: str, consumers_ns: str) -> None:
     started = time.monotonic()
     await _many(
@@ -176,17 +192,7 @@ async def build_world(api: ApiClient, ns: str, consumers_ns: str) -> None:
                 api,
                 "POST",
                 "/api/v1/nodes",
-                body={
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": f"node-{i:05d}",
-                        "labels": {
-                            "kubernetes.io/hostname": f"node-{i:05d}",
-                            "nvidia.com/gpu.present": "true",
-                        },
-                    },
-                },
+                body=gpu_node(f"node-{i:05d}"),
             )
             for i in range(NODES)
         ]

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_memory import Run, _many, _pod, http_get, worktree
+from bench_memory import Run, _many, _pod, gpu_node, http_get, worktree
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
@@ -279,18 +279,7 @@ async def main(
                     api,
                     "POST",
                     "/api/v1/nodes",
-                    body={
-                        "apiVersion": "v1",
-                        "kind": "Node",
-                        "metadata": {
-                            "name": node_name(i),
-                            "labels": {
-                                "kubernetes.io/hostname": node_name(i),
-                                "nvidia.com/gpu.present": "true",
-                                STATE: "upgrade-required",
-                            },
-                        },
-                    },
+                    body=gpu_node(node_name(i), **{STATE: "upgrade-required"}),
                 )
                 for i in range(nodes)
             ]
