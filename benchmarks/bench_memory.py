@@ -17,9 +17,10 @@ name and HTTP port are set besides), and the script prints, from /proc of that p
   every 10 s, are the API server's own ``kubernetes`` Service: they come without
   shared-svc too);
 - CPU: (utime + stime) from /proc/<pid>/stat over the same window, in % of one core.
-  The default window is 300 s, the default ``resync_seconds``: the average then takes in
-  the periodic re-lists (the Services controller's every 300 s, the upgrade controller's
-  every 120 s), the bulk of the idle CPU in this world (the re-list of 8,000 pods).
+  The default window is 300 s, one default ``resync_seconds``: the average takes in the
+  controllers' periodic reconciles from their caches (the Services controller's every
+  300 s, the upgrade controller's every 120 s). The caches no longer re-list on it: they
+  re-list only when a watch cannot resume, which a healthy run does not see.
 
 The Lease writes counted include the API server's own (its identity Lease in
 ``kube-system``, one write every 10 s); shared-svc's are one PUT per ``retry_period``.

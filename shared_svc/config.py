@@ -98,7 +98,9 @@ class Config(BaseSettings):
 
     # --- loop timing ---
     resync_seconds: float = Field(
-        default=300.0, gt=0, description="Full re-list and reconcile interval."
+        default=300.0,
+        gt=0,
+        description="Reconcile interval from the caches (the caches re-list only when a watch cannot resume).",
     )
     discovery_seconds: float = Field(
         default=60.0, gt=0, description="Re-check whether ServiceMonitor is served."
@@ -194,7 +196,7 @@ class Config(BaseSettings):
     upgrade_resync_seconds: float = Field(
         default=120.0,
         gt=0,
-        description="Re-list upgrading nodes and reconcile each (gpu-operator requeues every 2 min).",
+        description="Reconcile every upgrading node again from the caches (gpu-operator requeues every 2 min).",
     )
     upgrade_workers: int = Field(
         default=32,

@@ -143,7 +143,6 @@ class ServicesController:
         and stopped with discovery) this controller's own."""
         kwargs: dict[str, Any] = {
             "on_change": lambda: self._cache_changed(informer),
-            "resync_seconds": self._config.resync_seconds,
             "backoff_max_seconds": min(30.0, self._config.backoff_max_seconds),
             "on_synced": self._metrics.cache_synced.labels(resource.plural).set,
         }

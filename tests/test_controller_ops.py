@@ -155,7 +155,8 @@ async def test_fighting_writer_is_reported_and_not_fought(
 
 
 async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Kube) -> None:
-    """10 minutes of 5-minute resyncs is two full re-lists; compressed: many re-lists and reconciles."""
+    """Hours of steady state, compressed: many periodic reconciles from the caches, and
+    re-lists (what an API-server restart or a 410 brings), write nothing."""
     monitor = {"enabled": True, "interval": "30s"}
     await kube.create_cr(cp_body(dcgmExporter={"serviceMonitor": monitor}))
     await kube.create_cr(gc_body(dcgmExporter={"enabled": True, "service": {"type": "NodePort"}}))
@@ -163,13 +164,42 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
     async with running(config) as svc:
         await settle(svc)
         await asyncio.sleep(0.5)
+        ctrl = svc.controller
+        assert ctrl is not None
         writes_before = apiserver_write_count(control_plane)
         reconciles = successful_reconciles(svc)
-        relists = {n: i.relists for n, i in svc.controller._informers.items()}  # type: ignore[union-attr]
-        await asyncio.sleep(5)
+        relists = {n: i.relists for n, i in ctrl._informers.items()}
+        for _ in range(5):
+            for informer in ctrl._informers.values():
+                await informer.relist()
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2.5)
         assert apiserver_write_count(control_plane) == writes_before
         assert successful_reconciles(svc) >= reconciles + 10
-        assert all(i.relists >= relists[n] + 5 for n, i in svc.controller._informers.items())  # type: ignore[union-attr]
+        assert all(i.relists == relists[n] + 5 for n, i in ctrl._informers.items())
+
+
+async def test_the_periodic_resync_reconciles_from_the_caches_without_relisting(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    """client-go's resync: the controller reconciles every ``resync_seconds`` from its
+    caches; a cache whose watch is healthy is never re-listed for it (a re-list of 8,000
+    pods costs seconds of CPU), and changes still arrive through the watches."""
+    await kube.create_cr(cp_body())
+    async with running(service_config(control_plane, kube.ns, resync_seconds=0.3)) as svc:
+        await settle(svc)
+        ctrl = svc.controller
+        assert ctrl is not None
+        relists = {n: i.relists for n, i in ctrl._informers.items()}
+        reconciles = successful_reconciles(svc)
+        await kube.core.create_namespaced_service(
+            kube.ns, {"metadata": {"name": "other"}, "spec": {"ports": [{"port": 1}]}}
+        )
+        services = ctrl._informers["services"]
+        await eventually(lambda: _true(services.get("other", kube.ns) is not None), timeout=15)
+        await asyncio.sleep(3)  # ten resync periods
+        assert successful_reconciles(svc) >= reconciles + 5, "the resync still reconciles"
+        assert {n: i.relists for n, i in ctrl._informers.items()} == relists
 
 
 async def test_http_endpoints(control_plane: ControlPlane, kube: Kube) -> None:

@@ -202,6 +202,31 @@ async def test_a_quiet_healthy_watch_is_not_taken_for_dead(kube: Kube) -> None:
         await asyncio.wait_for(task, 30)
 
 
+async def test_a_healthy_watch_is_resumed_not_relisted(kube: Kube) -> None:
+    """The server ends each watch at its timeout (here 1 s); the next one resumes from the
+    resourceVersion the cache has, so a change made meanwhile is seen without a re-list."""
+    informer = Informer(
+        kube.api,
+        Resource("", "v1", "services", "Service", namespace=kube.ns),
+        on_change=lambda: None,
+        watch_timeout_seconds=1,
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(informer.run(stop))
+    try:
+        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await asyncio.sleep(2.5)  # two watches ended by the server
+        await kube.core.create_namespaced_service(
+            kube.ns, {"metadata": {"name": "later"}, "spec": {"ports": [{"port": 1}]}}
+        )
+        await eventually(lambda: _true(names(informer) == {"later"}), timeout=15)
+        await asyncio.sleep(1.5)
+        assert (informer.idle_watches, informer.relists, informer.last_error) == (0, 1, None)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
 async def test_every_cache_sees_changes_after_each_api_server_restart() -> None:
     """Own control plane, restarted six times under a running service; after each restart a
     change to a Service, to a ClusterPolicy and to a pod reaches every cache."""

@@ -1,10 +1,15 @@
 """List-then-watch caches of raw objects (JSON dicts, as the core wants them).
 
 One :class:`Informer` per resource: it lists, then watches from the list's
-resourceVersion with bookmarks; on ``410 Gone`` (or an ERROR event) it re-lists; on
-connection errors it reconnects with capped exponential backoff; every
-``resync_seconds`` it re-lists anyway. ``synced`` is set only after a complete list,
-and cleared while a re-list is needed, so a reconcile never runs on partial data.
+resourceVersion with bookmarks; a watch the server ends at its timeout is resumed from
+the resourceVersion the cache has. It re-lists only when the watch cannot resume: on
+``410 Gone`` (or another ERROR event), after a failed request (reconnecting with capped
+exponential backoff), and when a watch goes silent (below). A healthy watch is never
+re-listed on a timer, as client-go's reflector: the API server guarantees a watch resumed
+from a resourceVersion misses nothing, and answers 410 when it cannot. The controllers'
+periodic resync reconciles again from the caches; it does not re-list them.
+``synced`` is set only after a complete list, and cleared while a re-list is needed, so
+a reconcile never runs on partial data.
 
 Three troubles do not clear ``synced``:
 
@@ -34,7 +39,8 @@ projected again nor copied, so a re-list of an unchanged world holds one store, 
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
 restarted API server can answer 404 for custom resources before it has loaded their
-CRDs, and deciding "no ClusterPolicy exists" from that would delete Services.
+CRDs, and deciding "no ClusterPolicy exists" from that would delete Services. A resource
+not served is listed again every :data:`NOT_SERVED_RECHECK_SECONDS` (a CRD installed later).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_SECONDS = 0.2  # the first reconnect waits 2x this (times jitter)
 WATCH = "watch"  # the one key of a cache's backoff
+NOT_SERVED_RECHECK_SECONDS = 30.0  # a resource not served is listed again this often
 
 # --- robust JSON: fields nobody here judges must not stop the cache ---
 
@@ -197,7 +204,6 @@ class Informer:
         resource: Resource,
         *,
         on_change: Callable[[], None],
-        resync_seconds: float = 300.0,
         watch_timeout_seconds: int = 60,
         backoff_max_seconds: float = 30.0,
         idle_timeout_seconds: float | None = None,
@@ -210,7 +216,6 @@ class Informer:
         # Several readers may share one cache (:class:`Informers`): each has its triggers.
         self._change_listeners = [on_change]
         self._synced_listeners = [on_synced] if on_synced else []
-        self._resync = resync_seconds
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
         self._idle_timeout = (
@@ -241,10 +246,6 @@ class Informer:
         if on_synced:
             self._synced_listeners.append(on_synced)
             on_synced(self.synced.is_set())
-
-    def resync_at_most(self, seconds: float) -> None:
-        """Re-list at least every ``seconds`` (a reader that wants it more often)."""
-        self._resync = min(self._resync, seconds)
 
     def _on_change(self) -> None:
         for listener in self._change_listeners:
@@ -494,25 +495,22 @@ class Informer:
                         self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries."""
-        loop = asyncio.get_running_loop()
-        next_resync = 0.0
+        """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries.
+
+        Lists once, then watches; re-lists only when the watch cannot resume (see the
+        module docstring), never on a timer."""
         need_list = True
         while not stop.is_set():
             try:
-                if need_list or loop.time() >= next_resync:
+                if need_list:
                     await self.relist()
-                    next_resync = loop.time() + self._resync
                     need_list = False
                     self._backoff.forget(WATCH)
                     self.last_error = None
                 watch = asyncio.ensure_future(self.watch_once())
                 stopper = asyncio.ensure_future(stop.wait())
-                timer = asyncio.ensure_future(asyncio.sleep(max(0.0, next_resync - loop.time())))
-                done, _ = await asyncio.wait(
-                    {watch, stopper, timer}, return_when=asyncio.FIRST_COMPLETED
-                )
-                for task in (watch, stopper, timer):
+                done, _ = await asyncio.wait({watch, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (watch, stopper):
                     if task not in done:
                         task.cancel()
                 if watch in done:
@@ -533,7 +531,7 @@ class Informer:
                         need_list = True
                     elif not self.served:
                         # Not served: look again soon (a CRD installed later).
-                        await sleep_or_stop(stop, min(self._resync, 30.0))
+                        await sleep_or_stop(stop, NOT_SERVED_RECHECK_SECONDS)
                         need_list = True
             except asyncio.CancelledError:
                 raise
@@ -589,11 +587,10 @@ class Informers:
         *,
         on_change: Callable[[], None],
         on_synced: Callable[[bool], None] | None = None,
-        resync_seconds: float = 300.0,
         backoff_max_seconds: float = 30.0,
     ) -> Informer:
         """The cache of ``resource``, made on first ask; ``on_change`` is called on its
-        changes. The shortest resync asked for wins."""
+        changes."""
         informer = self._informers.get(resource)
         if informer is None:
             informer = Informer(
@@ -601,13 +598,11 @@ class Informers:
                 resource,
                 on_change=on_change,
                 on_synced=on_synced,
-                resync_seconds=resync_seconds,
                 backoff_max_seconds=backoff_max_seconds,
             )
             self._informers[resource] = informer
         else:
             informer.add_listener(on_change, on_synced)
-            informer.resync_at_most(resync_seconds)
         return informer
 
     async def run(self, informer: Informer, stop: asyncio.Event) -> None:

@@ -115,7 +115,6 @@ class UpgradeController:
                 api_client,
                 self.settings.driver_name,
                 on_change=self._changed.set,
-                resync_seconds=config.upgrade_resync_seconds,
                 informers=informers,  # caches shared with the runner's
                 write_limiter=upgrade_write_limiter(config),
             )

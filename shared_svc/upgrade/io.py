@@ -154,7 +154,6 @@ class KubeUpgradeIO:
         driver_name: str,
         *,
         on_change: Callable[[], None],
-        resync_seconds: float = 120.0,
         informers: Informers | None = None,
         write_limiter: BucketRateLimiter,
     ) -> None:
@@ -166,17 +165,15 @@ class KubeUpgradeIO:
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
         self._node_informers = tuple(
-            self._registry.informer(resource, on_change=on_change, resync_seconds=resync_seconds)
+            self._registry.informer(resource, on_change=on_change)
             for resource in (state_nodes, parked_nodes)
         )
         self._on_change = on_change
         self._daemonsets = self._registry.informer(
-            ALL_DAEMONSETS, on_change=self._daemonsets_changed, resync_seconds=resync_seconds
+            ALL_DAEMONSETS, on_change=self._daemonsets_changed
         )
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
-        self._cluster_policies = self._registry.informer(
-            CLUSTER_POLICIES, on_change=on_change, resync_seconds=resync_seconds
-        )
+        self._cluster_policies = self._registry.informer(CLUSTER_POLICIES, on_change=on_change)
 
     @property
     def _informers(self) -> tuple[Informer, ...]:
