@@ -11,6 +11,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.kubeconfig import proxy_once
 from testenv import ControlPlane
 
 _counter = itertools.count()
@@ -22,7 +23,7 @@ async def api_client(control_plane: ControlPlane, kubeconfig: str | None = None)
     await config.load_kube_config(
         config_file=str(kubeconfig or control_plane.kubeconfig), client_configuration=configuration
     )
-    return ApiClient(configuration=configuration)
+    return proxy_once(ApiClient(configuration=configuration))
 
 
 def unique(prefix: str) -> str:
