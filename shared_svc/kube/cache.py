@@ -30,11 +30,14 @@ gauge).
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
-planners read are kept and the whole object is dropped at once. A re-list replaces the
-store and compares only resourceVersions (kept per object aside the projection) to decide
-whether anything changed: one ``on_change`` at most, no deep comparison. An object whose
-resourceVersion is the cached one keeps its cached (projected) object: it is neither
-projected again nor copied, so a re-list of an unchanged world holds one store, not two.
+planners read are kept and the whole object is dropped at once. A ``metadata_only``
+resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
+only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
+A re-list replaces the store and compares only resourceVersions (kept per object aside
+the projection) to decide whether anything changed: one ``on_change`` at most, no deep
+comparison. An object whose resourceVersion is the cached one keeps its cached
+(projected) object: it is neither projected again nor copied, so a re-list of an
+unchanged world holds one store, not two.
 
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
@@ -186,6 +189,23 @@ def retry_after(exc: ApiException, default: float = 1.0) -> float:
         return default
 
 
+JSON = "application/json"
+# What a metadata-only cache asks for: the API server's own PartialObjectMetadata.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def accept_header(resource: Resource, *, watch: bool) -> str:
+    """The ``Accept`` of a cache's list pages and watches: whole objects, or (for a
+    ``metadata_only`` resource) ``PartialObjectMetadataList`` pages and watch events whose
+    objects are ``PartialObjectMetadata``. No fallback to whole objects: every API server
+    since 1.15 serves ``meta.k8s.io/v1``, and a 406 is a clear error where a silent
+    fallback would bring back what the cache is meant not to hold."""
+    if not resource.metadata_only:
+        return JSON
+    return METADATA_WATCH if watch else METADATA_LIST
+
+
 class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
 
@@ -283,7 +303,9 @@ class Informer:
             self.resource.path,
             "GET",
             query_params=self._query(params),
-            header_params={"Accept": "application/json"},
+            header_params={
+                "Accept": accept_header(self.resource, watch=params.get("watch") == "true")
+            },
             auth_settings=["BearerToken"],
             _preload_content=False,
             _request_timeout=timeout,
@@ -345,13 +367,7 @@ class Informer:
     ) -> tuple[dict[tuple[str, str], K8sObject], dict[tuple[str, str], str], str, set[Any]] | None:
         """Every page of the list, each object projected as its page is read (None: the
         resource is not served)."""
-        # Lists return items without kind/apiVersion; the core wants whole objects.
-        api_version = (
-            f"{self.resource.group}/{self.resource.version}"
-            if self.resource.group
-            else self.resource.version
-        )
-        project = self.resource.project
+        keep = self._keep
         items: dict[tuple[str, str], K8sObject] = {}
         versions: dict[tuple[str, str], str] = {}
         pruned_keys: set[tuple[str, str]] = set()
@@ -394,13 +410,19 @@ class Informer:
                 if cached is not None and self._versions.get(key) == version:
                     items[key] = cached
                     continue
-                item.setdefault("apiVersion", api_version)
-                item.setdefault("kind", self.resource.kind)
-                items[key] = shared_strings(project(item)) if project else item
+                items[key] = keep(item)
             del data
             token = meta.get("continue") or ""
             if not token:
                 return items, versions, resource_version, pruned_keys
+
+    def _keep(self, obj: K8sObject) -> K8sObject:
+        """What is kept of a list item or a watch event's object (``Resource.kept``: the
+        resource's kind and apiVersion, metadata only or projected), its strings shared."""
+        kept = self.resource.kept(obj)
+        return (
+            shared_strings(kept) if self.resource.project or self.resource.metadata_only else kept
+        )
 
     def _replace(
         self,
@@ -486,8 +508,7 @@ class Informer:
                         self._on_change()
                 elif etype in ("ADDED", "MODIFIED"):
                     self._versions[key] = rv or ""
-                    project = self.resource.project
-                    kept = shared_strings(project(obj)) if project else obj
+                    kept = self._keep(obj)
                     del obj, event
                     # A change in a field the projection drops is no change to the planners.
                     if self._items.get(key) != kept:

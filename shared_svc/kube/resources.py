@@ -2,7 +2,7 @@
 
 :class:`GVR` (group, version, resource) builds the path of a collection, of one object
 and of its subresources; :class:`Resource` is a GVR as a cache watches it (namespace,
-selectors, projection). The resources both controllers cache are here too, each kept as
+selectors, projection, metadata only). The resources both controllers cache are here too, each kept as
 its one projection, so a shared :class:`~shared_svc.kube.cache.Informers` holds one copy.
 """
 
@@ -73,10 +73,30 @@ class Resource:
     crd_name: str | None = None  # set for custom resources
     # What of each object is kept (a pure function; None: the whole object).
     project: Callable[[K8sObject], K8sObject] | None = None
+    # Ask the API server for PartialObjectMetadata (the Accept header of lists and
+    # watches): only metadata is sent, parsed and kept (``metadata_view``), then ``project``.
+    metadata_only: bool = False
 
     @property
     def gvr(self) -> GVR:
         return GVR(self.group, self.version, self.plural)
+
+    @property
+    def api_version(self) -> str:
+        """``v1`` or ``<group>/<version>``, as objects carry it."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def kept(self, obj: K8sObject) -> K8sObject:
+        """What a cache keeps of ``obj`` (a list item or a watch event's object).
+
+        A metadata-only resource keeps ``metadata_view``; ``project``, when set, is
+        applied after. A list item lacks ``kind``/``apiVersion``: the resource's are set."""
+        if self.metadata_only:
+            obj = metadata_view(obj, self.api_version, self.kind)
+        else:
+            obj.setdefault("apiVersion", self.api_version)
+            obj.setdefault("kind", self.kind)
+        return self.project(obj) if self.project else obj
 
     @property
     def path(self) -> str:
@@ -85,6 +105,20 @@ class Resource:
     def describe(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
         return f"{self.kind}{where}"
+
+
+def metadata_view(obj: K8sObject, api_version: str, kind: str) -> K8sObject:
+    """``obj`` as a metadata-only cache keeps it: ``{apiVersion, kind, metadata}`` with
+    ``metadata.managedFields`` dropped (nothing reads it; a node's runs to kilobytes).
+
+    The API server sends such objects as ``PartialObjectMetadata``
+    (``meta.k8s.io/v1``); they are kept under the resource's own ``kind`` and
+    ``apiVersion`` (``Node``, ``v1``), so readers see the Node they would have read, less
+    its spec and status. Pure: a whole object gives the same view (the property tests
+    plan over both)."""
+    meta = obj.get("metadata")
+    kept = {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, dict) else {}
+    return {"apiVersion": api_version, "kind": kind, "metadata": kept}
 
 
 CLUSTER_POLICIES = Resource(

@@ -1,11 +1,12 @@
 """API access of the driver-upgrade controller and its commands.
 
 The only code of ``shared_svc.upgrade`` that talks to the API server: caches of the
-upgrading nodes, of DaemonSets and of ClusterPolicies (``kube.cache.Informer``), pods of one node by field
-selector, evictions (``policy/v1``), deletes with a uid precondition, and node merge
-patches that touch only our own label and annotation keys, guarded by resourceVersion.
-The controller's writes (node patches, evictions, deletes) each wait for a token of one
-bucket (``upgrade_writes_per_second``, ``upgrade_writes_burst``).
+upgrading nodes (metadata only), of DaemonSets and of ClusterPolicies
+(``kube.cache.Informer``), pods of one node by field selector, evictions
+(``policy/v1``), deletes with a uid precondition, and node merge patches that touch only
+our own label and annotation keys, guarded by resourceVersion. The controller's writes
+(node patches, evictions, deletes) each wait for a token of one bucket
+(``upgrade_writes_per_second``, ``upgrade_writes_burst``).
 """
 
 from __future__ import annotations
@@ -50,10 +51,16 @@ def check_own_keys(patch: NodePatch, driver_name: str) -> None:
 
 
 def node_resources(driver_name: str) -> tuple[Resource, Resource]:
-    """Nodes in an upgrade (state label exists) and nodes we may have parked."""
+    """Nodes in an upgrade (state label exists) and nodes we may have parked.
+
+    Kept as metadata only (``PartialObjectMetadata``, under kind ``Node``): every reader
+    of a cached node (``plan_node`` through ``get_node``, ``node_versions``) reads its
+    labels, annotations, name, uid and resourceVersion, never its spec or status (a GPU
+    node's status is 10-30 KiB, rewritten by its kubelet)."""
+    state, parked = state_label_key(driver_name), parked_label_key(driver_name)
     return (
-        Resource("", "v1", "nodes", "Node", label_selector=state_label_key(driver_name)),
-        Resource("", "v1", "nodes", "Node", label_selector=parked_label_key(driver_name)),
+        Resource("", "v1", "nodes", "Node", label_selector=state, metadata_only=True),
+        Resource("", "v1", "nodes", "Node", label_selector=parked, metadata_only=True),
     )
 
 

@@ -1,0 +1,232 @@
+"""The upgrade controller's node caches keep metadata only, on the real API server (issue 12).
+
+Every reader of a cached node (``plan_node`` through ``get_node``, ``node_versions``)
+reads only its metadata, so both node caches ask the API server for
+``PartialObjectMetadata`` (the ``Accept`` header): a GPU node's 10-30 KiB of status
+(images, conditions, capacity, nodeInfo) is neither sent, parsed nor kept, and a status
+written by the kubelet changes only the resourceVersion. The objects kept still read as
+Nodes (``kind: Node``, ``apiVersion: v1``), without ``managedFields``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.kube.cache import Informer
+from shared_svc.kube.resources import NODES
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.io import node_resources
+from shared_svc.upgrade.states import state_label_key
+from tests.kube import eventually, unique
+
+pytestmark = pytest.mark.apiserver
+
+# A driver name of this module's own: the state label of the shipped one ("gpu") would put
+# these nodes in the caches of other tests' upgrade controllers (the API server is shared).
+DRIVER = "metacache"
+STATE = state_label_key(DRIVER)
+PARKED = parked_label_key(DRIVER)
+IMAGES = 60  # a GPU node lists every image it has pulled: most of its status
+
+
+def large_status(generation: int = 0) -> dict[str, Any]:
+    """A GPU node's status as its kubelet writes it (about 15 KiB as JSON)."""
+    stamp = f"2026-01-01T00:00:{generation % 60:02d}Z"
+    return {
+        "capacity": {"cpu": "128", "memory": "2113442364Ki", "nvidia.com/gpu": "8", "pods": "110"},
+        "allocatable": {
+            "cpu": "127",
+            "memory": "2113339964Ki",
+            "nvidia.com/gpu": "8",
+            "pods": "110",
+        },
+        "conditions": [
+            {
+                "type": kind,
+                "status": "True" if kind == "Ready" else "False",
+                "reason": f"Kubelet{kind}",
+                "message": f"kubelet reports {kind} (generation {generation})",
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
+        ],
+        "addresses": [
+            {"type": "InternalIP", "address": "10.0.0.7"},
+            {"type": "Hostname", "address": "gpu-node"},
+        ],
+        "nodeInfo": {
+            "architecture": "amd64",
+            "bootID": "b0e1c8f2-5d3a-4c1e-9f57-8a1d6f1f2c3b",
+            "containerRuntimeVersion": "containerd://1.7.27",
+            "kernelVersion": "5.15.0-1071-nvidia",
+            "kubeProxyVersion": "",
+            "kubeletVersion": "v1.36.3",
+            "machineID": "3c9d5f0a1b2e4d6f8a7c9e1b3d5f7a9c",
+            "operatingSystem": "linux",
+            "osImage": "Ubuntu 22.04.5 LTS",
+            "systemUUID": "4c4c4544-0042-3610-8052-b4c04f4b4e33",
+        },
+        "images": [
+            {
+                "names": [
+                    f"nvcr.io/nvidia/cloud-native/image-{i}@sha256:{i:064x}",
+                    f"nvcr.io/nvidia/cloud-native/image-{i}:v{i}.{generation}.0-ubuntu22.04",
+                ],
+                "sizeBytes": 100_000_000 + i,
+            }
+            for i in range(IMAGES)
+        ],
+    }
+
+
+async def create_node(api: ApiClient, name: str, labels: dict[str, str]) -> None:
+    """A Node with a spec, annotations and a large status (written as the kubelet does,
+    through the status subresource)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **labels},
+            "annotations": {"nfd.node.kubernetes.io/feature-labels": "pci-10de.present"},
+        },
+        "spec": {"podCIDR": "10.244.7.0/24", "providerID": f"test://{name}"},
+    }
+    await raw_request(api, "POST", NODES.collection(), body=body)
+    await write_status(api, name, 0)
+
+
+async def write_status(api: ApiClient, name: str, generation: int) -> dict[str, Any]:
+    node: dict[str, Any] = await raw_request(
+        api,
+        "PATCH",
+        NODES.item(name, subresource="status"),
+        body={"status": large_status(generation)},
+        content_type=MERGE_PATCH,
+    )
+    return node
+
+
+async def read_node(api: ApiClient, name: str) -> dict[str, Any]:
+    node: dict[str, Any] = await raw_request(api, "GET", NODES.item(name))
+    return node
+
+
+async def delete_node(api: ApiClient, name: str) -> None:
+    try:
+        await raw_request(api, "DELETE", NODES.item(name))
+    except ApiException as exc:
+        if exc.status != 404:  # not created: the test failed before
+            raise
+
+
+def metadata_view(node: dict[str, Any]) -> dict[str, Any]:
+    """What a metadata-only cache should hold of the live ``node``."""
+    meta = {k: v for k, v in node["metadata"].items() if k != "managedFields"}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class Wire:
+    """The ``Accept`` header of every request the informer sends, and the kind of each list
+    page the API server answered with (read through aiohttp's kept body)."""
+
+    def __init__(self, informer: Informer) -> None:
+        self.accepts: list[tuple[bool, str]] = []  # (watch?, Accept)
+        self.list_kinds: list[str] = []
+        api = informer._api
+        real = api.call_api
+
+        async def call_api(*args: Any, **kw: Any) -> Any:
+            query = dict(kw.get("query_params") or [])
+            if query.get("labelSelector") != informer.resource.label_selector:
+                return await real(*args, **kw)  # the test's own requests (same client)
+            watch = query.get("watch") == "true"
+            self.accepts.append((watch, (kw.get("header_params") or {}).get("Accept", "")))
+            resp = await real(*args, **kw)
+            if not watch and 200 <= resp.status <= 299:
+                # aiohttp keeps a body once read: the informer reads the same bytes after.
+                self.list_kinds.append(_kind(await resp.read()))
+            return resp
+
+        api.call_api = call_api  # type: ignore[method-assign]
+
+
+def _kind(raw: bytes) -> str:
+    return str(json.loads(raw).get("kind", ""))
+
+
+@pytest.mark.parametrize("which", ["state", "parked"])
+async def test_node_caches_keep_metadata_only_from_lists_and_watches(
+    api: ApiClient, which: str
+) -> None:
+    """Both node caches ask for PartialObjectMetadata in their list pages and watches; a
+    node with a large status is kept as its metadata (labels, annotations,
+    resourceVersion, uid), read as a Node, without spec, status or managedFields; a node
+    added later and a label change arrive through the watch the same way."""
+    state_nodes, parked_nodes = node_resources(DRIVER)
+    resource = state_nodes if which == "state" else parked_nodes
+    label = {STATE: "upgrade-required"} if which == "state" else {PARKED: "true"}
+    listed, watched, other = (unique(f"meta-{which}-{n}") for n in ("l", "w", "o"))
+    await create_node(api, listed, label)
+    await create_node(api, other, {})  # neither label: in neither cache
+    changes: list[int] = []
+    informer = Informer(api, resource, on_change=lambda: changes.append(1), page_size=1)
+    wire = Wire(informer)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(informer.run(stop))
+    try:
+        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        live = await read_node(api, listed)
+        assert "images" in live["status"] and len(live["metadata"]["managedFields"]) >= 2
+        assert informer.get(listed) == metadata_view(live)
+        assert informer.get(other) is None
+
+        # Added later: through the watch, kept the same way.
+        await create_node(api, watched, label)
+        added = await read_node(api, watched)
+        await eventually(lambda: _true(informer.get(watched) == metadata_view(added)), timeout=15)
+
+        # A label change arrives through the watch; a status write changes only the version.
+        await raw_request(
+            api,
+            "PATCH",
+            NODES.item(listed),
+            body={"metadata": {"labels": {"example.com/drain": "now"}}},
+            content_type=MERGE_PATCH,
+        )
+        await eventually(
+            lambda: _true(
+                (informer.get(listed) or {})["metadata"]["labels"].get("example.com/drain") == "now"
+            ),
+            timeout=15,
+        )
+        after_status = await write_status(api, listed, 1)
+        await eventually(
+            lambda: _true(informer.get(listed) == metadata_view(after_status)), timeout=15
+        )
+        assert set(informer.get(listed) or {}) == {"apiVersion", "kind", "metadata"}
+        assert informer.relists == 1  # all of it through the one watch
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        for name in (listed, watched, other):
+            await delete_node(api, name)
+
+    # The server answered what was asked: no status on the wire, not only none kept.
+    lists = {accept for watch, accept in wire.accepts if not watch}
+    watches = {accept for watch, accept in wire.accepts if watch}
+    assert lists == {"application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
+    assert watches == {"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
+    assert wire.list_kinds and set(wire.list_kinds) == {"PartialObjectMetadataList"}
