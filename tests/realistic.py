@@ -342,3 +342,152 @@ def pod_list(pods: int, *, seed: int = 0) -> dict[str, Any]:
             for i in range(per_app)
         )
     return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
+
+
+# What a GPU node carries besides the hostname: node-feature-discovery's and
+# gpu-feature-discovery's labels (a few of each kind, as a DGX-class node shows them).
+_GPU_NODE_LABELS = {
+    "beta.kubernetes.io/arch": "amd64",
+    "beta.kubernetes.io/os": "linux",
+    "kubernetes.io/arch": "amd64",
+    "kubernetes.io/os": "linux",
+    "node.kubernetes.io/instance-type": "p4d.24xlarge",
+    "topology.kubernetes.io/region": "us-east-1",
+    "topology.kubernetes.io/zone": "us-east-1a",
+    "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
+    "feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI": "true",
+    "feature.node.kubernetes.io/cpu-model.family": "6",
+    "feature.node.kubernetes.io/cpu-model.id": "85",
+    "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel",
+    "feature.node.kubernetes.io/kernel-version.full": "5.15.0-1063-aws",
+    "feature.node.kubernetes.io/kernel-version.major": "5",
+    "feature.node.kubernetes.io/pci-10de.present": "true",
+    "feature.node.kubernetes.io/pci-1d0f.present": "true",
+    "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/cuda.driver.minor": "90",
+    "nvidia.com/cuda.driver.rev": "07",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "4",
+    "nvidia.com/gfd.timestamp": "1709650000",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.deploy.container-toolkit": "true",
+    "nvidia.com/gpu.deploy.dcgm": "true",
+    "nvidia.com/gpu.deploy.dcgm-exporter": "true",
+    "nvidia.com/gpu.deploy.device-plugin": "true",
+    "nvidia.com/gpu.deploy.driver": "true",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
+    "nvidia.com/gpu.deploy.node-status-exporter": "true",
+    "nvidia.com/gpu.deploy.operator-validator": "true",
+    "nvidia.com/gpu.family": "ampere",
+    "nvidia.com/gpu.machine": "p4d.24xlarge",
+    "nvidia.com/gpu.memory": "40960",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+    "nvidia.com/gpu.replicas": "1",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mig.strategy": "single",
+}
+
+
+def api_node_status(name: str, *, seed: int = 0) -> dict[str, Any]:
+    """A GPU node's status as its kubelet writes it: capacity, conditions, addresses,
+    nodeInfo and the images on the node (about 8 KiB of JSON; with the labels,
+    annotations and managedFields the API server adds, a Node of about 15 KiB)."""
+    rng = random.Random(f"node/{name}/{seed}")
+    capacity = {
+        "cpu": "96",
+        "ephemeral-storage": "1048576000Ki",
+        "hugepages-1Gi": "0",
+        "hugepages-2Mi": "0",
+        "memory": "1176481748Ki",
+        "nvidia.com/gpu": "8",
+        "pods": "110",
+        "vpc.amazonaws.com/efa": "4",
+    }
+    beat = _ts(rng)
+    conditions = [
+        {
+            "type": kind,
+            "status": "False",
+            "lastHeartbeatTime": beat,
+            "lastTransitionTime": _ts(rng),
+            "reason": f"Kubelet{reason}",
+            "message": f"kubelet has {message}",
+        }
+        for kind, reason, message in (
+            ("MemoryPressure", "HasSufficientMemory", "sufficient memory available"),
+            ("DiskPressure", "HasNoDiskPressure", "no disk pressure"),
+            ("PIDPressure", "HasSufficientPID", "sufficient PID available"),
+        )
+    ]
+    conditions.append(
+        {
+            "type": "Ready",
+            "status": "True",
+            "lastHeartbeatTime": beat,
+            "lastTransitionTime": _ts(rng),
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+        }
+    )
+    repos = [
+        "nvcr.io/nvidia/driver",
+        "nvcr.io/nvidia/k8s/container-toolkit",
+        "nvcr.io/nvidia/k8s-device-plugin",
+        "nvcr.io/nvidia/k8s/dcgm-exporter",
+        "nvcr.io/nvidia/cloud-native/dcgm",
+        "nvcr.io/nvidia/gpu-feature-discovery",
+        "nvcr.io/nvidia/cloud-native/gpu-operator-validator",
+        "registry.k8s.io/nfd/node-feature-discovery",
+        "nvcr.io/nvidia/pytorch",
+        "nvcr.io/nvidia/tritonserver",
+        "nvcr.io/nvidia/nemo",
+        "public.ecr.aws/eks/aws-efa-k8s-device-plugin",
+        "registry.k8s.io/kube-proxy",
+        "public.ecr.aws/amazon-k8s-cni",
+        "registry.k8s.io/pause",
+    ]
+    images = [
+        {
+            "names": [
+                f"{repo}@sha256:{rng.getrandbits(256):064x}",
+                f"{repo}:v{rng.randint(1, 30)}.{rng.randint(0, 12)}.{rng.randint(0, 9)}",
+            ],
+            "sizeBytes": rng.randint(700_000, 20_000_000_000),
+        }
+        for repo in repos
+        for _ in range(2)
+    ]
+    ip = f"10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}"
+    return {
+        "capacity": capacity,
+        "allocatable": {**capacity, "cpu": "95690m", "memory": "1175460756Ki"},
+        "conditions": conditions,
+        "addresses": [
+            {"type": "InternalIP", "address": ip},
+            {"type": "InternalDNS", "address": f"ip-{ip.replace('.', '-')}.ec2.internal"},
+            {"type": "Hostname", "address": name},
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": f"{rng.getrandbits(128):032x}",
+            "systemUUID": _uid(rng),
+            "bootID": _uid(rng),
+            "kernelVersion": "5.15.0-1063-aws",
+            "osImage": "Ubuntu 22.04.4 LTS",
+            "containerRuntimeVersion": "containerd://1.7.13",
+            "kubeletVersion": "v1.36.3",
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+        "images": images,
+    }
+
+
+def api_node_labels(name: str) -> dict[str, str]:
+    """A GPU node's labels: the hostname and the discovery labels."""
+    return {"kubernetes.io/hostname": name, **_GPU_NODE_LABELS}

@@ -18,13 +18,16 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.config import Config
 from shared_svc.kube.cache import Informer
-from shared_svc.kube.resources import NODES
+from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.io import node_resources
+from shared_svc.upgrade.io import KubeUpgradeIO, node_resources, upgrade_write_limiter
+from shared_svc.upgrade.planner import NodePatch
 from shared_svc.upgrade.states import state_label_key
 from tests.kube import eventually, unique
+from tests.realistic import api_node_status
 
 pytestmark = pytest.mark.apiserver
 
@@ -33,58 +36,6 @@ pytestmark = pytest.mark.apiserver
 DRIVER = "metacache"
 STATE = state_label_key(DRIVER)
 PARKED = parked_label_key(DRIVER)
-IMAGES = 60  # a GPU node lists every image it has pulled: most of its status
-
-
-def large_status(generation: int = 0) -> dict[str, Any]:
-    """A GPU node's status as its kubelet writes it (about 15 KiB as JSON)."""
-    stamp = f"2026-01-01T00:00:{generation % 60:02d}Z"
-    return {
-        "capacity": {"cpu": "128", "memory": "2113442364Ki", "nvidia.com/gpu": "8", "pods": "110"},
-        "allocatable": {
-            "cpu": "127",
-            "memory": "2113339964Ki",
-            "nvidia.com/gpu": "8",
-            "pods": "110",
-        },
-        "conditions": [
-            {
-                "type": kind,
-                "status": "True" if kind == "Ready" else "False",
-                "reason": f"Kubelet{kind}",
-                "message": f"kubelet reports {kind} (generation {generation})",
-                "lastHeartbeatTime": stamp,
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }
-            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
-        ],
-        "addresses": [
-            {"type": "InternalIP", "address": "10.0.0.7"},
-            {"type": "Hostname", "address": "gpu-node"},
-        ],
-        "nodeInfo": {
-            "architecture": "amd64",
-            "bootID": "b0e1c8f2-5d3a-4c1e-9f57-8a1d6f1f2c3b",
-            "containerRuntimeVersion": "containerd://1.7.27",
-            "kernelVersion": "5.15.0-1071-nvidia",
-            "kubeProxyVersion": "",
-            "kubeletVersion": "v1.36.3",
-            "machineID": "3c9d5f0a1b2e4d6f8a7c9e1b3d5f7a9c",
-            "operatingSystem": "linux",
-            "osImage": "Ubuntu 22.04.5 LTS",
-            "systemUUID": "4c4c4544-0042-3610-8052-b4c04f4b4e33",
-        },
-        "images": [
-            {
-                "names": [
-                    f"nvcr.io/nvidia/cloud-native/image-{i}@sha256:{i:064x}",
-                    f"nvcr.io/nvidia/cloud-native/image-{i}:v{i}.{generation}.0-ubuntu22.04",
-                ],
-                "sizeBytes": 100_000_000 + i,
-            }
-            for i in range(IMAGES)
-        ],
-    }
 
 
 async def create_node(api: ApiClient, name: str, labels: dict[str, str]) -> None:
@@ -109,7 +60,7 @@ async def write_status(api: ApiClient, name: str, generation: int) -> dict[str, 
         api,
         "PATCH",
         NODES.item(name, subresource="status"),
-        body={"status": large_status(generation)},
+        body={"status": api_node_status(name, seed=generation)},
         content_type=MERGE_PATCH,
     )
     return node
@@ -230,3 +181,35 @@ async def test_node_caches_keep_metadata_only_from_lists_and_watches(
     assert lists == {"application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
     assert watches == {"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
     assert wire.list_kinds and set(wire.list_kinds) == {"PartialObjectMetadataList"}
+
+
+async def test_the_node_patch_answer_is_metadata_only(api: ApiClient) -> None:
+    """``KubeUpgradeIO.patch_node`` reads no answer: it asks for the node's metadata only,
+    so the API server does not encode (nor this process parse) a GPU node's status for
+    every record it writes; the server honours it and the patch lands."""
+    name = unique("meta-patch")
+    await create_node(api, name, {STATE: "cordon-required"})
+    answers: list[tuple[str, str]] = []  # (Accept, kind answered) of each node PATCH
+    real = api.call_api
+
+    async def call_api(*args: Any, **kw: Any) -> Any:
+        resp = await real(*args, **kw)
+        if args[1] == "PATCH" and args[0] == NODES.item(name):
+            accept = (kw.get("header_params") or {}).get("Accept", "")
+            answers.append((accept, _kind(await resp.read())))
+        return resp
+
+    api.call_api = call_api  # type: ignore[method-assign]
+    io = KubeUpgradeIO(
+        api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
+    )
+    try:
+        live = await read_node(api, name)
+        await io.patch_node(
+            NodePatch(name, live["metadata"]["resourceVersion"], labels=((PARKED, "true"),))
+        )
+        assert (await read_node(api, name))["metadata"]["labels"][PARKED] == "true"
+    finally:
+        api.call_api = real  # type: ignore[method-assign]
+        await delete_node(api, name)
+    assert answers == [(METADATA, "PartialObjectMetadata")]

@@ -65,6 +65,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.resources import JSON, METADATA, METADATA_LIST
 from shared_svc.kube.resources import Resource as Resource
 from shared_svc.kube.writer import body_text, status_of
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
@@ -189,12 +190,6 @@ def retry_after(exc: ApiException, default: float = 1.0) -> float:
         return default
 
 
-JSON = "application/json"
-# What a metadata-only cache asks for: the API server's own PartialObjectMetadata.
-METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
-METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-
-
 def accept_header(resource: Resource, *, watch: bool) -> str:
     """The ``Accept`` of a cache's list pages and watches: whole objects, or (for a
     ``metadata_only`` resource) ``PartialObjectMetadataList`` pages and watch events whose
@@ -203,7 +198,7 @@ def accept_header(resource: Resource, *, watch: bool) -> str:
     fallback would bring back what the cache is meant not to hold."""
     if not resource.metadata_only:
         return JSON
-    return METADATA_WATCH if watch else METADATA_LIST
+    return METADATA if watch else METADATA_LIST
 
 
 class NotServedYet(Exception):

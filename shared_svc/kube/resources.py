@@ -15,6 +15,12 @@ from urllib.parse import quote
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.projections import daemonset_fields
 
+# Media types of answers (``Accept``): whole objects, or the API server's own
+# PartialObjectMetadata (one object, or each object of a watch) and its list.
+JSON = "application/json"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
 
 def _segment(text: str) -> str:
     return quote(text, safe="")

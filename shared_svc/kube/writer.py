@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.k8s.managed_fields import FIELD_MANAGER as FIELD_MANAGER
-from shared_svc.kube.resources import GVR, LEASES, SERVICE_MONITORS, SERVICES
+from shared_svc.kube.resources import GVR, JSON, LEASES, SERVICE_MONITORS, SERVICES
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 
 APPLY = "application/apply-patch+yaml"
@@ -48,9 +48,13 @@ async def raw_request(
     content_type: str = "application/json",
     query: list[tuple[str, str]] | None = None,
     timeout: float = 30.0,
+    accept: str = JSON,
 ) -> Any:
-    """One request; returns parsed JSON; raises ApiException on a non-2xx answer."""
-    headers = {"Accept": "application/json"}
+    """One request; returns parsed JSON; raises ApiException on a non-2xx answer.
+
+    ``accept``: the answer's media type, e.g. ``resources.METADATA`` when only the
+    answer's metadata is read (the API server encodes, and this parses, much less)."""
+    headers = {"Accept": accept}
     if body is not None:
         headers["Content-Type"] = content_type  # the REST layer serializes the body as JSON
     resp = await api.call_api(

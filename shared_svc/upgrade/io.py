@@ -22,7 +22,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
-from shared_svc.kube.resources import CLUSTER_POLICIES, DAEMONSETS, NODES, PODS, daemonsets
+from shared_svc.kube.resources import (
+    CLUSTER_POLICIES,
+    DAEMONSETS,
+    METADATA,
+    NODES,
+    PODS,
+    daemonsets,
+)
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -236,6 +243,7 @@ class KubeUpgradeIO:
                 body=patch.body(),
                 content_type=MERGE_PATCH,
                 query=[("fieldManager", FIELD_MANAGER)],
+                accept=METADATA,  # the answer is not read: the node's metadata is the least
             )
         except ApiException as exc:
             if exc.status == 409:
