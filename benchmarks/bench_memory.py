@@ -59,9 +59,9 @@ sys.path.insert(0, str(ROOT))
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
-from shared_svc.kube.writer import raw_request
+from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from tests.kube import api_client, make_namespace
-from tests.realistic import api_pod
+from tests.realistic import api_node_labels, api_node_status, api_pod
 from tests.svc import Kube, cp_body
 from tests.worlds import APPS
 
@@ -170,34 +170,43 @@ def _daemonset(app: str, ns: str) -> dict[str, Any]:
 
 
 def gpu_node(name: str, **labels: str) -> dict[str, Any]:
-    """A GPU Node as the benchmarks create it (extra labels beside the hostname and GPU ones)."""
+    """A GPU Node as the benchmarks create it: the labels and annotations a GPU node
+    carries (``tests/realistic.py``), plus ``labels``; its status comes after
+    (``create_gpu_node``)."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "nvidia.com/gpu.present": "true",
-                **labels,
+            "labels": {**api_node_labels(name), "nvidia.com/gpu.present": "true", **labels},
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                "nfd.node.kubernetes.io/feature-labels": ",".join(
+                    k.split("/", 1)[1] for k in api_node_labels(name) if k.startswith("feature.")
+                ),
+                "nfd.node.kubernetes.io/master.version": "v0.15.4",
             },
         },
     }
 
 
+async def create_gpu_node(api: ApiClient, name: str, **labels: str) -> None:
+    """Creates the Node of ``gpu_node``, then writes its status as a kubelet does
+    (``tests/realistic.api_node_status``, through the status subresource): about 15 KiB."""
+    await raw_request(api, "POST", "/api/v1/nodes", body=gpu_node(name, **labels))
+    await raw_request(
+        api,
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        body={"status": api_node_status(name)},
+        content_type=MERGE_PATCH,
+    )
+
+
 async def build_world(api: ApiClient, ns: str, consumers_ns: str) -> None:
     started = time.monotonic()
-    await _many(
-        [
-            raw_request(
-                api,
-                "POST",
-                "/api/v1/nodes",
-                body=gpu_node(f"node-{i:05d}"),
-            )
-            for i in range(NODES)
-        ]
-    )
+    await _many([create_gpu_node(api, f"node-{i:05d}") for i in range(NODES)])
     await raw_request(
         api,
         "POST",
