@@ -1,6 +1,7 @@
 """``kube.cache.json_depth`` (bytes operations only, on every page of a re-list) is the
 nesting depth of the JSON value, whatever its strings hold: quotes, backslashes, brackets,
-escapes of any of them (issue 12: the idle CPU is the periodic re-list)."""
+escapes of any of them (issue 12: a re-list of 8,000 pods spent a quarter of its CPU in
+this check)."""
 
 from __future__ import annotations
 
