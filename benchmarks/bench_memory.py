@@ -94,18 +94,31 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return getattr(exc, "code", 0) or 0, ""
 
 
-def writes_by_resource(cp: testenv.ControlPlane) -> dict[str, int]:
-    """Write requests the API server counted, by resource."""
+def request_counts(cp: testenv.ControlPlane) -> dict[tuple[str, str], int]:
+    """The API server's own ``apiserver_request_total`` so far, by verb and resource
+    (``pods/eviction`` for a subresource)."""
     status, text = cp.request("GET", "/metrics")
     assert status == 200, text
-    out: dict[str, int] = {}
+    out: dict[tuple[str, str], int] = {}
     for line in str(text).splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
-            res = labels.get("resource", "")
-            out[res] = out.get(res, 0) + int(float(line.rsplit(" ", 1)[1]))
+        what = labels.get("resource", "")
+        if labels.get("subresource"):
+            what += f"/{labels['subresource']}"
+        key = (labels.get("verb", ""), what)
+        out[key] = out.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def writes_by_resource(cp: testenv.ControlPlane) -> dict[str, int]:
+    """Write requests the API server counted, by resource."""
+    out: dict[str, int] = {}
+    for (verb, what), count in request_counts(cp).items():
+        if verb in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
+            res = what.split("/", 1)[0]
+            out[res] = out.get(res, 0) + count
     return out
 
 

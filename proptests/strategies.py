@@ -376,3 +376,22 @@ def check_scrape_once(after: World, settings: Settings) -> None:
         return  # released (a foreign owner keeps it): no longer ours to annotate
     if canonical["spec"]["selector"] == {"app": "nvidia-dcgm-exporter-dra"}:
         assert alias["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+
+
+# Any small JSON value: what an odd or hostile object may carry in a field.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def set_at(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Sets ``value`` at ``path`` of ``obj`` when every level above it is a mapping."""
+    for key in path[:-1]:
+        if not isinstance(obj.get(key), dict):
+            return
+        obj = obj[key]
+    obj[path[-1]] = value

@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proptests.strategies import json_values, set_at
 from proptests.test_upgrade_props import Traits, apply, build_pod, step, traits, with_state
 from shared_svc.kube.cache import shared_strings
 from shared_svc.upgrade.io import node_resources
@@ -28,13 +29,6 @@ from testenv import upgrade_examples as ex
 STATE_NODES, PARKED_NODES = node_resources("gpu")
 RECORD = record_annotation_key("gpu")
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
 # Fields of a whole Node that no planner reads, and what an odd node may carry there.
 UNREAD = (
     ("spec",),
@@ -45,14 +39,6 @@ UNREAD = (
     ("status", "images"),
     ("metadata", "managedFields"),
 )
-
-
-def _set(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        if not isinstance(obj.get(key), dict):
-            return
-        obj = obj[key]
-    obj[path[-1]] = value
 
 
 def kubelet_status(images: int, ready: bool) -> dict[str, Any]:
@@ -99,7 +85,7 @@ def whole(draw: st.DrawFn, node: dict[str, Any]) -> dict[str, Any]:
         ]
     out["status"] = kubelet_status(draw(st.integers(0, 5)), draw(st.booleans()))
     if draw(st.booleans()):
-        _set(out, draw(st.sampled_from(UNREAD)), draw(json_values))
+        set_at(out, draw(st.sampled_from(UNREAD)), draw(json_values))
     return out
 
 

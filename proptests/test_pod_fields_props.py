@@ -8,20 +8,13 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proptests.strategies import settings_strategy, worlds
+from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from shared_svc.k8s.objects import labels_of, name_of
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import index_workloads, pod_fields
 from tests.realistic import api_pod
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
 # Where a pod's read fields live, and what a hostile or odd pod may carry there.
 PATHS = (
     ("metadata",),
@@ -34,14 +27,6 @@ PATHS = (
     ("status",),
     ("status", "conditions"),
 )
-
-
-def _set(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        if not isinstance(obj.get(key), dict):
-            return
-        obj = obj[key]
-    obj[path[-1]] = value
 
 
 @st.composite
@@ -62,7 +47,7 @@ def fleshed_out(draw: st.DrawFn, pod: Any) -> Any:
     if draw(st.booleans()):
         out["metadata"]["deletionTimestamp"] = "2024-01-02T00:00:00Z"  # terminating
     if draw(st.booleans()):
-        _set(out, draw(st.sampled_from(PATHS)), draw(json_values))
+        set_at(out, draw(st.sampled_from(PATHS)), draw(json_values))
     return out
 
 

@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proptests.strategies import settings_strategy, worlds
-from proptests.test_pod_fields_props import fleshed_out, json_values
+from proptests.strategies import json_values, set_at, settings_strategy, worlds
+from proptests.test_pod_fields_props import fleshed_out
 from shared_svc.k8s.projections import daemonset_fields
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
@@ -64,14 +64,6 @@ terms = st.lists(
 )
 
 
-def _set(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        if not isinstance(obj.get(key), dict):
-            return
-        obj = obj[key]
-    obj[path[-1]] = value
-
-
 @st.composite
 def whole_daemonset(draw: st.DrawFn, ds: dict[str, Any]) -> dict[str, Any]:
     """``ds`` with what the API server and its controller add, a template spec the
@@ -98,7 +90,7 @@ def whole_daemonset(draw: st.DrawFn, ds: dict[str, Any]) -> dict[str, Any]:
         tspec["nodeSelector"] = {CLIENT_HOOK_KEY: draw(st.sampled_from(["true", "false"]))}
     out.setdefault("status", {}).update(numberMisscheduled=0, currentNumberScheduled=1)
     if draw(st.booleans()):
-        _set(out, draw(st.sampled_from(PATHS)), draw(json_values))
+        set_at(out, draw(st.sampled_from(PATHS)), draw(json_values))
     return out
 
 
