@@ -104,7 +104,9 @@ the development tooling and are not reported).
 Every command that talks to the API server finds it the same way
 (`shared_svc/kubeconfig.py`): `--kubeconfig` (or the setting's variables; of a
 `KUBECONFIG` list, the first file), else `~/.kube/config` when it exists, else the
-in-cluster service account; with none of them, one line says so (exit status 2).
+in-cluster service account; with none of them, one line says so (exit status 2). A
+proxy for the API server is the kubeconfig's `proxy-url`, else what `HTTPS_PROXY`/
+`HTTP_PROXY`/`NO_PROXY` name for it, read once at start (as client-go does).
 
 The Helm chart passes every value as an environment variable of the container (column
 "Helm chart"); values left `null` in the chart's `tuning` block keep the service's
