@@ -300,9 +300,10 @@ class FakeUpgradeIO:
     async def pods_on_node(self, name: str) -> list[K8sObject]:
         return list(self.pods.get(name, []))
 
-    async def patch_node(self, patch: NodePatch) -> None:
+    async def patch_node(self, patch: NodePatch) -> str:
         self.writes.append(patch)
         self.nodes[patch.node] = apply_patch(self.nodes[patch.node], patch)
+        return str(self.nodes[patch.node]["metadata"]["resourceVersion"])
 
     async def _pod_action(self, action: PodAction) -> str:
         self.writes.append(action)

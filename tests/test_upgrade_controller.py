@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 import pytest
@@ -14,6 +15,7 @@ from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
+from tests.kube import eventually
 from tests.test_upgrade_cli import STATUS_NODE_KEYS
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
@@ -147,10 +149,10 @@ async def test_stop_finishes_the_node_in_flight() -> None:
     class SlowIO(ex.FakeUpgradeIO):
         started = asyncio.Event()
 
-        async def patch_node(self, patch: NodePatch) -> None:
+        async def patch_node(self, patch: NodePatch) -> str:
             self.started.set()
             await asyncio.sleep(0.3)
-            await super().patch_node(patch)
+            return await super().patch_node(patch)
 
     io = SlowIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, _ = make(io)
@@ -321,3 +323,36 @@ async def test_reconciles_are_counted_under_the_runtime_metric_names() -> None:
     assert sample("shared_svc_upgrade_reconcile_total", {"result": "ok"}) is None
     status = controller.status()
     assert "dryRun" in status and "dry_run" not in status
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
+    """The watch event of the controller's own record patch starts no pass: the pass that
+    wrote it planned on what it wrote and asked to be polled while the consumers leave
+    (a pod list per node saved in every wave). A change by anyone else starts one."""
+    io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    controller, _ = make(io)
+    io.on_change = controller._changed.set  # the node caches' change signal, as in KubeUpgradeIO
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        controller._changed.set()
+        await eventually(lambda: _true(controller.reconciles == 1 and len(io.writes) == 2))
+        # The caches now hold the node as the patch left it (a new resourceVersion).
+        controller._changed.set()
+        await asyncio.sleep(0.3)
+        assert controller.reconciles == 1
+        # Someone else changes the node: looked at again.
+        changed = copy.deepcopy(io.nodes["node-1"])
+        changed["metadata"]["labels"]["example.com/other"] = "x"
+        changed["metadata"]["resourceVersion"] = str(
+            int(changed["metadata"]["resourceVersion"]) + 1
+        )
+        io.set_node(changed)
+        await eventually(lambda: _true(controller.reconciles == 2))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -69,7 +69,7 @@ class UpgradeIO(Protocol):
     def cluster_policies(self) -> tuple[K8sObject, ...]: ...
     async def get_node(self, name: str) -> K8sObject | None: ...  # from a cache, no request
     async def pods_on_node(self, name: str) -> list[K8sObject]: ...
-    async def patch_node(self, patch: NodePatch) -> None: ...
+    async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
     async def evict(self, action: PodAction) -> str: ...
     async def delete_pod(self, action: PodAction) -> str: ...
 
@@ -120,6 +120,10 @@ class UpgradeController:
             )
         self._io = io
         self._seen: dict[str, str] = {}
+        # node -> the resourceVersion its last patch by this controller gave it. The watch
+        # event of that version is no change to look at: the pass that wrote it planned
+        # on what it wrote, and asked to be polled while consumers leave.
+        self._own: dict[str, str] = {}
         self._statuses: dict[str, NodeStatus] = {}
         self._errors: dict[str, str] = {}
         self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
@@ -229,10 +233,12 @@ class UpgradeController:
     async def _scan(self) -> None:
         versions = self._io.node_versions()
         for name, version in versions.items():
-            if self._seen.get(name) != version:
+            if self._seen.get(name) != version and self._own.get(name) != version:
                 self._runtime.enqueue(name)
         for name in set(self._seen) - set(versions):
             self._runtime.enqueue(name)  # label vanished (or node deleted): look once more
+        for name in set(self._own) - set(versions):
+            del self._own[name]
         self._seen = versions
         await self._review_gate()
 
@@ -333,7 +339,7 @@ class UpgradeController:
     async def _carry_out(self, plan: NodePlan) -> None:
         if plan.patch is not None:
             try:
-                await self._io.patch_node(plan.patch)
+                self._own[plan.node] = await self._io.patch_node(plan.patch)
             except NodeChanged:
                 self.metrics.node_patches.labels(outcome="conflict").inc()
                 raise

@@ -204,13 +204,18 @@ class KubeUpgradeIO:
         return all(informer.synced.is_set() for informer in self._informers)
 
     def node_versions(self) -> dict[str, str]:
-        """Name -> resourceVersion of every node that is upgrading or parked."""
-        versions: dict[str, str] = {}
+        """Name -> resourceVersion of every node that is upgrading or parked; of two cached
+        copies, the newer (the two caches see a change one after the other)."""
+        newest: dict[str, K8sObject] = {}
         for informer in self._node_informers:
             for node in informer.items():
-                meta = node.get("metadata", {})
-                versions[meta.get("name", "")] = meta.get("resourceVersion", "")
-        return versions
+                name = node.get("metadata", {}).get("name", "")
+                if name not in newest or _version(node) > _version(newest[name]):
+                    newest[name] = node
+        return {
+            name: str(node.get("metadata", {}).get("resourceVersion", ""))
+            for name, node in newest.items()
+        }
 
     def _daemonsets_changed(self) -> None:
         self._ds_snapshot = None
@@ -232,11 +237,12 @@ class KubeUpgradeIO:
     async def pods_on_node(self, name: str) -> list[K8sObject]:
         return await pods_on_node(self._api, name)
 
-    async def patch_node(self, patch: NodePatch) -> None:
+    async def patch_node(self, patch: NodePatch) -> str:
+        """Sends the patch; returns the node's resourceVersion after it."""
         check_own_keys(patch, self._driver)
         await self._writes.take()
         try:
-            await raw_request(
+            patched: K8sObject = await raw_request(
                 self._api,
                 "PATCH",
                 NODES.item(patch.node),
@@ -249,6 +255,7 @@ class KubeUpgradeIO:
             if exc.status == 409:
                 raise NodeChanged(patch.node) from exc
             raise
+        return str(patched.get("metadata", {}).get("resourceVersion", ""))
 
     async def evict(self, action: PodAction) -> EvictOutcome:
         body = {
