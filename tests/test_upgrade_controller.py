@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.upgrade.controller import UpgradeController
-from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
+from shared_svc.upgrade.io import ForeignKeyError, check_own_keys, newest_versions
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
@@ -356,3 +356,12 @@ async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
+    """The state and parked caches see a node's change one after the other: whichever
+    order they are read in, the newer copy's version is the node's."""
+    old, new = ex.node(state="cordon-required"), ex.node(state="cordon-required")
+    old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "9", "10"
+    assert newest_versions([old, new]) == newest_versions([new, old]) == {"node-1": "10"}
+    assert newest_versions([new]) == {"node-1": "10"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
@@ -153,9 +153,27 @@ def upgrade_write_limiter(config: Config) -> BucketRateLimiter:
     )
 
 
-def _version(obj: K8sObject) -> int:
-    version = str(obj.get("metadata", {}).get("resourceVersion", ""))
+def _rv(version: str) -> int:
     return int(version) if version.isdigit() else 0
+
+
+def newest_versions(nodes: Iterable[K8sObject]) -> dict[str, str]:
+    """Name -> resourceVersion of ``nodes``; of two copies of one node, the newer (the
+    two node caches see a change one after the other: the older copy must not read as
+    a change back). Versions are compared only when two copies differ (a scan runs on
+    every change)."""
+    versions: dict[str, str] = {}
+    for node in nodes:
+        meta = node.get("metadata", {})
+        name, version = meta.get("name", ""), str(meta.get("resourceVersion", ""))
+        known = versions.get(name)
+        if known is None or (known != version and _rv(version) > _rv(known)):
+            versions[name] = version
+    return versions
+
+
+def _version(obj: K8sObject) -> int:
+    return _rv(str(obj.get("metadata", {}).get("resourceVersion", "")))
 
 
 class KubeUpgradeIO:
@@ -206,16 +224,7 @@ class KubeUpgradeIO:
     def node_versions(self) -> dict[str, str]:
         """Name -> resourceVersion of every node that is upgrading or parked; of two cached
         copies, the newer (the two caches see a change one after the other)."""
-        newest: dict[str, K8sObject] = {}
-        for informer in self._node_informers:
-            for node in informer.items():
-                name = node.get("metadata", {}).get("name", "")
-                if name not in newest or _version(node) > _version(newest[name]):
-                    newest[name] = node
-        return {
-            name: str(node.get("metadata", {}).get("resourceVersion", ""))
-            for name, node in newest.items()
-        }
+        return newest_versions(n for i in self._node_informers for n in i.items())
 
     def _daemonsets_changed(self) -> None:
         self._ds_snapshot = None
