@@ -83,6 +83,7 @@ from bench_memory import (
     Run,
     _many,
     _pod,
+    cpu_seconds,
     create_gpu_node,
     http_get,
     request_counts,
@@ -363,14 +364,13 @@ def fetch_apiserver_profile(cp: testenv.ControlPlane, out: str) -> None:
         Path(out).write_bytes(r.read())
 
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User+system CPU seconds so far of each named process (``/proc/PID/stat``)."""
-    tick = os.sysconf("SC_CLK_TCK")
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds so far of each named process (``bench_memory.cpu_seconds``);
+    a process that is gone is left out."""
     out: dict[str, float] = {}
     for name, pid in pids.items():
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
+            out[name] = cpu_seconds(pid)
     return out
 
 
@@ -435,7 +435,7 @@ async def main(
             await asyncio.sleep(2)
             watcher.reset()
             by_node = by_node_of(pods, nodes)
-            cpu_before = cpu_seconds(bare_pids)
+            cpu_before = cpu_of(bare_pids)
             t0 = time.monotonic()
             await bare_wave(api, nodes, by_node)
             await wait_for(
@@ -444,7 +444,7 @@ async def main(
                 "evictions (bare)",
                 None,
             )
-            cpu_wave = cpu_seconds(bare_pids)
+            cpu_wave = cpu_of(bare_pids)
             bare.append(max(node_done(watcher, by_node, n) or 0.0 for n in by_node) - t0)
             cpu = {k: cpu_wave[k] - cpu_before.get(k, 0.0) for k in cpu_wave}
             for k, v in cpu.items():
@@ -481,7 +481,7 @@ async def main(
                 )
                 await asyncio.sleep(0.2)  # the profile has started
             requests_before = request_counts(cp)
-            cpu_before = cpu_seconds(pids)
+            cpu_before = cpu_of(pids)
             t0 = time.monotonic()
             await set_state(api, nodes, "cordon-required")
             landed.append(time.monotonic() - t0)
@@ -494,7 +494,7 @@ async def main(
                 "evictions",
                 run,
             )
-            cpu_wave, cpu_wave_at = cpu_seconds(pids), time.monotonic()
+            cpu_wave, cpu_wave_at = cpu_of(pids), time.monotonic()
             requests_wave = request_counts(cp)
             done = [node_done(watcher, by_node, n) or 0.0 for n in names]
             makespans.append(max(done) - t0)

@@ -45,7 +45,7 @@ async def raw_request(
     path: str,
     *,
     body: Any = None,
-    content_type: str = "application/json",
+    content_type: str = JSON,
     query: list[tuple[str, str]] | None = None,
     timeout: float = 30.0,
     accept: str = JSON,
