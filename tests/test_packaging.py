@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from shared_svc import __version__
 from testenv import ControlPlane, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,8 +126,7 @@ def test_final_stage_has_no_pip() -> None:
 def test_image_carries_oci_labels_from_build_args() -> None:
     _, final = stages()
     assert "ARG VERSION=0.1.0" in final and "ARG REVISION=unknown" in final
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    assert f"ARG VERSION={version}" in final, "the default is the package's version"
+    assert f"ARG VERSION={__version__}" in final, "the default is the package's version"
     (label,) = [line for line in final if line.startswith("LABEL ")]
     labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', label))
     assert labels["org.opencontainers.image.version"] == "${VERSION}"
