@@ -19,7 +19,7 @@ There is no kubelet or DaemonSet controller: :func:`add_gpu_node` writes a Node 
 kubelet and node-feature-discovery would, and :func:`mark_daemonsets` sets the status the
 DaemonSet controller would report. Synchronous (stdlib and :mod:`testenv`).
 
-By hand: ``python -m testenv.gpu_operator`` (see README.md).
+By hand: ``python -m testenv.gpu_operator`` (see docs/development.md).
 """
 
 from __future__ import annotations

@@ -562,3 +562,49 @@ def test_the_readme_is_a_front_page() -> None:
         if ln.startswith("make ")
     ]
     assert makes == ["make demo", "make test"]
+
+
+# --- What docs/install.md says the chart renders --------------------------------------------
+
+
+@pytest.mark.helm
+def test_with_a_webhook_url_the_deployment_serves_no_webhook_and_the_job_names_the_host() -> None:
+    from tests.test_deploy_chart import container_env, find, one, render_docs
+
+    install = (REPO / "docs" / "install.md").read_text()
+    assert "### A webhook served elsewhere (`admission.webhook.url`)" in install
+    docs = render_docs("admission.webhook.url=https://10.0.0.7:9443")
+    assert not [k for k in container_env(docs) if k.startswith("SHARED_SVC_WEBHOOK_")]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert not [v for v in pod.get("volumes", []) if "secret" in v]
+    assert not [p for p in pod["containers"][0]["ports"] if p["name"] == "webhook"]
+    assert not find(docs, "Service", "shared-svc-webhook")
+    urls = sorted(
+        w["clientConfig"]["url"]
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for config in find(docs, kind)
+        for w in config["webhooks"]
+    )
+    assert urls == ["https://10.0.0.7:9443/mutate", "https://10.0.0.7:9443/validate-delete"]
+    (pre,) = [
+        j
+        for j in find(docs, "Job")
+        if j["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    ]
+    args = pre["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--san") + 1] == "10.0.0.7"
+    assert args[args.index("--secret") + 1] == "gpu-operator/shared-svc-webhook-tls"
+
+
+@pytest.mark.helm
+def test_auto_under_a_render_without_discovery_gives_the_mutating_webhook() -> None:
+    from tests.test_deploy_chart import find, render_docs
+
+    kinds = {d["kind"] for d in render_docs()}
+    assert "MutatingWebhookConfiguration" in kinds and "MutatingAdmissionPolicy" not in kinds
+    policy = render_docs("admission.mutation=policy")
+    assert find(policy, "MutatingAdmissionPolicy") and not find(
+        policy, "MutatingWebhookConfiguration"
+    )
+    for doc in ("README.md", "docs/install.md"):
+        assert "mutation: policy" in (REPO / doc).read_text(), f"{doc} shows the GitOps values"
