@@ -9,7 +9,7 @@ Every Report goes with the record write that keeps it from repeating.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -112,10 +112,28 @@ class NodePlan:
     requeue_after: float | None  # look again this soon even without a change (seconds)
     # Reports no record write keeps from repeating: the shell sends each once per process.
     notices: tuple[Report, ...] = ()
+    record: Record | None = None  # our record on the node once ``patch`` is written
+    record_key: str = ""
 
     @property
     def writes(self) -> tuple[NodePatch | PodAction, ...]:
         return ((self.patch,) if self.patch else ()) + self.pod_actions
+
+
+def deleted_patch(plan: NodePlan, uids: Collection[str]) -> NodePatch | None:
+    """The record write after the plan's deletes of pods ``uids`` were accepted: the
+    record says ``deleted`` only for a pod whose delete succeeded. Ours alone writes the
+    record and one pass of a node runs at a time, so it needs no resourceVersion."""
+    rec = plan.record
+    if rec is None:
+        return None
+    marked = rec
+    for entry in rec.pods:
+        if entry.uid in uids and not entry.deleted:
+            marked = marked.with_pod(replace(entry, deleted=True))
+    if marked == rec:
+        return None
+    return NodePatch(plan.node, None, annotations=((plan.record_key, record.encode(marked)),))
 
 
 def _names(keys: Iterable[str]) -> str:
@@ -306,9 +324,9 @@ def _free(
             b.actions.append(PodAction("delete", namespace, name, uid, "eviction timeout"))
         else:
             b.actions.append(PodAction("evict", namespace, name, uid, "retry after timeout"))
-        rec = rec.with_pod(
-            replace(entry, blocked=True, deleted=entry.deleted or s.delete_after_timeout)
-        )
+        # Blocked: the Warning rides with this record write. Not yet deleted: the delete
+        # planned here may be refused; ``deleted_patch`` records it once it was accepted.
+        rec = rec.with_pod(replace(entry, blocked=True))
 
     new_detected = sorted(set(detected) - set(rec.detected_reported))
     if new_detected:
@@ -554,6 +572,8 @@ def plan_node(
         status,
         found.get("requeue_after"),
         notices,
+        b.record if owns_record else current,
+        record_key,
     )
 
 
