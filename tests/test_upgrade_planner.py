@@ -427,3 +427,29 @@ def test_unknown_state_keeps_and_gives_a_notice_not_tied_to_a_write(state: str) 
     other = plan(at_state(node, "other-state"), pods, now=T0 + 5).notices[0]
     assert other.key != notice.key
     assert plan(at_state(node, "validation-required"), pods).notices == ()
+
+
+def test_the_per_pod_step_evicts_retries_reports_and_deletes_after_the_timeout() -> None:
+    from shared_svc.upgrade.planner import pod_step
+    from shared_svc.upgrade.record import FreedPod
+
+    pod = ex.declared_pod("triton")
+    s = replace(S, eviction_timeout_seconds=60)
+    first = pod_step(pod, None, "declared: x", s, T0)
+    assert first.fresh and first.action is not None and first.action.verb == "evict"
+    assert first.entry == FreedPod("ml", "triton", "uid-ml-triton", T0) and first.deadline == 60
+    entry = first.entry
+    retry = pod_step(pod, entry, "declared: x", s, T0 + 20)
+    assert (retry.action.verb if retry.action else None, retry.deadline) == ("evict", 40)
+    assert retry.entry == entry and retry.finding is None and not retry.fresh
+    late = pod_step(pod, entry, "declared: x", s, T0 + 61)
+    assert late.finding is not None and late.finding.reason == "GPUConsumerEvictionBlocked"
+    assert late.entry == replace(entry, blocked=True) and late.action is not None
+    assert late.action.why == "retry after timeout"
+    deleting = pod_step(pod, entry, "x", replace(s, delete_after_timeout=True), T0 + 61)
+    assert deleting.action is not None and deleting.action.verb == "delete"
+    assert deleting.entry == replace(entry, blocked=True)  # deleted once it was accepted
+    again = pod_step(pod, late.entry, "x", s, T0 + 70)
+    assert again.finding is None and again.entry == late.entry  # reported once
+    leaving = ex.declared_pod("triton", terminating=True)
+    assert pod_step(leaving, None, "x", s, T0) == type(first)(None)  # not ours: nothing
