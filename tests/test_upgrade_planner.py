@@ -453,3 +453,9 @@ def test_the_per_pod_step_evicts_retries_reports_and_deletes_after_the_timeout()
     assert again.finding is None and again.entry == late.entry  # reported once
     leaving = ex.declared_pod("triton", terminating=True)
     assert pod_step(leaving, None, "x", s, T0) == type(first)(None)  # not ours: nothing
+
+
+def test_the_planner_settings_take_their_defaults_from_config() -> None:
+    from shared_svc.config import Config
+
+    assert UpgradeSettings() == UpgradeSettings.from_config(Config.model_construct())

@@ -161,7 +161,7 @@ class _Builder:
 
     @property
     def name(self) -> str:
-        return str(self.node.get("metadata", {}).get("name", ""))
+        return objects.name_of(self.node)
 
     def add(self, finding: Finding) -> None:
         self.report(finding.type_, finding.reason, finding.action, finding.note, finding.key)
@@ -169,8 +169,8 @@ class _Builder:
     def report(
         self, type_: Literal["Normal", "Warning"], reason: str, action: str, note: str, key: str
     ) -> None:
-        meta = self.node.get("metadata", {})
-        regarding = ObjectRef(api_version="v1", kind="Node", name=self.name, uid=meta.get("uid"))
+        uid = objects.uid_of(self.node) or None
+        regarding = ObjectRef(api_version="v1", kind="Node", name=self.name, uid=uid)
         self.reports.append(
             Report(
                 type_,
@@ -184,13 +184,12 @@ class _Builder:
 
 
 def _pod_identity(pod: K8sObject) -> tuple[str, str, str]:
-    meta = pod.get("metadata", {})
-    return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+    return objects.namespace_of(pod), objects.name_of(pod), objects.uid_of(pod)
 
 
 def terminating_for(pod: K8sObject, now: float) -> float | None:
     """Seconds since the pod was asked to go (deletionTimestamp less its grace), or None."""
-    meta = pod.get("metadata", {})
+    meta = objects.meta(pod)
     stamp = meta.get("deletionTimestamp")
     if not stamp:
         return None
@@ -220,7 +219,7 @@ def _outcomes(
             pod is None
             or _pod_identity(pod)[2] != entry.uid
             or consumers.is_finished(pod)
-            or pod.get("metadata", {}).get("deletionTimestamp")
+            or objects.meta(pod).get("deletionTimestamp")
         ):
             out["evicted"].append(entry.key)
             if pod is not None and entry.stuck and _pod_identity(pod)[2] == entry.uid:
@@ -534,7 +533,7 @@ def _undo(b: _Builder, *, aborted: bool) -> None:
     if rec is None:
         return
     parked_key = daemonsets.parked_label_key(b.settings.driver_name)
-    if rec.parked_label and parked_key in (b.node.get("metadata", {}).get("labels") or {}):
+    if rec.parked_label and parked_key in objects.labels_of(b.node):
         b.labels[parked_key] = None
     evicted = [p.key for p in rec.pods]
     what = (
@@ -730,9 +729,8 @@ def recorded_status(
     pods still on the node and, while freeing, the pods of declared and unprepared
     DaemonSets.
     """
-    meta = node.get("metadata", {})
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    raw = (meta.get("annotations") or {}).get(record.record_annotation_key(driver_name))
+    labels = objects.labels_of(node)
+    raw = objects.annotations_of(node).get(record.record_annotation_key(driver_name))
     rec, record_error = _read_record(raw)
     state = labels.get(states.state_label_key(driver_name))
     mode = states.mode_for(state)
@@ -758,7 +756,7 @@ def recorded_status(
             elif (ds_key := daemonsets.owner_key(pod)) in reported:
                 unprepared.add(str(ds_key))
     return NodeStatus(
-        node=str(meta.get("name", "")),
+        node=objects.name_of(node),
         state=state,
         mode=mode,
         phase=_phase(mode, rec) if rec is not None or mode != "free" else "freeing",
