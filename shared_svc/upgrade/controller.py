@@ -291,6 +291,7 @@ class UpgradeController:
         if node is None:
             self._statuses.pop(name, None)
             self._said.pop(name, None)
+            self._unsent.pop(name, None)  # Events about a node that is gone (or not ours)
             return None
         pods = await self._io.pods_on_node(name)
         objects = self._io.daemonset_objects()
@@ -386,6 +387,8 @@ class UpgradeController:
                 await self._io.patch_node(after)  # the record says deleted once it is true
             except Exception as exc:
                 failure = failure or exc
+            else:
+                self.metrics.node_patches.labels(outcome="ok").inc()
         # The reports ride with the node patch just written (its record says they are
         # sent): sent whatever became of the pod actions, before a failure is raised.
         await self._report(plan.node, plan.reports)
