@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_svc.upgrade import states
-from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade import record, states
+from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -168,3 +168,86 @@ def test_any_sequence_is_undone_touches_only_consumers_and_is_idempotent(
             assert again.reports == ()
 
     assert comparable(node) == before
+
+
+# --- issue 19: a failed delete after the eviction timeout ---
+
+BLOCKED = "GPUConsumerEvictionBlocked"
+DELETE_FATES = ("accepted", "refused", "refused-once")  # a 403 for good, or one transient 500
+
+shell_step = st.tuples(
+    st.integers(0, 120),  # seconds until this step (the eviction timeout is 60 s)
+    st.booleans(),  # the node patch lands (else 409: the pass ends before its pod actions)
+    st.booleans(),  # the kubelet finishes terminating pods before this step
+)
+
+
+@given(
+    fates=st.lists(st.tuples(st.sampled_from(DELETE_FATES), st.booleans()), max_size=4),
+    steps=st.lists(shell_step, min_size=1, max_size=10),
+    delete_after_timeout=st.booleans(),
+)
+def test_a_record_never_says_deleted_for_a_pod_whose_delete_did_not_succeed_and_a_blocked_report_is_planned_until_sent(
+    fates: list[tuple[str, bool]],
+    steps: list[tuple[int, bool, bool]],
+    delete_after_timeout: bool,
+) -> None:
+    """The controller's rules, played on the pure planner: a plan's reports are sent once
+    its node patch is written, whatever its pod actions do; ``deleted_patch`` is written
+    for the deletes the API server accepted."""
+    settings = UpgradeSettings(
+        eviction_timeout_seconds=60.0, delete_after_timeout=delete_after_timeout
+    )
+    node = ex.node(state="cordon-required")
+    pods = [ex.declared_pod(f"p{i}") for i in range(len(fates))]
+    pdb = frozenset(f"ml/p{i}" for i, (_, guarded) in enumerate(fates) if guarded)
+    fate = {f"uid-ml-p{i}": f for i, (f, _) in enumerate(fates)}
+    refusals: dict[str, int] = {}
+    accepted: set[str] = set()  # uids whose delete the API server accepted
+    sent: list[str] = []  # keys of the blocked Warnings sent
+    now = 1_700_000_000.0
+    for dt, lands, kubelet in [*steps, (61, True, False), (61, True, False)]:
+        now += dt
+        if kubelet:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        plan = plan_node(node, pods, [], settings, now)
+        before = (
+            record.decode(node["metadata"]["annotations"][RECORD]) if has_record(node) else None
+        )
+        live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for entry in before.pods if before else ():
+            due = entry.uid in live and now - entry.first_attempt >= 60.0
+            if due and not any(k.endswith(f"{entry.key}/{entry.uid}") for k in sent):
+                assert any(
+                    r.reason == BLOCKED and r.key.endswith(f"{entry.key}/{entry.uid}")
+                    for r in plan.reports
+                ), (entry, plan.reports)  # not sent yet: planned again
+        if plan.patch is not None and not lands:
+            continue
+        if plan.patch is not None:
+            node = ex.apply_patch(node, plan.patch)
+        sent += [r.key for r in plan.reports if r.reason == BLOCKED]
+        done: set[str] = set()
+        for action in plan.pod_actions:
+            if action.verb == "delete":
+                refusals[action.uid] = refusals.get(action.uid, 0) + 1
+                verdict = fate[action.uid]
+                if verdict == "refused" or (
+                    verdict == "refused-once" and refusals[action.uid] == 1
+                ):
+                    continue
+                done.add(action.uid)
+            pods = ex.apply_pod_action(pods, action, pdb)
+        accepted |= done
+        if (after := deleted_patch(plan, done)) is not None:
+            node = ex.apply_patch(node, after)
+        rec = record.decode(node["metadata"]["annotations"][RECORD]) if has_record(node) else None
+        for entry in rec.pods if rec else ():
+            assert not entry.deleted or entry.uid in accepted, entry
+            reported = [k for k in sent if k.endswith(f"{entry.key}/{entry.uid}")]
+            assert len(reported) == (1 if entry.blocked else 0), (entry, sent)
+    assert len(sent) == len(set(sent))  # each Warning once
+
+
+def has_record(node: dict) -> bool:
+    return RECORD in (node["metadata"].get("annotations") or {})

@@ -7,7 +7,8 @@
 - :class:`ThrottlingProxy` terminates TLS with the API server's own certificate and
   forwards each HTTP request; while ``throttle_watches`` is set it answers every watch
   request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does;
-  it records every request's method and path (``requests``).
+  it records every request's method and path (``requests``); ``fail_once(method, suffix)``
+  answers the next such request ``500 Internal Server Error`` (a transient server fault).
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class ThrottlingProxy:
         self.throttled = 0  # 429s answered
         self.watches = 0  # watch requests passed through
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        self._faults: list[tuple[str, str]] = []  # (method, path suffix) to answer 500 once
+        self.faulted: list[tuple[str, str]] = []  # (method, path) of the requests answered 500
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
         self.port = 0
@@ -166,6 +169,21 @@ class ThrottlingProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.rel_url.path))
+        for fault in self._faults:
+            if request.method == fault[0] and request.rel_url.path.endswith(fault[1]):
+                self._faults.remove(fault)
+                self.faulted.append((request.method, request.rel_url.path))
+                return web.json_response(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": 'an error on the server ("test fault") has prevented the request from succeeding',
+                        "reason": "InternalError",
+                        "code": 500,
+                    },
+                    status=500,
+                )
         if request.query.get("watch") in ("true", "1"):
             if self.throttle_watches:
                 self.throttled += 1
@@ -214,6 +232,10 @@ class ThrottlingProxy:
                 self._enders.discard(ender)
             await resp.write_eof()
             return resp
+
+    def fail_once(self, method: str, path_suffix: str) -> None:
+        """The next ``method`` request whose path ends with ``path_suffix`` gets a 500."""
+        self._faults.append((method, path_suffix))
 
     def throttle(self) -> None:
         """From now on every watch request gets 429; the open watches end (cleanly, as at

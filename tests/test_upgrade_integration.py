@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,13 +31,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import testenv
 from shared_svc.cli import main
 from shared_svc.config import Config
+from shared_svc.k8s.events import Report
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import pods_on_node
 from testenv import upgrade_examples as ex
-from tests.kube import eventually, make_namespace, unique
+from tests.apiproxy import ThrottlingProxy, kubeconfig_via
+from tests.kube import api_client, eventually, make_namespace, unique
 
 pytestmark = pytest.mark.apiserver
 
@@ -96,9 +99,12 @@ def settings(**kw: Any) -> Config:
 class Running:
     """A controller instance running in the background; ``stop()`` ends it like SIGTERM."""
 
-    def __init__(self, api: ApiClient, config: Config) -> None:
+    def __init__(
+        self, api: ApiClient, config: Config, wrap: Callable[[EventRecorder], Any] | None = None
+    ) -> None:
         self.recorder = EventRecorder(api, reporting_instance=unique("test-upgrade"))
-        self.controller = UpgradeController(api, config, self.recorder)
+        sender = wrap(self.recorder) if wrap else self.recorder
+        self.controller = UpgradeController(api, config, sender)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self.controller.run(self._stop))
 
@@ -769,3 +775,156 @@ def test_the_upgrade_controller_builds_its_bucket_from_the_settings() -> None:
 
     bucket = upgrade_write_limiter(settings(upgrade_writes_per_second=7.0, upgrade_writes_burst=9))
     assert (bucket.rate, bucket.burst) == (7.0, 9.0)
+
+
+# --- issue 19 item 1: a delete after the eviction timeout that fails ---
+
+# The chart's ClusterRole for the upgrade controller without upgrade.deleteAfterTimeout
+# (deploy/manifests/shared-svc-upgrade.yaml), and its Events: no pods delete.
+NO_POD_DELETE_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["list", "watch"]},
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "resourceNames": ["clusterpolicies.nvidia.com"],
+        "verbs": ["get"],
+    },
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "get", "patch"]},
+]
+
+
+@contextlib.asynccontextmanager
+async def client_without_pod_delete(
+    cp: testenv.ControlPlane, directory: Path
+) -> AsyncIterator[ApiClient]:
+    """A client of a ServiceAccount bound to ``NO_POD_DELETE_RULES`` (RBAC answers its
+    pod deletes 403)."""
+    name = unique("upgrade-no-delete")
+    rbac = "rbac.authorization.k8s.io/v1"
+    role = {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name}}
+    binding = {
+        "apiVersion": rbac,
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NS}],
+    }
+    cp.apply_manifests([{**role, "rules": NO_POD_DELETE_RULES}, binding])
+    token = cp.service_account_token(OPERATOR_NS, name)
+    client = await api_client(cp, str(cp.write_kubeconfig(directory / f"{name}.kubeconfig", token)))
+    try:
+        yield client
+    finally:
+        await client.close()
+        for plural in ("clusterrolebindings", "clusterroles"):
+            cp.request("DELETE", f"/apis/{rbac}/{plural}/{name}")
+
+
+async def blocked_warnings(api: ApiClient, node: str) -> list[dict[str, Any]]:
+    return [e for e in await events(api, node) if e["reason"] == "GPUConsumerEvictionBlocked"]
+
+
+async def recorded_pod(api: ApiClient, node: str) -> dict[str, Any]:
+    [pod] = json.loads((await get_node(api, node))["metadata"]["annotations"][RECORD])["pods"]
+    return dict(pod)
+
+
+class FirstSendFails:
+    """An Event recorder whose first try of each ``reason`` Event fails (as a refused POST:
+    ``emit`` answers False)."""
+
+    def __init__(self, recorder: EventRecorder, reason: str) -> None:
+        self.recorder, self.reason, self.failed = recorder, reason, 0
+
+    async def emit(self, report: Report) -> bool:
+        if report.reason == self.reason and not self.failed:
+            self.failed += 1
+            return False
+        return await self.recorder.emit(report)
+
+
+@pytest.mark.parametrize("first_send_fails", [False, True])
+async def test_a_delete_refused_by_rbac_after_the_timeout_warns_once_and_the_record_says_not_deleted(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    tmp_path: Path,
+    first_send_fails: bool,
+) -> None:
+    """With ``first_send_fails`` the Warning's first send fails after the record that says
+    it was sent is written: it is sent again on a later pass."""
+    node = await nodes()
+    await _blocked_pod(api, ns, node, "guarded")  # a PodDisruptionBudget refuses the eviction
+    config = settings(upgrade_eviction_timeout_seconds=1.0, upgrade_delete_after_timeout=True)
+    async with client_without_pod_delete(control_plane, tmp_path) as restricted:
+        flaky: list[FirstSendFails] = []
+
+        def wrap(recorder: EventRecorder) -> EventRecorder | FirstSendFails:
+            if not first_send_fails:
+                return recorder
+            flaky.append(FirstSendFails(recorder, "GPUConsumerEvictionBlocked"))
+            return flaky[0]
+
+        running = Running(restricted, config, wrap)
+        try:
+            await set_state(api, node, "cordon-required")
+
+            await eventually(lambda: _refused(running, node, after=0), 30)
+            # Three more passes, each refused again (a 403 on the delete; no new Warning).
+            passes = running.controller.reconciles
+            await eventually(lambda: _refused(running, node, after=passes + 3), 30)
+        finally:
+            await running.stop()
+    assert [f.failed for f in flaky] == ([1] if first_send_fails else [])
+    [warning] = await blocked_warnings(api, node)
+    assert warning["type"] == "Warning" and f"{ns}/guarded" in warning["note"]
+    assert (warning.get("series") or {}).get("count", 1) == 1
+    pod = await recorded_pod(api, node)
+    assert (pod["name"], pod["blocked"], pod["deleted"]) == ("guarded", True, False)
+    assert await pod_state(api, ns, "guarded") == "running"
+
+
+async def _refused(running: Running, node: str, *, after: int) -> bool:
+    error = running.controller.status()["errors"].get(node, "")
+    return "403" in error and running.controller.reconciles >= after
+
+
+async def test_a_transient_500_on_the_delete_after_the_timeout_warns_once_and_records_the_delete_that_followed(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    tmp_path: Path,
+) -> None:
+    node = await nodes()
+    await _blocked_pod(api, ns, node, "guarded")
+    proxy = await ThrottlingProxy.start(control_plane)
+    proxy.fail_once("DELETE", f"/namespaces/{ns}/pods/guarded")
+    config = settings(upgrade_eviction_timeout_seconds=1.0, upgrade_delete_after_timeout=True)
+    proxied = await api_client(
+        control_plane, str(kubeconfig_via(control_plane, proxy.url, tmp_path / "kc"))
+    )
+    running = Running(proxied, config)
+    try:
+        await set_state(api, node, "cordon-required")
+        await eventually(lambda: pod_state_is(api, ns, "guarded", "terminating"), 30)
+        await eventually(lambda: _recorded_deleted(api, node), 30)
+    finally:
+        await running.stop()
+        await proxied.close()
+        await proxy.close()
+    assert proxy.faulted == [("DELETE", f"/api/v1/namespaces/{ns}/pods/guarded")]
+    [warning] = await blocked_warnings(api, node)
+    assert f"{ns}/guarded" in warning["note"] and "deleting it" in warning["note"]
+    assert (warning.get("series") or {}).get("count", 1) == 1
+    pod = await recorded_pod(api, node)
+    assert (pod["blocked"], pod["deleted"]) == (True, True)
+
+
+async def _recorded_deleted(api: ApiClient, node: str) -> bool:
+    return bool((await recorded_pod(api, node))["deleted"])

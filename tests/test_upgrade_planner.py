@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from shared_svc.upgrade import record, states
-from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -27,6 +27,10 @@ def step(node, pods, plan_: NodePlan, blocked=frozenset()):
         node = ex.apply_patch(node, plan_.patch)
     for action in plan_.pod_actions:
         pods = ex.apply_pod_action(pods, action, blocked)
+    # The controller's record write after the deletes it saw accepted (every delete here).
+    deletes = {a.uid for a in plan_.pod_actions if a.verb == "delete"}
+    if (after := deleted_patch(plan_, deletes)) is not None:
+        node = ex.apply_patch(node, after)
     return node, pods
 
 
@@ -237,7 +241,28 @@ def test_timeout_clock_survives_restart_through_the_record() -> None:
     assert [(a.verb, a.uid) for a in p.pod_actions] == [("delete", "uid-ml-triton")]
     assert reasons(p) == ["GPUConsumerEvictionBlocked"]
     rec = record.decode(dict(p.patch.annotations)[RECORD]) if p.patch else None
-    assert rec is not None and rec.pods[0].blocked and rec.pods[0].deleted
+    # Blocked (the Warning rides with this patch); deleted only once the delete is accepted.
+    assert rec is not None and rec.pods[0].blocked and not rec.pods[0].deleted
+    after = deleted_patch(p, {"uid-ml-triton"})
+    assert after is not None and after.resource_version is None and after.labels == ()
+    assert record.decode(dict(after.annotations)[RECORD]).pods[0].deleted
+    assert deleted_patch(p, set()) is None  # refused (403, a 500): the record says not deleted
+
+
+def test_a_refused_delete_is_planned_again_and_never_recorded_deleted_or_reported_twice() -> None:
+    settings = replace(S, eviction_timeout_seconds=60, delete_after_timeout=True)
+    node, pods = ex.node(state="cordon-required"), [ex.declared_pod("triton")]
+    refused = frozenset({"ml/triton"})
+    node, pods = step(node, pods, plan(node, pods, settings=settings), refused)
+    first = plan(node, pods, settings=settings, now=T0 + 61)
+    assert reasons(first) == ["GPUConsumerEvictionBlocked"] and first.patch is not None
+    node = ex.apply_patch(node, first.patch)  # the delete is refused: pods unchanged
+    again = plan(node, pods, settings=settings, now=T0 + 70)
+    assert [a.verb for a in again.pod_actions] == ["delete"] and again.reports == ()
+    assert again.patch is None and again.status.blocked == ("ml/triton",)
+    assert not record.decode(node["metadata"]["annotations"][RECORD]).pods[0].deleted
+    node, pods = step(node, pods, again)  # accepted this time
+    assert record.decode(node["metadata"]["annotations"][RECORD]).pods[0].deleted
 
 
 def test_successor_pod_with_new_uid_restarts_the_clock() -> None:
@@ -402,3 +427,35 @@ def test_unknown_state_keeps_and_gives_a_notice_not_tied_to_a_write(state: str) 
     other = plan(at_state(node, "other-state"), pods, now=T0 + 5).notices[0]
     assert other.key != notice.key
     assert plan(at_state(node, "validation-required"), pods).notices == ()
+
+
+def test_the_per_pod_step_evicts_retries_reports_and_deletes_after_the_timeout() -> None:
+    from shared_svc.upgrade.planner import pod_step
+    from shared_svc.upgrade.record import FreedPod
+
+    pod = ex.declared_pod("triton")
+    s = replace(S, eviction_timeout_seconds=60)
+    first = pod_step(pod, None, "declared: x", s, T0)
+    assert first.fresh and first.action is not None and first.action.verb == "evict"
+    assert first.entry == FreedPod("ml", "triton", "uid-ml-triton", T0) and first.deadline == 60
+    entry = first.entry
+    retry = pod_step(pod, entry, "declared: x", s, T0 + 20)
+    assert (retry.action.verb if retry.action else None, retry.deadline) == ("evict", 40)
+    assert retry.entry == entry and retry.finding is None and not retry.fresh
+    late = pod_step(pod, entry, "declared: x", s, T0 + 61)
+    assert late.finding is not None and late.finding.reason == "GPUConsumerEvictionBlocked"
+    assert late.entry == replace(entry, blocked=True) and late.action is not None
+    assert late.action.why == "retry after timeout"
+    deleting = pod_step(pod, entry, "x", replace(s, delete_after_timeout=True), T0 + 61)
+    assert deleting.action is not None and deleting.action.verb == "delete"
+    assert deleting.entry == replace(entry, blocked=True)  # deleted once it was accepted
+    again = pod_step(pod, late.entry, "x", s, T0 + 70)
+    assert again.finding is None and again.entry == late.entry  # reported once
+    leaving = ex.declared_pod("triton", terminating=True)
+    assert pod_step(leaving, None, "x", s, T0) == type(first)(None)  # not ours: nothing
+
+
+def test_the_planner_settings_take_their_defaults_from_config() -> None:
+    from shared_svc.config import Config
+
+    assert UpgradeSettings() == UpgradeSettings.from_config(Config.model_construct())

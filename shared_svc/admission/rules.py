@@ -24,18 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared_svc.k8s.managed_fields import FIELD_MANAGER, managed_fields
-from shared_svc.reconcile.names import (
-    MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE,
-    SERVICE_MONITOR,
-    SERVICE_NAMES,
-)
+from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
+from shared_svc.reconcile.owners import cr_refs, is_managed
 
 # Marks the admission objects (policy binding, webhook configurations) that guard the
 # namespace given as the label's value; shared-svc looks for them to report the guard.
 GUARD_LABEL = "nvidia.com/shared-svc.guard"
-OWNER_KINDS = ("ClusterPolicy", "GPUCluster")
-OWNER_GROUP = "nvidia.com"
 # What shared-svc owns on its objects: (JSON pointer, path in the object).
 RESTORED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("/metadata/labels", ("metadata", "labels")),
@@ -65,21 +59,13 @@ def is_guarded(kind: str, name: str) -> bool:
 
 
 def managed_by_us(obj: Mapping[str, Any] | None) -> bool:
-    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE)
+    return obj is not None and is_managed(obj)
 
 
 def operator_controller_ref(obj: Mapping[str, Any] | None) -> bool:
     """The object carries a controller reference to a ClusterPolicy or GPUCluster: the
     shape of gpu-operator's whole-object writes (shared-svc never sets ``controller``)."""
-    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
-    return any(
-        isinstance(r, Mapping)
-        and r.get("controller") is True
-        and r.get("kind") in OWNER_KINDS
-        and str(r.get("apiVersion", "")).split("/")[0] == OWNER_GROUP
-        for r in refs
-    )
+    return obj is not None and any(r.get("controller") is True for r in cr_refs(obj))
 
 
 def _get(obj: Mapping[str, Any], path: Sequence[str]) -> tuple[bool, Any]:

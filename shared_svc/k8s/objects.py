@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 K8sObject = dict[str, Any]
 """A Kubernetes object as the API server's JSON (camelCase keys), parsed."""
 
 
-def meta(obj: K8sObject) -> dict[str, Any]:
+def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     value = obj.get("metadata")
     return value if isinstance(value, dict) else {}
 
@@ -20,22 +21,46 @@ def _str_map(value: Any) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def labels_of(obj: K8sObject) -> dict[str, str]:
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _str_map(meta(obj).get("labels"))
 
 
-def annotations_of(obj: K8sObject) -> dict[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _str_map(meta(obj).get("annotations"))
 
 
-def owner_refs(obj: K8sObject) -> list[dict[str, Any]]:
+def owner_refs(obj: Mapping[str, Any], kind: str | None = None) -> list[dict[str, Any]]:
+    """The object's owner references (of ``kind`` only, when given)."""
     refs = meta(obj).get("ownerReferences")
-    return [r for r in refs if isinstance(r, dict)] if isinstance(refs, list) else []
+    if not isinstance(refs, list):
+        return []
+    return [r for r in refs if isinstance(r, dict) and (kind is None or r.get("kind") == kind)]
 
 
-def name_of(obj: K8sObject) -> str:
-    value = meta(obj).get("name")
+def _meta_str(obj: Mapping[str, Any], key: str) -> str:
+    value = meta(obj).get(key)
     return value if isinstance(value, str) else ""
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return _meta_str(obj, "name")
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return _meta_str(obj, "namespace")
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return _meta_str(obj, "uid")
+
+
+def resource_version_of(obj: Mapping[str, Any]) -> str:
+    return _meta_str(obj, "resourceVersion")
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    """``namespace/name``."""
+    return f"{namespace_of(obj)}/{name_of(obj)}"
 
 
 def spec(obj: K8sObject) -> dict[str, Any]:

@@ -7,7 +7,7 @@ built-in controller can claim it as the single controller.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared_svc.k8s.objects import K8sObject, labels_of, owner_refs
@@ -49,7 +49,7 @@ def is_cr_ref(ref: OwnerRef) -> bool:
     return group == CR_GROUP and ref.get("kind") in (CLUSTER_POLICY, GPU_CLUSTER)
 
 
-def cr_refs(obj: K8sObject) -> list[OwnerRef]:
+def cr_refs(obj: Mapping[str, Any]) -> list[OwnerRef]:
     return [r for r in owner_refs(obj) if is_cr_ref(r)]
 
 
@@ -58,7 +58,8 @@ def foreign_refs(obj: K8sObject) -> list[OwnerRef]:
     return [r for r in owner_refs(obj) if not is_cr_ref(r)]
 
 
-def is_managed(obj: K8sObject) -> bool:
+def is_managed(obj: Mapping[str, Any]) -> bool:
+    """Carries our managed-by label (the admission guard asks the same)."""
     return labels_of(obj).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shared_svc.k8s import objects
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.settings import UpgradeSettings
 
@@ -38,8 +39,7 @@ class Classification:
 
 
 def pod_key(pod: K8sObject) -> str:
-    meta = pod.get("metadata", {})
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return objects.key_of(pod)
 
 
 def _containers(spec: Mapping[str, Any], *fields: str) -> Iterable[Mapping[str, Any]]:
@@ -65,8 +65,8 @@ def requests_gpu_resource(spec: Mapping[str, Any]) -> bool:
     return False
 
 
-def owned_by_daemonset(meta: Mapping[str, Any]) -> bool:
-    return any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or ())
+def owned_by_daemonset(pod: K8sObject) -> bool:
+    return bool(objects.owner_refs(pod, "DaemonSet"))
 
 
 def is_finished(pod: K8sObject) -> bool:
@@ -82,15 +82,14 @@ def exclusion(
     ``daemonset_pods``: judge a DaemonSet's pod as if it were not one (is it a consumer the
     parked label must move?); every other exclusion still holds.
     """
-    meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     if is_finished(pod):
         return "finished"
-    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+    if MIRROR_ANNOTATION in objects.annotations_of(pod):
         return "mirror pod"
-    if owned_by_daemonset(meta) and not daemonset_pods:
+    if owned_by_daemonset(pod) and not daemonset_pods:
         return "DaemonSet pod (parked per node instead)"
-    if meta.get("namespace") == settings.operator_namespace:
+    if objects.namespace_of(pod) == settings.operator_namespace:
         return "operator namespace"
     if any(key.startswith(DEPLOY_LABEL_PREFIX) for key in spec.get("nodeSelector") or {}):
         return "operator operand (nvidia.com/gpu.deploy.* nodeSelector)"
@@ -131,7 +130,7 @@ def classify(
     excluded = exclusion(pod, settings, daemonset_pods=daemonset_pods)
     if excluded is not None:
         return Classification("excluded", excluded)
-    labels = pod.get("metadata", {}).get("labels") or {}
+    labels = objects.labels_of(pod)
     # An empty consumer selector declares nothing (never every pod on the node).
     if not settings.consumer_selector.empty and settings.consumer_selector.matches(labels):
         return Classification("declared", f"matches {settings.consumer_selector.text}")

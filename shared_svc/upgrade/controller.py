@@ -38,6 +38,7 @@ from shared_svc.upgrade.planner import (
     NodePlan,
     NodeStatus,
     PodAction,
+    deleted_patch,
     plan_node,
 )
 from shared_svc.upgrade.settings import UpgradeSettings
@@ -127,6 +128,7 @@ class UpgradeController:
         self._statuses: dict[str, NodeStatus] = {}
         self._errors: dict[str, str] = {}
         self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
+        self._unsent: dict[str, list[Report]] = {}  # node -> reports written, not yet sent
         self._notices_logged: set[str] = set()  # plan.notices: each logged once per process
         self._notices_sent: set[str] = set()  # ... and sent once as an Event
         # What was logged at INFO for a node's last plan; a repeat is logged at DEBUG.
@@ -289,6 +291,7 @@ class UpgradeController:
         if node is None:
             self._statuses.pop(name, None)
             self._said.pop(name, None)
+            self._unsent.pop(name, None)  # Events about a node that is gone (or not ours)
             return None
         pods = await self._io.pods_on_node(name)
         objects = self._io.daemonset_objects()
@@ -298,8 +301,6 @@ class UpgradeController:
         self._statuses[name] = plan.status
         if self._writing():
             await self._carry_out(plan)
-            for report in plan.reports:
-                await self._recorder.emit(report)
         else:
             await self._show(plan)
         await self._notice(plan)
@@ -376,8 +377,31 @@ class UpgradeController:
                 why=action.why,
             )
         self._said[plan.node] = said
+        deleted = {
+            action.uid
+            for action, outcome in zip(plan.pod_actions, outcomes, strict=True)
+            if action.verb == "delete" and outcome == "evicted"
+        }
+        if (after := deleted_patch(plan, deleted)) is not None:
+            try:
+                await self._io.patch_node(after)  # the record says deleted once it is true
+            except Exception as exc:
+                failure = failure or exc
+            else:
+                self.metrics.node_patches.labels(outcome="ok").inc()
+        # The reports ride with the node patch just written (its record says they are
+        # sent): sent whatever became of the pod actions, before a failure is raised.
+        await self._report(plan.node, plan.reports)
         if failure is not None:
             raise failure
+
+    async def _report(self, node: str, reports: tuple[Report, ...]) -> None:
+        """Send reports whose record write is done; one that fails is sent again on the
+        node's next pass (its record will not plan it again)."""
+        due = {r.key: r for r in (*self._unsent.pop(node, ()), *reports)}
+        unsent = [r for r in due.values() if not await self._recorder.emit(r)]
+        if unsent:
+            self._unsent[node] = unsent
 
     async def _show(self, plan: NodePlan) -> None:
         """Dry-run or follower: say once what would be written, and (dry-run) report it.

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shared_svc.k8s import objects
 from shared_svc.k8s.objects import K8sObject
 
 DaemonSetKind = Literal["declared", "partial", "operator-hook", "other"]
@@ -106,10 +107,7 @@ def with_parked_requirement(daemonset: K8sObject, parked_key: str) -> K8sObject:
 
 
 def template_labels(daemonset: K8sObject) -> Mapping[str, str]:
-    labels: Mapping[str, str] = (
-        daemonset.get("spec", {}).get("template", {}).get("metadata", {}).get("labels") or {}
-    )
-    return labels
+    return objects.labels_of(daemonset.get("spec", {}).get("template", {}))
 
 
 def missing_template_labels(daemonset: K8sObject, labels: Mapping[str, str]) -> dict[str, str]:
@@ -125,7 +123,7 @@ def with_template_labels(daemonset: K8sObject, labels: Mapping[str, str]) -> K8s
     DaemonSet's selector must keep matching them)."""
     result = copy.deepcopy(daemonset)
     template = result.setdefault("spec", {}).setdefault("template", {})
-    meta = template.get("metadata") or {}
+    meta = objects.meta(template)
     template["metadata"] = {**meta, "labels": {**(meta.get("labels") or {}), **labels}}
     return result
 
@@ -149,23 +147,22 @@ def index_daemonsets(daemonsets: Iterable[K8sObject], parked_key: str) -> dict[s
         kind = classify_daemonset(ds, parked_key)
         if kind == "other":
             continue
-        meta = ds.get("metadata", {})
-        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-        index[uid] = DaemonSetRef(meta.get("namespace", ""), meta.get("name", ""), uid, kind)
+        namespace, name = objects.namespace_of(ds), objects.name_of(ds)
+        uid = objects.uid_of(ds) or f"{namespace}/{name}"
+        index[uid] = DaemonSetRef(namespace, name, uid, kind)
     return index
 
 
 def owner_key(pod: K8sObject) -> str | None:
     """``namespace/name`` of the DaemonSet that owns the pod (known or not), or None."""
-    meta = pod.get("metadata", {})
-    for ref in meta.get("ownerReferences") or ():
-        if ref.get("kind") == "DaemonSet" and ref.get("name"):
-            return f"{meta.get('namespace', '')}/{ref['name']}"
+    for ref in objects.owner_refs(pod, "DaemonSet"):
+        if ref.get("name"):
+            return f"{objects.namespace_of(pod)}/{ref['name']}"
     return None
 
 
 def owning_daemonset(pod: K8sObject, index: Mapping[str, DaemonSetRef]) -> DaemonSetRef | None:
-    for ref in pod.get("metadata", {}).get("ownerReferences") or ():
-        if ref.get("kind") == "DaemonSet" and ref.get("uid") in index:
+    for ref in objects.owner_refs(pod, "DaemonSet"):
+        if ref.get("uid") in index:
             return index[ref["uid"]]
     return None

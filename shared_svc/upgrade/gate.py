@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from shared_svc.k8s import objects
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector, SelectorError, parse_selector
@@ -98,7 +99,6 @@ def _dig(obj: Any, *path: str) -> Any:
 
 def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
     """Lenient: a field of the wrong type reads as unset (the API server's schema checks types)."""
-    meta = obj.get("metadata") or {}
     upgrade = _dig(obj, "spec", "driver", "upgradePolicy")
     auto = (
         _dig(upgrade, "autoUpgrade") is True
@@ -109,14 +109,14 @@ def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
     return UpgradePolicy(
         kind="ClusterPolicy",
         api_version=str(obj.get("apiVersion") or "nvidia.com/v1"),
-        name=str(meta.get("name", "")),
-        uid=meta.get("uid"),
+        name=objects.name_of(obj),
+        uid=objects.uid_of(obj) or None,
         auto_upgrade=auto,
         pod_selector=selector if isinstance(selector, str) else "",
         timeout_seconds=timeout
         if isinstance(timeout, int) and not isinstance(timeout, bool)
         else 0,
-        resource_version=meta.get("resourceVersion"),
+        resource_version=objects.resource_version_of(obj) or None,
     )
 
 
@@ -126,7 +126,7 @@ def active_policy(cluster_policies: Iterable[K8sObject]) -> K8sObject | None:
     chosen = active_cluster_policy([parse_cr(CLUSTER_POLICY, o) for o in objs])
     if chosen is None:
         return None
-    return next(o for o in objs if (o.get("metadata") or {}).get("name") == chosen.name)
+    return next(o for o in objs if objects.name_of(o) == chosen.name)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ Every Report goes with the record write that keeps it from repeating.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from shared_svc.k8s import objects
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.k8s.events import note as event_note
 from shared_svc.k8s.objects import K8sObject
@@ -112,10 +113,28 @@ class NodePlan:
     requeue_after: float | None  # look again this soon even without a change (seconds)
     # Reports no record write keeps from repeating: the shell sends each once per process.
     notices: tuple[Report, ...] = ()
+    record: Record | None = None  # our record on the node once ``patch`` is written
+    record_key: str = ""
 
     @property
     def writes(self) -> tuple[NodePatch | PodAction, ...]:
         return ((self.patch,) if self.patch else ()) + self.pod_actions
+
+
+def deleted_patch(plan: NodePlan, uids: Collection[str]) -> NodePatch | None:
+    """The record write after the plan's deletes of pods ``uids`` were accepted: the
+    record says ``deleted`` only for a pod whose delete succeeded. Ours alone writes the
+    record and one pass of a node runs at a time, so it needs no resourceVersion."""
+    rec = plan.record
+    if rec is None:
+        return None
+    marked = rec
+    for entry in rec.pods:
+        if entry.uid in uids and not entry.deleted:
+            marked = marked.with_pod(replace(entry, deleted=True))
+    if marked == rec:
+        return None
+    return NodePatch(plan.node, None, annotations=((plan.record_key, record.encode(marked)),))
 
 
 def _names(keys: Iterable[str]) -> str:
@@ -142,13 +161,16 @@ class _Builder:
 
     @property
     def name(self) -> str:
-        return str(self.node.get("metadata", {}).get("name", ""))
+        return objects.name_of(self.node)
+
+    def add(self, finding: Finding) -> None:
+        self.report(finding.type_, finding.reason, finding.action, finding.note, finding.key)
 
     def report(
         self, type_: Literal["Normal", "Warning"], reason: str, action: str, note: str, key: str
     ) -> None:
-        meta = self.node.get("metadata", {})
-        regarding = ObjectRef(api_version="v1", kind="Node", name=self.name, uid=meta.get("uid"))
+        uid = objects.uid_of(self.node) or None
+        regarding = ObjectRef(api_version="v1", kind="Node", name=self.name, uid=uid)
         self.reports.append(
             Report(
                 type_,
@@ -162,13 +184,12 @@ class _Builder:
 
 
 def _pod_identity(pod: K8sObject) -> tuple[str, str, str]:
-    meta = pod.get("metadata", {})
-    return str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", ""))
+    return objects.namespace_of(pod), objects.name_of(pod), objects.uid_of(pod)
 
 
 def terminating_for(pod: K8sObject, now: float) -> float | None:
     """Seconds since the pod was asked to go (deletionTimestamp less its grace), or None."""
-    meta = pod.get("metadata", {})
+    meta = objects.meta(pod)
     stamp = meta.get("deletionTimestamp")
     if not stamp:
         return None
@@ -198,7 +219,7 @@ def _outcomes(
             pod is None
             or _pod_identity(pod)[2] != entry.uid
             or consumers.is_finished(pod)
-            or pod.get("metadata", {}).get("deletionTimestamp")
+            or objects.meta(pod).get("deletionTimestamp")
         ):
             out["evicted"].append(entry.key)
             if pod is not None and entry.stuck and _pod_identity(pod)[2] == entry.uid:
@@ -210,27 +231,128 @@ def _outcomes(
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
-def _free(
-    b: _Builder,
-    pods: list[K8sObject],
-    ds_index: Mapping[str, daemonsets.DaemonSetRef],
-    label_present: bool,
-    state: str | None,
-) -> dict[str, Any]:
-    s = b.settings
-    parked_key = daemonsets.parked_label_key(s.driver_name)
-    rec = b.record or Record.new(b.now, parked_label=not label_present)
-    if not label_present:
-        b.labels[parked_key] = PARKED_VALUE
-        rec = replace(rec, parked_label=True)
+@dataclass(frozen=True)
+class Finding:
+    """A report before it is addressed to the node (``_Builder.add`` addresses it)."""
 
-    pending: list[str] = []
+    type_: Literal["Normal", "Warning"]
+    reason: str
+    action: str
+    note: str
+    key: str
+
+
+@dataclass(frozen=True)
+class PodStep:
+    """What one consumer pod's step decides: its record entry, its write, its report, and
+    how soon its next decision is due (seconds)."""
+
+    entry: FreedPod | None  # the record's entry for the pod after the step (None: none of ours)
+    action: PodAction | None = None
+    finding: Finding | None = None
+    deadline: float | None = None
+    fresh: bool = False  # asked to leave for the first time by this step
+
+
+def pod_step(
+    pod: K8sObject, entry: FreedPod | None, why: str, settings: UpgradeSettings, now: float
+) -> PodStep:
+    """One consumer pod on a node being freed: evict it, retry a refused eviction, report
+    it stuck terminating or blocked past the timeout, and delete it then (opt-in).
+
+    ``entry`` is the record's entry of the pod's namespace/name (of any uid); ``why``
+    says why it is a consumer. The eviction clock starts at the first attempt.
+    """
+    namespace, name, uid = _pod_identity(pod)
+    timeout = settings.eviction_timeout_seconds
+    terminating = terminating_for(pod, now)
+    if entry is None or entry.uid != uid:
+        if terminating is not None:
+            return PodStep(entry)  # leaving on its own: nothing of ours to record
+        return PodStep(
+            FreedPod(namespace, name, uid, first_attempt=now),
+            PodAction("evict", namespace, name, uid, why),
+            deadline=timeout,
+            fresh=True,
+        )
+    if terminating is not None:
+        return _terminating_step(entry, terminating, timeout)
+    waited = now - entry.first_attempt
+    if waited < timeout:
+        retry = PodAction("evict", namespace, name, uid, "retry: still on the node")
+        return PodStep(entry, retry, deadline=timeout - waited)
+    return _timeout_step(entry, waited, settings)
+
+
+def _terminating_step(entry: FreedPod, terminating: float, timeout: float) -> PodStep:
+    """Eviction accepted; waiting for the pod to go. Past the timeout it is stuck (a
+    kubelet that does not finish it, a finalizer): reported once."""
+    if entry.stuck:
+        return PodStep(entry)
+    if terminating < timeout:
+        return PodStep(entry, deadline=timeout - terminating)
+    finding = Finding(
+        "Warning",
+        "GPUConsumerStuckTerminating",
+        "Evict",
+        f"GPU consumer {entry.key} was evicted but is still terminating after {int(terminating)}s "
+        f"(timeout {int(timeout)}s): it may still hold the GPU; "
+        "check its finalizers and the node's kubelet.",
+        f"{entry.key}/{entry.uid}",
+    )
+    return PodStep(replace(entry, stuck=True), finding=finding)
+
+
+def _timeout_step(entry: FreedPod, waited: float, s: UpgradeSettings) -> PodStep:
+    """Still there past the timeout: a Warning once (``blocked`` rides with the record
+    write), then a delete (opt-in) or more evictions. Not yet ``deleted``: the delete may
+    be refused; ``deleted_patch`` records it once it was accepted."""
+    finding = None
+    if not entry.blocked:
+        then = (
+            "deleting it (upgrade_delete_after_timeout)"
+            if s.delete_after_timeout
+            else "left in place: set upgrade_delete_after_timeout to delete it, or relax its PodDisruptionBudget"
+        )
+        finding = Finding(
+            "Warning",
+            "GPUConsumerEvictionBlocked",
+            "Evict",
+            f"Eviction of GPU consumer {entry.key} refused for {int(waited)}s "
+            f"(timeout {int(s.eviction_timeout_seconds)}s, likely a PodDisruptionBudget); {then}.",
+            f"{entry.key}/{entry.uid}",
+        )
+    ident = (entry.namespace, entry.name, entry.uid)
+    if s.delete_after_timeout:
+        action = PodAction("delete", *ident, "eviction timeout")
+    else:
+        action = PodAction("evict", *ident, "retry after timeout")
+    return PodStep(replace(entry, blocked=True), action, finding)
+
+
+@dataclass(frozen=True)
+class NodePods:
+    """The pods on a node being freed, by what they are to the upgrade (keys namespace/name)."""
+
+    consumers: tuple[tuple[K8sObject, consumers.Classification], ...] = ()  # to free
+    detected: tuple[str, ...] = ()  # report mode: detected consumers left alone
+    daemonset_pods: tuple[str, ...] = ()  # pods of declared DaemonSets
+    operator_hook_pods: tuple[str, ...] = ()
+    unprepared: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # DaemonSet -> pods
+
+
+def sort_pods(
+    pods: Iterable[K8sObject],
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+    s: UpgradeSettings,
+) -> NodePods:
+    """Which pods are consumers to free, detected ones to report, pods of declared or
+    operator-hook DaemonSets, and declared consumers of DaemonSets never prepared."""
+    to_free: list[tuple[K8sObject, consumers.Classification]] = []
     detected: list[str] = []
     ds_pods: list[str] = []
     hook_pods: list[str] = []
-    unprepared: dict[str, list[str]] = {}  # DaemonSet -> its declared consumer pods here
-    fresh: set[str] = set()
-    deadlines: list[float] = []
+    unprepared: dict[str, list[str]] = {}
     for pod in pods:
         key = consumers.pod_key(pod)
         owner = daemonsets.owning_daemonset(pod, ds_index)
@@ -249,124 +371,126 @@ def _free(
         found = consumers.classify(pod, s)
         if found.kind == "detected" and s.detection == "report":
             detected.append(key)
-            continue
-        if not found.is_consumer:
-            continue
-        namespace, name, uid = _pod_identity(pod)
-        pending.append(key)
-        terminating = terminating_for(pod, b.now)
+        elif found.is_consumer:
+            to_free.append((pod, found))
+    return NodePods(
+        tuple(to_free),
+        tuple(sorted(detected)),
+        tuple(sorted(ds_pods)),
+        tuple(sorted(hook_pods)),
+        {k: tuple(v) for k, v in unprepared.items()},
+    )
+
+
+@dataclass(frozen=True)
+class Freeing:
+    """What ``_free`` found on the node (the record and reports are in the builder)."""
+
+    phase: Phase
+    pods: NodePods
+    pending: tuple[str, ...]  # consumers still on the node
+    fresh: frozenset[str]  # asked to leave for the first time by this plan
+    requeue_after: float | None
+
+
+def _free(
+    b: _Builder,
+    pods: list[K8sObject],
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+    label_present: bool,
+    state: str | None,
+) -> Freeing:
+    s = b.settings
+    rec = b.record or Record.new(b.now, parked_label=not label_present)
+    if not label_present:
+        b.labels[daemonsets.parked_label_key(s.driver_name)] = PARKED_VALUE
+        rec = replace(rec, parked_label=True)
+    found = sort_pods(pods, ds_index, s)
+    fresh: set[str] = set()
+    deadlines: list[float] = []
+    for pod, kind in found.consumers:
+        key = consumers.pod_key(pod)
         entry = rec.pod(key)
-        if entry is None or entry.uid != uid:
-            if terminating is not None:
-                continue  # leaving on its own: nothing of ours to record
-            rec = rec.with_pod(FreedPod(namespace, name, uid, first_attempt=b.now))
+        step = pod_step(pod, entry, f"{kind.kind}: {kind.why}", s, b.now)
+        if step.entry is not None and step.entry != entry:
+            rec = rec.with_pod(step.entry)
+        if step.action is not None:
+            b.actions.append(step.action)
+        if step.finding is not None:
+            b.add(step.finding)
+        if step.deadline is not None:
+            deadlines.append(step.deadline)
+        if step.fresh:
             fresh.add(key)
-            b.actions.append(PodAction("evict", namespace, name, uid, f"{found.kind}: {found.why}"))
-            deadlines.append(s.eviction_timeout_seconds)
-            continue
-        if terminating is not None:
-            # Eviction accepted; waiting for the pod to go. Past the timeout it is stuck
-            # (a kubelet that does not finish it, a finalizer): reported once.
-            if entry.stuck:
-                continue
-            if terminating < s.eviction_timeout_seconds:
-                deadlines.append(s.eviction_timeout_seconds - terminating)
-                continue
-            b.report(
-                "Warning",
-                "GPUConsumerStuckTerminating",
-                "Evict",
-                f"GPU consumer {key} was evicted but is still terminating after {int(terminating)}s "
-                f"(timeout {int(s.eviction_timeout_seconds)}s): it may still hold the GPU; "
-                "check its finalizers and the node's kubelet.",
-                f"{key}/{uid}",
-            )
-            rec = rec.with_pod(replace(entry, stuck=True))
-            continue
-        waited = b.now - entry.first_attempt
-        if waited < s.eviction_timeout_seconds:
-            b.actions.append(PodAction("evict", namespace, name, uid, "retry: still on the node"))
-            deadlines.append(s.eviction_timeout_seconds - waited)
-            continue
-        if not entry.blocked:
-            then = (
-                "deleting it (upgrade_delete_after_timeout)"
-                if s.delete_after_timeout
-                else "left in place: set upgrade_delete_after_timeout to delete it, or relax its PodDisruptionBudget"
-            )
-            b.report(
-                "Warning",
-                "GPUConsumerEvictionBlocked",
-                "Evict",
-                f"Eviction of GPU consumer {key} refused for {int(waited)}s "
-                f"(timeout {int(s.eviction_timeout_seconds)}s, likely a PodDisruptionBudget); {then}.",
-                f"{key}/{uid}",
-            )
-        if s.delete_after_timeout:
-            b.actions.append(PodAction("delete", namespace, name, uid, "eviction timeout"))
-        else:
-            b.actions.append(PodAction("evict", namespace, name, uid, "retry after timeout"))
-        rec = rec.with_pod(
-            replace(entry, blocked=True, deleted=entry.deleted or s.delete_after_timeout)
-        )
+    rec = _report_detected(b, rec, found.detected)
+    rec = _report_unprepared(b, rec, found.unprepared)
+    if state == RESTART_STATE and not rec.restart_race:
+        rec = _report_restart_race(b, rec, pods, list(found.daemonset_pods))
+    pending = tuple(sorted(consumers.pod_key(pod) for pod, _ in found.consumers))
+    holding = bool(pending or found.daemonset_pods or found.unprepared)
+    if not holding and rec.freed_at is None:
+        rec = _report_freed(b, replace(rec, freed_at=b.now))
+    b.record = rec
+    candidates = ([s.poll_seconds] if holding else []) + [d for d in deadlines if d > 0]
+    return Freeing(
+        "freeing" if holding else "freed",
+        found,
+        pending,
+        frozenset(fresh),
+        min(candidates) if candidates else None,
+    )
 
-    new_detected = sorted(set(detected) - set(rec.detected_reported))
-    if new_detected:
-        b.report(
-            "Normal",
-            "GPUConsumersDetected",
-            "Detect",
-            f"GPU consumers detected but not declared, left running (detection=report): {_names(detected)}. "
-            f"Declare them with {s.consumer_selector.text or 'the consumer selector'}, or set detection=evict.",
-            _digest(*sorted(detected)),
-        )
-        rec = replace(rec, detected_reported=tuple(sorted({*rec.detected_reported, *detected})))
 
+def _report_detected(b: _Builder, rec: Record, detected: tuple[str, ...]) -> Record:
+    """Detected consumers left running (detection=report): reported once per set."""
+    if not set(detected) - set(rec.detected_reported):
+        return rec
+    s = b.settings
+    b.report(
+        "Normal",
+        "GPUConsumersDetected",
+        "Detect",
+        f"GPU consumers detected but not declared, left running (detection=report): {_names(detected)}. "
+        f"Declare them with {s.consumer_selector.text or 'the consumer selector'}, or set detection=evict.",
+        _digest(*sorted(detected)),
+    )
+    return replace(rec, detected_reported=tuple(sorted({*rec.detected_reported, *detected})))
+
+
+def _report_unprepared(
+    b: _Builder, rec: Record, unprepared: Mapping[str, tuple[str, ...]]
+) -> Record:
+    """DaemonSets running a declared consumer here, never prepared: reported once each."""
     for ds_key in sorted(set(unprepared) - set(rec.unprepared_reported)):
         b.report(
             "Warning",
             "GPUConsumerDaemonSetNotPrepared",
             "Free",
             f"DaemonSet {ds_key} runs GPU consumer pod(s) {_names(unprepared[ds_key])} on this node "
-            f"({s.consumer_selector.text}) but was never prepared: the parked label does not move "
+            f"({b.settings.consumer_selector.text}) but was never prepared: the parked label does not move "
             f"them, so the node is not freed. Run `shared-svc upgrade prepare-daemonset {ds_key}` "
             "(one rollout), or remove the consumer label from its pod template.",
             ds_key,
         )
-    if unprepared:
-        rec = replace(
-            rec, unprepared_reported=tuple(sorted({*rec.unprepared_reported, *unprepared}))
-        )
+    if not unprepared:
+        return rec
+    return replace(rec, unprepared_reported=tuple(sorted({*rec.unprepared_reported, *unprepared})))
 
-    if state == RESTART_STATE and not rec.restart_race:
-        rec = _report_restart_race(b, rec, pods, ds_pods)
 
-    holding = bool(pending or ds_pods or unprepared)
-    if not holding and rec.freed_at is None:
-        rec = replace(rec, freed_at=b.now)
-        evicted = [p.key for p in rec.pods]
-        b.report(
-            "Normal",
-            "GPUConsumersFreed",
-            "Free",
-            f"GPU consumers freed for the driver upgrade: "
-            f"{_names(evicted) if evicted else 'no pods to evict'}; "
-            f"{'node labelled ' + parked_key + ' so declared DaemonSets left' if rec.parked_label else parked_key + ' was already set'}.",
-            record.format_time(rec.since),
-        )
-    b.record = rec
-    poll = [s.poll_seconds] if holding else []
-    candidates = poll + [d for d in deadlines if d > 0]
-    return {
-        "phase": "freeing" if holding else "freed",
-        "pending": tuple(sorted(pending)),
-        "detected": tuple(sorted(detected)),
-        "daemonset_pods": tuple(sorted(ds_pods)),
-        "operator_hook_pods": tuple(sorted(hook_pods)),
-        "unprepared_daemonsets": tuple(sorted(unprepared)),
-        "fresh": frozenset(fresh),
-        "requeue_after": min(candidates) if candidates else None,
-    }
+def _report_freed(b: _Builder, rec: Record) -> Record:
+    """Every consumer gone: reported once per upgrade (the record's ``freedAt``)."""
+    parked_key = daemonsets.parked_label_key(b.settings.driver_name)
+    evicted = [p.key for p in rec.pods]
+    b.report(
+        "Normal",
+        "GPUConsumersFreed",
+        "Free",
+        f"GPU consumers freed for the driver upgrade: "
+        f"{_names(evicted) if evicted else 'no pods to evict'}; "
+        f"{'node labelled ' + parked_key + ' so declared DaemonSets left' if rec.parked_label else parked_key + ' was already set'}.",
+        record.format_time(rec.since),
+    )
+    return rec
 
 
 RESTART_STATE = "pod-restart-required"
@@ -409,7 +533,7 @@ def _undo(b: _Builder, *, aborted: bool) -> None:
     if rec is None:
         return
     parked_key = daemonsets.parked_label_key(b.settings.driver_name)
-    if rec.parked_label and parked_key in (b.node.get("metadata", {}).get("labels") or {}):
+    if rec.parked_label and parked_key in objects.labels_of(b.node):
         b.labels[parked_key] = None
     evicted = [p.key for p in rec.pods]
     what = (
@@ -438,6 +562,16 @@ def _undo(b: _Builder, *, aborted: bool) -> None:
     b.record = None
 
 
+def _read_record(raw: str | None) -> tuple[Record | None, str | None]:
+    """Our record annotation, decoded: (record, None), (None, why it is not ours) or (None, None)."""
+    if raw is None:
+        return None, None
+    try:
+        return record.decode(raw), None
+    except RecordError as exc:
+        return None, str(exc)
+
+
 def plan_node(
     node: K8sObject,
     pods: Iterable[K8sObject],
@@ -452,24 +586,13 @@ def plan_node(
     ``ds_index`` is ``index_daemonsets(daemonset_objects)`` when the caller keeps it
     across nodes (the controller does); otherwise it is computed here.
     """
-    meta = node.get("metadata", {})
-    name = str(meta.get("name", ""))
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    labels = objects.labels_of(node)
     parked_key = daemonsets.parked_label_key(settings.driver_name)
     record_key = record.record_annotation_key(settings.driver_name)
     state = labels.get(states.state_label_key(settings.driver_name))
     mode = states.mode_for(state)
-
-    current: Record | None = None
-    record_error: str | None = None
-    raw = annotations.get(record_key)
-    if raw is not None:
-        try:
-            current = record.decode(raw)
-        except RecordError as exc:
-            record_error = str(exc)
-
+    raw = objects.annotations_of(node).get(record_key)
+    current, record_error = _read_record(raw)
     b = _Builder(node, settings, now, current, {}, [], [])
     if record_error is not None and mode in ("free", "restore", "abort"):
         # Only where this plan rewrites the annotation, so the Warning does not repeat.
@@ -481,80 +604,102 @@ def plan_node(
             f"and {parked_key} is left as found.",
             _digest(raw or ""),
         )
-    label_present = parked_key in labels
     if ds_index is None:
         ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
-    partial = tuple(sorted(ref.key for ref in ds_index.values() if ref.kind == "partial"))
     pods = list(pods)
-    found: dict[str, Any] = {}
-    phase: Phase = _phase(mode, current)
+    freeing: Freeing | None = None
     if mode == "free":
-        found = _free(b, pods, ds_index, label_present, state)
-        phase = found.pop("phase")
+        freeing = _free(b, pods, ds_index, parked_key in labels, state)
     elif mode == "keep" and current is not None:
-        if current.parked_label and not label_present:
+        if current.parked_label and parked_key not in labels:
             b.labels[parked_key] = PARKED_VALUE  # someone removed it: keep what was freed parked
     elif mode in ("restore", "abort") and current is not None:
         _undo(b, aborted=mode == "abort")
     elif mode in ("restore", "abort") and record_error is not None:
         b.record = None  # an unreadable record is dropped; the label is not known to be ours
-
-    annotation_changes: tuple[tuple[str, str | None], ...] = ()
-    new_raw = None if b.record is None else record.encode(b.record)
     # An unreadable record is rewritten only by a plan that decides it (free, restore, abort).
     owns_record = record_error is None or mode in ("free", "restore", "abort")
-    if owns_record and new_raw != raw:
-        annotation_changes = ((record_key, new_raw),)
-    patch = None
-    if b.labels or annotation_changes:
-        patch = NodePatch(
-            name, meta.get("resourceVersion"), tuple(sorted(b.labels.items())), annotation_changes
-        )
+    status = _status(b, pods, ds_index, current, record_error, freeing)
+    notices = _unknown_state(b, state) if status.unknown_state else ()
+    return NodePlan(
+        status.node,
+        _patch(b, raw, record_key if owns_record else None),
+        tuple(b.actions),
+        tuple(b.reports),
+        status,
+        freeing.requeue_after if freeing else None,
+        notices,
+        b.record if owns_record else current,
+        record_key,
+    )
 
+
+def _patch(b: _Builder, raw: str | None, record_key: str | None) -> NodePatch | None:
+    """The node patch of the plan: its labels, and the record when ``record_key`` (the
+    plan owns the annotation) and it changed."""
+    new_raw = None if b.record is None else record.encode(b.record)
+    annotations = ((record_key, new_raw),) if record_key and new_raw != raw else ()
+    if not b.labels and not annotations:
+        return None
+    version = objects.meta(b.node).get("resourceVersion")
+    return NodePatch(b.name, version, tuple(sorted(b.labels.items())), annotations)
+
+
+def _status(
+    b: _Builder,
+    pods: list[K8sObject],
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+    current: Record | None,
+    record_error: str | None,
+    freeing: Freeing | None,
+) -> NodeStatus:
+    driver = b.settings.driver_name
+    labels = objects.labels_of(b.node)
+    state = labels.get(states.state_label_key(driver))
+    mode = states.mode_for(state)
     shown = b.record or current
-    status = NodeStatus(
-        node=name,
+    found = freeing.pods if freeing else NodePods()
+    return NodeStatus(
+        node=b.name,
         state=state,
         mode=mode,
-        phase=phase,
-        parked_label=label_present,
+        phase=freeing.phase if freeing else _phase(mode, current),
+        parked_label=daemonsets.parked_label_key(driver) in labels,
         parked_by_us=bool(shown and shown.parked_label),
         since=record.format_time(shown.since) if shown else None,
         freed_at=record.format_time(shown.freed_at)
         if shown and shown.freed_at is not None
         else None,
-        pending=found.get("pending", ()),
-        detected=found.get("detected", ()),
-        daemonset_pods=found.get("daemonset_pods", ()),
-        operator_hook_pods=found.get("operator_hook_pods", ()),
-        unprepared_daemonsets=found.get("unprepared_daemonsets", ()),
-        partial_daemonsets=partial,
+        pending=freeing.pending if freeing else (),
+        detected=found.detected,
+        daemonset_pods=found.daemonset_pods,
+        operator_hook_pods=found.operator_hook_pods,
+        unprepared_daemonsets=tuple(sorted(found.unprepared)),
+        partial_daemonsets=_partial(ds_index),
         restart_race=shown.restart_race if shown else (),
         unknown_state=states.is_unknown(state),
         record_error=record_error,
-        **_outcomes(shown, pods, found.get("fresh", frozenset())),
+        **_outcomes(shown, pods, freeing.fresh if freeing else frozenset()),
     )
-    notices: tuple[Report, ...] = ()
-    if status.unknown_state:
-        b.report(
-            "Warning",
-            "UpgradeStateUnknown",
-            "Reconcile",
-            f"Unknown driver-upgrade state {state!r} on {states.state_label_key(settings.driver_name)}: "
-            "treated as keep (what was freed stays parked, nothing new is evicted). "
-            "A newer gpu-operator? Upgrade shared-svc.",
-            _digest(str(state)),
-        )
-        notices = (b.reports.pop(),)
-    return NodePlan(
-        name,
-        patch,
-        tuple(b.actions),
-        tuple(b.reports),
-        status,
-        found.get("requeue_after"),
-        notices,
+
+
+def _partial(ds_index: Mapping[str, daemonsets.DaemonSetRef]) -> tuple[str, ...]:
+    return tuple(sorted(ref.key for ref in ds_index.values() if ref.kind == "partial"))
+
+
+def _unknown_state(b: _Builder, state: str | None) -> tuple[Report, ...]:
+    """A state value this version does not know: a notice (no record write keeps it from
+    repeating; the shell sends it once per process)."""
+    b.report(
+        "Warning",
+        "UpgradeStateUnknown",
+        "Reconcile",
+        f"Unknown driver-upgrade state {state!r} on {states.state_label_key(b.settings.driver_name)}: "
+        "treated as keep (what was freed stays parked, nothing new is evicted). "
+        "A newer gpu-operator? Upgrade shared-svc.",
+        _digest(str(state)),
     )
+    return (b.reports.pop(),)
 
 
 def _phase(mode: states.Mode, rec: Record | None) -> Phase:
@@ -584,16 +729,9 @@ def recorded_status(
     pods still on the node and, while freeing, the pods of declared and unprepared
     DaemonSets.
     """
-    meta = node.get("metadata", {})
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    raw = (meta.get("annotations") or {}).get(record.record_annotation_key(driver_name))
-    rec: Record | None = None
-    record_error: str | None = None
-    if raw is not None:
-        try:
-            rec = record.decode(raw)
-        except RecordError as exc:
-            record_error = str(exc)
+    labels = objects.labels_of(node)
+    raw = objects.annotations_of(node).get(record.record_annotation_key(driver_name))
+    rec, record_error = _read_record(raw)
     state = labels.get(states.state_label_key(driver_name))
     mode = states.mode_for(state)
     parked_key = daemonsets.parked_label_key(driver_name)
@@ -618,7 +756,7 @@ def recorded_status(
             elif (ds_key := daemonsets.owner_key(pod)) in reported:
                 unprepared.add(str(ds_key))
     return NodeStatus(
-        node=str(meta.get("name", "")),
+        node=objects.name_of(node),
         state=state,
         mode=mode,
         phase=_phase(mode, rec) if rec is not None or mode != "free" else "freeing",
@@ -631,9 +769,7 @@ def recorded_status(
         daemonset_pods=tuple(sorted(ds_pods)),
         operator_hook_pods=tuple(sorted(hook_pods)),
         unprepared_daemonsets=tuple(sorted(unprepared)),
-        partial_daemonsets=tuple(
-            sorted(ref.key for ref in ds_index.values() if ref.kind == "partial")
-        ),
+        partial_daemonsets=_partial(ds_index),
         restart_race=rec.restart_race if rec else (),
         unknown_state=states.is_unknown(state),
         record_error=record_error,

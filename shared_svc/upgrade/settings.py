@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
+from shared_svc.config import Config
 from shared_svc.k8s.selectors import Selector, parse_selector
-
-if TYPE_CHECKING:
-    from shared_svc.config import Config
 
 Detection = Literal["off", "report", "evict"]
 
 
+def _default(name: str) -> Any:
+    """The default of one ``Config`` field: defaults are written there only."""
+    return Config.model_fields[name].get_default(call_default_factory=True)
+
+
 @dataclass(frozen=True)
 class UpgradeSettings:
-    driver_name: str = "gpu"
+    driver_name: str = _default("upgrade_driver_name")
     consumer_selector: Selector = field(
-        default_factory=lambda: parse_selector("nvidia.com/gpu-driver-upgrade.consumer=true")
+        default_factory=lambda: parse_selector(_default("upgrade_consumer_selector"))
     )
-    detection: Detection = "report"
-    runtime_classes: frozenset[str] = frozenset({"nvidia", "nvidia-cdi", "nvidia-legacy"})
-    eviction_timeout_seconds: float = 300.0
-    delete_after_timeout: bool = False
-    operator_namespace: str = "gpu-operator"
+    detection: Detection = field(default=_default("upgrade_detection"))
+    runtime_classes: frozenset[str] = frozenset(_default("upgrade_runtime_classes"))
+    eviction_timeout_seconds: float = _default("upgrade_eviction_timeout_seconds")
+    delete_after_timeout: bool = _default("upgrade_delete_after_timeout")
+    operator_namespace: str = _default("namespace")
     # How soon to look at a node again while pods are still leaving it.
-    poll_seconds: float = 5.0
+    poll_seconds: float = _default("upgrade_poll_seconds")
 
     @staticmethod
     def from_config(config: Config) -> UpgradeSettings:
