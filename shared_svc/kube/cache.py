@@ -27,6 +27,15 @@ Three troubles do not clear ``synced``:
 ``on_synced`` is called whenever ``synced`` changes (the ``shared_svc_cache_synced``
 gauge).
 
+What changed: each :class:`EventHandler` (client-go's ``ResourceEventHandler``) is
+handed ``on_add(new)``, ``on_update(old, new)`` and ``on_delete(old)`` with the kept
+objects, from watch events and from a re-list (the difference of the two stores, decided
+on resourceVersions); a handler added to a synced cache is first handed an add of every
+cached object, as client-go's ``AddEventHandler`` does. ``on_change`` listeners are told
+once per watch event or re-list that changed anything (level-triggered readers that
+re-read the whole cache). Filtering the events and mapping them to work-queue keys is
+the runtime's (``shared_svc.runtime.source``).
+
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
@@ -56,7 +65,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -205,6 +214,16 @@ class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
 
 
+class EventHandler(Protocol):
+    """What a cache tells a handler (client-go's ``OnAdd``/``OnUpdate``/``OnDelete``): the
+    objects as kept. ``on_delete`` gets the last state known (the watch event's object, or
+    the cached one when a re-list no longer finds it)."""
+
+    def on_add(self, new: K8sObject) -> None: ...
+    def on_update(self, old: K8sObject, new: K8sObject) -> None: ...
+    def on_delete(self, old: K8sObject) -> None: ...
+
+
 def _key(obj: K8sObject) -> tuple[str, str]:
     meta = obj.get("metadata", {})
     return meta.get("namespace", ""), meta.get("name", "")
@@ -230,6 +249,7 @@ class Informer:
         self.resource = resource
         # Several readers may share one cache (:class:`Informers`): each has its triggers.
         self._change_listeners = [on_change]
+        self._handlers: list[EventHandler] = []
         self._synced_listeners = [on_synced] if on_synced else []
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
@@ -262,9 +282,29 @@ class Informer:
             self._synced_listeners.append(on_synced)
             on_synced(self.synced.is_set())
 
+    def add_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every add, update and delete from now on; a synced cache
+        first hands it an add of each object it holds (as client-go does)."""
+        self._handlers.append(handler)
+        if self.synced.is_set():
+            for obj in self._items.values():
+                handler.on_add(obj)
+
     def _on_change(self) -> None:
         for listener in self._change_listeners:
             listener()
+
+    def _added(self, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_add(new)
+
+    def _updated(self, old: K8sObject, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_update(old, new)
+
+    def _deleted(self, old: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_delete(old)
 
     def get(self, name: str, namespace: str = "") -> K8sObject | None:
         """The cached object, if any (no request)."""
@@ -272,6 +312,10 @@ class Informer:
 
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        """The (namespace, name) of every cached object."""
+        return list(self._items)
 
     def _set_synced(self, value: bool) -> None:
         if value == self.synced.is_set():
@@ -430,14 +474,32 @@ class Informer:
     ) -> None:
         # resourceVersions say whether anything changed: no deep comparison of every object.
         changed = versions != self._versions or served != self.served or not self.synced.is_set()
+        old_items, old_versions = self._items, self._versions
         self._items = items
         self._versions = versions
         self.served = served
         self.resource_version = resource_version
         self.relists += 1
         self._set_synced(True)
+        if changed and self._handlers:
+            self._hand_out_difference(old_items, old_versions)
         if changed:
             self._on_change()
+
+    def _hand_out_difference(
+        self, old_items: dict[tuple[str, str], K8sObject], old_versions: dict[tuple[str, str], str]
+    ) -> None:
+        """The events of a re-list: what it added, changed (another resourceVersion) and no
+        longer found. Once per re-list, never per watch event."""
+        for key, version in self._versions.items():
+            old = old_items.get(key)
+            if old is None:
+                self._added(self._items[key])
+            elif old_versions.get(key) != version:
+                self._updated(old, self._items[key])
+        for key, old in old_items.items():
+            if key not in self._items:
+                self._deleted(old)
 
     def _note_pruned(self, keys: set[tuple[str, str]]) -> None:
         """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
@@ -500,15 +562,23 @@ class Informer:
                     self._note_pruned(self.pruned - {key})
                 if etype == "DELETED":
                     self._versions.pop(key, None)
-                    if self._items.pop(key, None) is not None:
+                    cached = self._items.pop(key, None)
+                    if cached is not None:
+                        # The object's last state (its final resourceVersion) is the event's.
+                        self._deleted(self._keep(obj) if self._handlers else cached)
                         self._on_change()
                 elif etype in ("ADDED", "MODIFIED"):
                     self._versions[key] = rv or ""
                     kept = self._keep(obj)
                     del obj, event
                     # A change in a field the projection drops is no change to the planners.
-                    if self._items.get(key) != kept:
+                    old = self._items.get(key)
+                    if old != kept:
                         self._items[key] = kept
+                        if old is None:
+                            self._added(kept)
+                        else:
+                            self._updated(old, kept)
                         self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
@@ -21,7 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
+from shared_svc.kube.cache import EventHandler, Informer, Informers, Resource, gather_until
 from shared_svc.kube.resources import (
     CLUSTER_POLICIES,
     DAEMONSETS,
@@ -61,7 +61,7 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     """Nodes in an upgrade (state label exists) and nodes we may have parked.
 
     Kept as metadata only (``PartialObjectMetadata``, under kind ``Node``): every reader
-    of a cached node (``plan_node`` through ``get_node``, ``node_versions``) reads its
+    of a cached node (``plan_node`` through ``get_node``, the event sources) reads its
     labels, annotations, name, uid and resourceVersion, never its spec or status (a GPU
     node's status is 10-30 KiB, rewritten by its kubelet)."""
     state, parked = state_label_key(driver_name), parked_label_key(driver_name)
@@ -157,21 +157,6 @@ def _rv(version: str) -> int:
     return int(version) if version.isdigit() else 0
 
 
-def newest_versions(nodes: Iterable[K8sObject]) -> dict[str, str]:
-    """Name -> resourceVersion of ``nodes``; of two copies of one node, the newer (the
-    two node caches see a change one after the other: the older copy must not read as
-    a change back). Versions are compared only when two copies differ (a scan runs on
-    every change)."""
-    versions: dict[str, str] = {}
-    for node in nodes:
-        meta = node.get("metadata", {})
-        name, version = meta.get("name", ""), str(meta.get("resourceVersion", ""))
-        known = versions.get(name)
-        if known is None or (known != version and _rv(version) > _rv(known)):
-            versions[name] = version
-    return versions
-
-
 def _version(obj: K8sObject) -> int:
     return _rv(str(obj.get("metadata", {}).get("resourceVersion", "")))
 
@@ -221,10 +206,15 @@ class KubeUpgradeIO:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
 
-    def node_versions(self) -> dict[str, str]:
-        """Name -> resourceVersion of every node that is upgrading or parked; of two cached
-        copies, the newer (the two caches see a change one after the other)."""
-        return newest_versions(n for i in self._node_informers for n in i.items())
+    def add_node_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every add, update and delete of both node caches (a node
+        upgrading and parked is in both: each cache tells of its copy)."""
+        for informer in self._node_informers:
+            informer.add_handler(handler)
+
+    def node_names(self) -> set[str]:
+        """Every node that is upgrading or parked (the resync's list: not read per event)."""
+        return {name for i in self._node_informers for _, name in i.cached_keys()}
 
     def _daemonsets_changed(self) -> None:
         self._ds_snapshot = None
