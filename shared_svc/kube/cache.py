@@ -659,12 +659,14 @@ class Informer:
 
 
 class Informers:
-    """One :class:`Informer` per :class:`Resource`, shared by the controllers that read it
-    (the Services and driver-upgrade controllers both read DaemonSets and ClusterPolicies):
-    one list, one watch and one copy in memory, each reader keeping its own triggers."""
+    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.caches``),
+    shared by the controllers that read it (the Services and driver-upgrade controllers
+    both read DaemonSets and ClusterPolicies): one list, one watch and one copy in memory,
+    each reader keeping its own triggers and handlers."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, *, backoff_max_seconds: float = 30.0) -> None:
         self._api = api
+        self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
         self._informers: dict[Resource, Informer] = {}
         self._running: set[int] = set()
 
@@ -674,10 +676,10 @@ class Informers:
         *,
         on_change: Callable[[], None],
         on_synced: Callable[[bool], None] | None = None,
-        backoff_max_seconds: float = 30.0,
     ) -> Informer:
         """The cache of ``resource``, made on first ask; ``on_change`` is called on its
-        changes."""
+        changes. Its options are the declaration's (``resource``) and the registry's, so
+        it does not matter which reader asks first."""
         informer = self._informers.get(resource)
         if informer is None:
             informer = Informer(
@@ -685,7 +687,7 @@ class Informers:
                 resource,
                 on_change=on_change,
                 on_synced=on_synced,
-                backoff_max_seconds=backoff_max_seconds,
+                backoff_max_seconds=self._backoff_max,
             )
             self._informers[resource] = informer
         else:

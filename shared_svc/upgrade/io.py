@@ -19,23 +19,17 @@ from typing import Any, Literal
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
+from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import EventHandler, Informer, Informers, Resource, gather_until
-from shared_svc.kube.resources import (
-    CLUSTER_POLICIES,
-    DAEMONSETS,
-    METADATA,
-    NODES,
-    PODS,
-    daemonsets,
-)
+from shared_svc.kube.cache import EventHandler, Informer, Informers, gather_until
+from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
-from shared_svc.upgrade.states import state_label_key
 
 EvictOutcome = Literal["evicted", "blocked", "gone"]
 FIELD_MANAGER = "shared-svc-upgrade"
@@ -57,24 +51,9 @@ def check_own_keys(patch: NodePatch, driver_name: str) -> None:
         )
 
 
-def node_resources(driver_name: str) -> tuple[Resource, Resource]:
-    """Nodes in an upgrade (state label exists) and nodes we may have parked.
-
-    Kept as metadata only (``PartialObjectMetadata``, under kind ``Node``): every reader
-    of a cached node (``plan_node`` through ``get_node``, the event sources) reads its
-    labels, annotations, name, uid and resourceVersion, never its spec or status (a GPU
-    node's status is 10-30 KiB, rewritten by its kubelet)."""
-    state, parked = state_label_key(driver_name), parked_label_key(driver_name)
-    return (
-        Resource("", "v1", "nodes", "Node", label_selector=state, metadata_only=True),
-        Resource("", "v1", "nodes", "Node", label_selector=parked, metadata_only=True),
-    )
-
-
-# All namespaces, kept as what the planners read (``k8s.projections.daemonset_fields``).
-ALL_DAEMONSETS = daemonsets()
-# ClusterPolicies (``kube.resources.CLUSTER_POLICIES``) are read for the upgrade flow's gate
-# (``shared_svc.upgrade.gate``), never written by the service. Both caches are shared with the Services controller when both run (``kube.cache.Informers``).
+# The caches (their declarations: ``shared_svc.caches``): the upgrading and the parked
+# nodes (metadata only), the DaemonSets of every namespace and the ClusterPolicies (read
+# for the upgrade flow's gate, never written), shared with the Services controller.
 
 
 def daemonset_path(namespace: str, name: str) -> str:
