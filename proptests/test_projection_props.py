@@ -13,10 +13,19 @@ from hypothesis import strategies as st
 
 from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from proptests.test_pod_fields_props import fleshed_out
+from shared_svc.caches import dcgm_pod_selectors
+from shared_svc.k8s.objects import labels_of
 from shared_svc.k8s.projections import daemonset_fields
+from shared_svc.k8s.selectors import parse_selector
 from shared_svc.reconcile.model import Settings, World
+from shared_svc.reconcile.names import DRA_APP, LEGACY_APP, SERVICE_NAMES
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selectors import (
+    covered_nodes,
+    index_workloads,
+    pod_fields,
+    rule_selectors,
+)
 from shared_svc.upgrade.daemonsets import (
     CLIENT_HOOK_KEY,
     classify_daemonset,
@@ -131,3 +140,64 @@ def _well_typed(ds: dict[str, Any]) -> bool:
     except (AttributeError, TypeError):
         return False
     return True
+
+
+# --- issue 22: the operator-pod cache holds only the DCGM pods (shared_svc.caches) ---
+
+DCGM_SELECTORS = tuple(parse_selector(s) for s in dcgm_pod_selectors())
+DCGM_LABEL_KEYS = ("app", "nvidia.com/gpu-operator.dcgm", "nvidia.com/gpu-operator.dcgm-exporter")
+label_sets = st.dictionaries(
+    st.sampled_from(DCGM_LABEL_KEYS),
+    st.sampled_from(["true", "false", "nvidia-dcgm", "nvidia-dcgm-exporter-dra", "nvidia-driver"]),
+)
+
+
+def _watched(pod: Any) -> bool:
+    labels = labels_of(pod)
+    return any(s.matches(labels) for s in DCGM_SELECTORS)
+
+
+@given(worlds(), settings_strategy, st.data())
+def test_a_plan_over_the_dcgm_pods_is_the_plan_over_every_pod_of_the_namespace(
+    w: World, settings: Settings, data: st.DataObject
+) -> None:
+    """Planning reads the pods of the four DCGM apps (the gate) and the pods a rule
+    selector (an ``app`` or a common label) selects (the hold): the cache of the union of
+    the three selectors plans as the whole namespace does, other operands included."""
+    # Each pod again as another operand's (another ``app``, or none), with its common
+    # labels or others drawn: the pods of the namespace a DCGM-only cache must not miss
+    # (a common label alone) and those it must not need (neither).
+    others = tuple(
+        {
+            **p,
+            "metadata": {
+                **p["metadata"],
+                "name": f"other-{p['metadata']['name']}",
+                "labels": {
+                    **{k: v for k, v in labels_of(p).items() if k != "app"},
+                    **data.draw(label_sets),
+                    **data.draw(st.sampled_from([{}, {"app": "nvidia-driver-daemonset"}])),
+                },
+            },
+        }
+        for p in w.pods
+    )
+    whole = replace(w, pods=w.pods + others)
+    watched = replace(whole, pods=tuple(p for p in whole.pods if _watched(p)))
+    assert plan(watched, settings) == plan(whole, settings)
+    # What planning derives from pods, for every selector the rules can give a stable
+    # name (the hold's coverage) and every DCGM app (the gate), in worlds whose plans
+    # may not show it.
+    a = index_workloads(watched, settings.namespace)
+    b = index_workloads(whole, settings.namespace)
+    for name in SERVICE_NAMES:
+        for selector in rule_selectors(name):
+            assert covered_nodes(selector, a) == covered_nodes(selector, b), selector
+    for app in {*LEGACY_APP.values(), *DRA_APP.values()}:
+        assert a.pods_by_app.get(app) == b.pods_by_app.get(app)
+
+
+@given(label_sets)
+def test_each_pod_is_selected_by_at_most_one_dcgm_selector(labels: dict[str, str]) -> None:
+    """Disjoint: one list+watch, one copy in memory per pod."""
+    assert sum(s.matches(labels) for s in DCGM_SELECTORS) <= 1

@@ -22,6 +22,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.projections import daemonset_fields
 from shared_svc.kube.cache import Informers
 from shared_svc.kube.resources import Resource
+from shared_svc.reconcile.names import APP_LABEL, COMMON_LABEL, DRA_APP, LEGACY_APP
 from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.states import state_label_key
@@ -61,9 +62,34 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     )
 
 
+def dcgm_pod_selectors() -> tuple[str, ...]:
+    """The DCGM pods as three disjoint label selectors: the pods whose ``app`` is one of
+    the four DCGM apps (the gate's), then those of the others that carry the DCGM common
+    label, then those of the rest that carry the exporter's common label (the hold's:
+    a rule selector is an ``app`` or a common label). Their union is every pod planning
+    reads; disjoint, each pod is listed, watched and kept once."""
+    apps = ",".join(sorted({*LEGACY_APP.values(), *DRA_APP.values()}))
+    dcgm, exporter = COMMON_LABEL["dcgm"], COMMON_LABEL["exporter"]
+    return (
+        f"{APP_LABEL} in ({apps})",
+        f"{dcgm}=true,{APP_LABEL} notin ({apps})",
+        f"{exporter}=true,{dcgm}!=true,{APP_LABEL} notin ({apps})",
+    )
+
+
 def operator_pods(namespace: str) -> Resource:
-    """The pods of the operator namespace, kept as the fields planning reads (``pod_fields``)."""
-    return Resource("", "v1", "pods", "Pod", namespace=namespace, project=pod_fields)
+    """The DCGM pods of the operator namespace (:func:`dcgm_pod_selectors`; the other
+    operands' pods, most of the namespace, are not watched), kept as the fields planning
+    reads (``pod_fields``)."""
+    return Resource(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        namespace=namespace,
+        project=pod_fields,
+        any_of=dcgm_pod_selectors(),
+    )
 
 
 def service_monitors(namespace: str) -> Resource:

@@ -34,7 +34,7 @@ from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.kube.cache import Informer, Informers, Resource
+from shared_svc.kube.cache import Cache, Informer, Informers, Resource
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.resources import SERVICE_MONITORS
 from shared_svc.kube.writer import Writer, namespace_gone, raw_request
@@ -100,8 +100,8 @@ class ServicesController:
         )
         self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
-        self._informers: dict[str, Informer] = {}
-        self._sm_informer: Informer | None = None
+        self._informers: dict[str, Cache] = {}
+        self._sm_informer: Cache | None = None
         self._sm_task: asyncio.Task[None] | None = None
         self._sm_stop = asyncio.Event()
         self.service_monitor_served = False
@@ -130,14 +130,14 @@ class ServicesController:
             "pods": declared.pods,
         }
 
-    def _informer(self, resource: Resource, *, shared: bool = True) -> Informer:
+    def _informer(self, resource: Resource, *, shared: bool = True) -> Cache:
         """The cache of ``resource``: from the shared registry, or (ServiceMonitors, started
         and stopped with discovery) this controller's own."""
         kwargs: dict[str, Any] = {
             "on_change": lambda: self._cache_changed(informer),
             "on_synced": self._metrics.cache_synced.labels(resource.plural).set,
         }
-        informer: Informer = (
+        informer: Cache = (
             self._shared.informer(resource, **kwargs)
             if shared
             else Informer(
@@ -151,7 +151,7 @@ class ServicesController:
         )
         return informer
 
-    def _cache_changed(self, informer: Informer) -> None:
+    def _cache_changed(self, informer: Cache) -> None:
         relists = informer.relists
         if self._relists.get(id(informer)) != relists:
             # A (re-)list, e.g. the watches back after an API-server outage: the failures

@@ -58,6 +58,7 @@ not served is listed again every :data:`NOT_SERVED_RECHECK_SECONDS` (a CRD insta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -658,6 +659,115 @@ class Informer:
         await sleep_or_stop(stop, delay)
 
 
+class UnionInformer:
+    """One cache of the union of several label selectors (``Resource.any_of``): a
+    list+watch per selector (each an :class:`Informer`, with its own resourceVersion,
+    re-lists and backoff), read as one store. Requirements of one selector are ANDed, so
+    a union takes several watches; with disjoint selectors each object is held once (an
+    object that moves from one to another is, for a moment, in both: the newer copy is
+    read). Synced when every part is."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        resource: Resource,
+        *,
+        on_change: Callable[[], None],
+        on_synced: Callable[[bool], None] | None = None,
+        backoff_max_seconds: float = 30.0,
+        **options: Any,
+    ) -> None:
+        self.resource = resource
+        self.synced = asyncio.Event()
+        self._change_listeners = [on_change]
+        self._synced_listeners = [on_synced] if on_synced else []
+        self.parts: tuple[Informer, ...] = ()
+        self.parts = tuple(
+            Informer(
+                api,
+                dataclasses.replace(resource, any_of=(), label_selector=selector),
+                on_change=self._on_change,
+                on_synced=self._part_synced,
+                backoff_max_seconds=backoff_max_seconds,
+                **options,
+            )
+            for selector in resource.any_of
+        )
+        if on_synced:
+            on_synced(False)
+
+    def add_listener(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        self._change_listeners.append(on_change)
+        if on_synced:
+            self._synced_listeners.append(on_synced)
+            on_synced(self.synced.is_set())
+
+    def add_handler(self, handler: EventHandler) -> None:
+        for part in self.parts:
+            part.add_handler(handler)
+
+    def _on_change(self) -> None:
+        for listener in self._change_listeners:
+            listener()
+
+    def _part_synced(self, _: bool) -> None:
+        value = bool(self.parts) and all(part.synced.is_set() for part in self.parts)
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        for listener in self._synced_listeners:
+            listener(value)
+
+    def _store(self) -> dict[tuple[str, str], K8sObject]:
+        store: dict[tuple[str, str], K8sObject] = {}
+        newest: dict[tuple[str, str], int] = {}
+        for part in self.parts:
+            for key, obj in part._items.items():
+                version = part._versions.get(key, "")
+                rank = int(version) if version.isdigit() else 0
+                if key not in store or rank > newest[key]:
+                    store[key], newest[key] = obj, rank
+        return store
+
+    def get(self, name: str, namespace: str = "") -> K8sObject | None:
+        return self._store().get((namespace, name))
+
+    def items(self) -> tuple[K8sObject, ...]:
+        store = self._store()
+        return tuple(store[k] for k in sorted(store))
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        return list(self._store())
+
+    @property
+    def served(self) -> bool:
+        return all(part.served for part in self.parts)
+
+    @property
+    def relists(self) -> int:
+        return sum(part.relists for part in self.parts)
+
+    @property
+    def last_error(self) -> str | None:
+        return next((p.last_error for p in self.parts if p.last_error is not None), None)
+
+    @property
+    def pruned(self) -> set[tuple[str, str]]:
+        return set().union(*(part.pruned for part in self.parts))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Every part's list+watch, until ``stop``."""
+        await asyncio.gather(*(part.run(stop) for part in self.parts))
+
+
+Cache = Informer | UnionInformer
+
+
 class Informers:
     """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.caches``),
     shared by the controllers that read it (the Services and driver-upgrade controllers
@@ -667,7 +777,7 @@ class Informers:
     def __init__(self, api: ApiClient, *, backoff_max_seconds: float = 30.0) -> None:
         self._api = api
         self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
-        self._informers: dict[Resource, Informer] = {}
+        self._informers: dict[Resource, Cache] = {}
         self._running: set[int] = set()
 
     def informer(
@@ -676,13 +786,13 @@ class Informers:
         *,
         on_change: Callable[[], None],
         on_synced: Callable[[bool], None] | None = None,
-    ) -> Informer:
+    ) -> Cache:
         """The cache of ``resource``, made on first ask; ``on_change`` is called on its
         changes. Its options are the declaration's (``resource``) and the registry's, so
         it does not matter which reader asks first."""
         informer = self._informers.get(resource)
         if informer is None:
-            informer = Informer(
+            informer = (UnionInformer if resource.any_of else Informer)(
                 self._api,
                 resource,
                 on_change=on_change,
@@ -694,7 +804,7 @@ class Informers:
             informer.add_listener(on_change, on_synced)
         return informer
 
-    async def run(self, informer: Informer, stop: asyncio.Event) -> None:
+    async def run(self, informer: Cache, stop: asyncio.Event) -> None:
         """Runs ``informer`` until ``stop``: the first reader's call runs it, the others
         only wait for ``stop``."""
         if id(informer) in self._running:

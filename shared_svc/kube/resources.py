@@ -81,6 +81,10 @@ class Resource:
     # Ask the API server for PartialObjectMetadata (the Accept header of lists and
     # watches): only metadata is sent, parsed and kept (``metadata_view``), then ``project``.
     metadata_only: bool = False
+    # The union of these label selectors (instead of ``label_selector``): one list+watch
+    # each, merged into one store (``kube.cache.UnionInformer``). Disjoint selectors keep
+    # each object once.
+    any_of: tuple[str, ...] = ()
 
     @property
     def gvr(self) -> GVR:
@@ -109,7 +113,8 @@ class Resource:
 
     def describe(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
-        return f"{self.kind}{where}"
+        which = f" ({self.label_selector})" if self.label_selector else ""
+        return f"{self.kind}{where}{which}"
 
 
 def metadata_view(obj: K8sObject, api_version: str, kind: str) -> K8sObject:

@@ -23,7 +23,7 @@ from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
 from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import EventHandler, Informer, Informers, gather_until
+from shared_svc.kube.cache import Cache, EventHandler, Informers, gather_until
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
@@ -172,7 +172,7 @@ class KubeUpgradeIO:
         self._cluster_policies = self._registry.informer(CLUSTER_POLICIES, on_change=on_change)
 
     @property
-    def _informers(self) -> tuple[Informer, ...]:
+    def _informers(self) -> tuple[Cache, ...]:
         return (*self._node_informers, self._daemonsets, self._cluster_policies)
 
     def cluster_policies(self) -> tuple[K8sObject, ...]:
