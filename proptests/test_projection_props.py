@@ -5,6 +5,7 @@ and for the driver-upgrade planner's DaemonSet index. Pods: test_pod_fields_prop
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from shared_svc.caches import dcgm_pod_selectors
 from shared_svc.k8s.objects import labels_of
 from shared_svc.k8s.projections import daemonset_fields
 from shared_svc.k8s.selectors import parse_selector
+from shared_svc.kube.cache import SharedValues
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.names import DRA_APP, LEGACY_APP, SERVICE_NAMES
 from shared_svc.reconcile.planner import plan
@@ -201,3 +203,32 @@ def test_a_plan_over_the_dcgm_pods_is_the_plan_over_every_pod_of_the_namespace(
 def test_each_pod_is_selected_by_at_most_one_dcgm_selector(labels: dict[str, str]) -> None:
     """Disjoint: one list+watch, one copy in memory per pod."""
     assert sum(s.matches(labels) for s in DCGM_SELECTORS) <= 1
+
+
+# --- issue 22: the compact store (kube.cache.SharedValues) ---
+
+
+@given(st.lists(json_values, max_size=6))
+def test_shared_values_are_the_values_they_replace_to_the_type(values: list[Any]) -> None:
+    """Sharing never changes a value: equal, and of the same JSON (``True == 1`` in
+    Python, but a shared ``1`` must not become ``True``)."""
+    shared = SharedValues()
+    objects = [
+        {"metadata": {"name": str(i)}, "spec": v, "status": [v, {"x": v}]}
+        for i, v in enumerate(values)
+    ]
+    for obj, out in zip(objects, [shared(copy.deepcopy(o)) for o in objects], strict=True):
+        assert out == obj
+        assert json.dumps(out, sort_keys=True) == json.dumps(obj, sort_keys=True)
+
+
+@given(worlds(), settings_strategy, st.data())
+def test_a_plan_over_the_compact_pod_store_is_the_plan_over_whole_pods(
+    w: World, settings: Settings, data: st.DataObject
+) -> None:
+    """The pods as the cache keeps them (``pod_fields``, repeated subtrees shared by one
+    ``SharedValues`` across the store) plan as the whole pods do."""
+    whole = replace(w, pods=tuple(data.draw(fleshed_out(p)) for p in w.pods))
+    shared = SharedValues(limit=data.draw(st.sampled_from([2, 65_536])))
+    kept = replace(whole, pods=tuple(shared(pod_fields(copy.deepcopy(p))) for p in whole.pods))
+    assert plan(kept, settings) == plan(whole, settings)

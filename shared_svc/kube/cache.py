@@ -39,7 +39,8 @@ the runtime's (``shared_svc.runtime.source``).
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
-planners read are kept and the whole object is dropped at once. A ``metadata_only``
+planners read are kept and the whole object is dropped at once; what repeats across
+objects (label sets, conditions, strings) is kept once (:class:`SharedValues`). A ``metadata_only``
 resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
 only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
 A re-list replaces the store and compares only resourceVersions (kept per object aside
@@ -148,20 +149,59 @@ def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
     return json.loads(_prune(raw, limit)), True
 
 
-def shared_strings(value: Any) -> Any:
-    """``value`` with every string (keys and values) interned: thousands of cached pods
-    carry the same label keys, values and condition names, one copy each is enough. The
-    same value (equal everywhere). Recursive: only projected objects pass here, which
-    ``loads`` kept within MAX_DEPTH levels."""
-    if isinstance(value, str):
-        return sys.intern(value)
-    if isinstance(value, dict):
-        return {
-            sys.intern(k) if isinstance(k, str) else k: shared_strings(v) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [shared_strings(v) for v in value]
-    return value
+SHARED_VALUES_MAX = 65_536  # distinct shared subtrees remembered (then the table starts over)
+
+
+class SharedValues:
+    """One copy of each repeated subtree of the kept objects (label sets, condition lists:
+    the pods of one DaemonSet revision carry the same ones), strings interned.
+
+    Below the object itself and its ``metadata`` (which holds its name, so it is unique),
+    a dict or list equal to one seen before is replaced by that one: thousands of pods
+    hold one label set, one ``status`` per distinct conditions and one ``spec`` per node. The cached objects are
+    read-only (two controllers share them; the planners are pure), so sharing is safe.
+    Equal everywhere to what it replaces (the property tests plan over both). The table
+    is bounded: past :data:`SHARED_VALUES_MAX` distinct subtrees it starts over (what is
+    shared stays shared)."""
+
+    def __init__(self, limit: int = SHARED_VALUES_MAX) -> None:
+        self._limit = limit
+        self._table: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self._share(value, 0, unique=True)[0]
+
+    def _share(self, value: Any, depth: int, *, unique: bool = False) -> tuple[Any, Any]:
+        """The shared value and its content key (hashable, type-exact: 1, 1.0 and True
+        differ)."""
+        if isinstance(value, str):
+            value = sys.intern(value)
+            return value, value
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            parts = []
+            for k, v in value.items():
+                k = sys.intern(k) if isinstance(k, str) else k
+                out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
+                parts.append((k, key))
+            return self._canonical(out, ("d", tuple(parts)), unique)
+        if isinstance(value, list):
+            shared = [self._share(v, depth + 1) for v in value]
+            return self._canonical(
+                [v for v, _ in shared], ("l", tuple(k for _, k in shared)), unique
+            )
+        return value, (type(value), value)
+
+    def _canonical(self, value: Any, key: Any, unique: bool) -> tuple[Any, Any]:
+        if unique:
+            return value, key
+        known = self._table.get(key)
+        if known is not None:
+            return known, key
+        if len(self._table) >= self._limit:
+            self._table.clear()
+        self._table[key] = value
+        return value, key
 
 
 def has_pruned(value: Any) -> bool:
@@ -257,6 +297,7 @@ class Informer:
         self._idle_timeout = (
             idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
         )
+        self._shared = SharedValues()  # repeated subtrees of the kept objects, once
         self._items: dict[tuple[str, str], K8sObject] = {}
         self._versions: dict[tuple[str, str], str] = {}  # key -> resourceVersion
         self.synced = asyncio.Event()
@@ -458,12 +499,13 @@ class Informer:
 
     def _keep(self, obj: K8sObject) -> K8sObject:
         """What is kept of a list item or a watch event's object (``Resource.kept``: the
-        resource's kind and apiVersion, metadata only or projected). A projection's strings
-        are shared (thousands of pods carry the same ones); a metadata-only cache holds
-        the upgrading nodes, a few hundred at most, and its events come in waves: its
-        strings are kept as parsed (interning them cost 0.13 ms per node event)."""
+        resource's kind and apiVersion, metadata only or projected). A projection's
+        repeated subtrees and strings are shared (:class:`SharedValues`: thousands of pods
+        carry the same label sets and conditions); a metadata-only cache holds the
+        upgrading nodes and its events come in waves: kept as parsed (interning its
+        strings cost 0.13 ms per node event)."""
         kept = self.resource.kept(obj)
-        return shared_strings(kept) if self.resource.project else kept
+        return self._shared(kept) if self.resource.project else kept
 
     def _replace(
         self,
