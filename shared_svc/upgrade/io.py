@@ -140,6 +140,10 @@ def _version(obj: K8sObject) -> int:
     return _rv(str(obj.get("metadata", {}).get("resourceVersion", "")))
 
 
+def _nothing() -> None:
+    return None
+
+
 class KubeUpgradeIO:
     """What the controller reads and writes (tests run the controller on a fake with the
     same methods)."""
@@ -160,8 +164,10 @@ class KubeUpgradeIO:
         # Shared with the Services controller when the runner passes its registry.
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
+        # Node changes reach the controller as events (``add_node_handler``) only;
+        # ``on_change`` is the other caches' (the gate's ClusterPolicies, the DaemonSets).
         self._node_informers = tuple(
-            self._registry.informer(resource, on_change=on_change)
+            self._registry.informer(resource, on_change=_nothing)
             for resource in (state_nodes, parked_nodes)
         )
         self._on_change = on_change
