@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from proptests.strategies import json_values, set_at
 from proptests.test_upgrade_props import Traits, apply, build_pod, step, traits, with_state
-from shared_svc.kube.cache import shared_strings
+from shared_svc.kube.cache import SharedValues
 from shared_svc.upgrade.io import node_resources
 from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.record import record_annotation_key
@@ -90,10 +90,11 @@ def whole(draw: st.DrawFn, node: dict[str, Any]) -> dict[str, Any]:
 
 
 def cached(node: dict[str, Any]) -> dict[str, Any]:
-    """What the node caches keep of ``node`` (both resources keep it the same way), strings
-    shared as the cache shares them. The whole node is not changed."""
-    view = shared_strings(STATE_NODES.kept(copy.deepcopy(node)))
-    assert view == shared_strings(PARKED_NODES.kept(copy.deepcopy(node)))
+    """What the node caches keep of ``node`` (both resources keep it the same way), and
+    shared as a projected cache shares its objects (``SharedValues``: sharing changes no
+    plan either). The whole node is not changed."""
+    view = SharedValues()(STATE_NODES.kept(copy.deepcopy(node)))
+    assert view == PARKED_NODES.kept(copy.deepcopy(node))
     return view
 
 

@@ -5,6 +5,7 @@ and for the driver-upgrade planner's DaemonSet index. Pods: test_pod_fields_prop
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -13,10 +14,20 @@ from hypothesis import strategies as st
 
 from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from proptests.test_pod_fields_props import fleshed_out
+from shared_svc.caches import dcgm_pod_selectors
+from shared_svc.k8s.objects import labels_of
 from shared_svc.k8s.projections import daemonset_fields
+from shared_svc.k8s.selectors import parse_selector
+from shared_svc.kube.cache import SharedValues
 from shared_svc.reconcile.model import Settings, World
+from shared_svc.reconcile.names import DRA_APP, LEGACY_APP, SERVICE_NAMES
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selectors import (
+    covered_nodes,
+    index_workloads,
+    pod_fields,
+    rule_selectors,
+)
 from shared_svc.upgrade.daemonsets import (
     CLIENT_HOOK_KEY,
     classify_daemonset,
@@ -131,3 +142,93 @@ def _well_typed(ds: dict[str, Any]) -> bool:
     except (AttributeError, TypeError):
         return False
     return True
+
+
+# --- issue 22: the operator-pod cache holds only the DCGM pods (shared_svc.caches) ---
+
+DCGM_SELECTORS = tuple(parse_selector(s) for s in dcgm_pod_selectors())
+DCGM_LABEL_KEYS = ("app", "nvidia.com/gpu-operator.dcgm", "nvidia.com/gpu-operator.dcgm-exporter")
+label_sets = st.dictionaries(
+    st.sampled_from(DCGM_LABEL_KEYS),
+    st.sampled_from(["true", "false", "nvidia-dcgm", "nvidia-dcgm-exporter-dra", "nvidia-driver"]),
+)
+
+
+def _watched(pod: Any) -> bool:
+    labels = labels_of(pod)
+    return any(s.matches(labels) for s in DCGM_SELECTORS)
+
+
+@given(worlds(), settings_strategy, st.data())
+def test_a_plan_over_the_dcgm_pods_is_the_plan_over_every_pod_of_the_namespace(
+    w: World, settings: Settings, data: st.DataObject
+) -> None:
+    """Planning reads the pods of the four DCGM apps (the gate) and the pods a rule
+    selector (an ``app`` or a common label) selects (the hold): the cache of the union of
+    the three selectors plans as the whole namespace does, other operands included."""
+    # Each pod again as another operand's (another ``app``, or none), with its common
+    # labels or others drawn: the pods of the namespace a DCGM-only cache must not miss
+    # (a common label alone) and those it must not need (neither).
+    others = tuple(
+        {
+            **p,
+            "metadata": {
+                **p["metadata"],
+                "name": f"other-{p['metadata']['name']}",
+                "labels": {
+                    **{k: v for k, v in labels_of(p).items() if k != "app"},
+                    **data.draw(label_sets),
+                    **data.draw(st.sampled_from([{}, {"app": "nvidia-driver-daemonset"}])),
+                },
+            },
+        }
+        for p in w.pods
+    )
+    whole = replace(w, pods=w.pods + others)
+    watched = replace(whole, pods=tuple(p for p in whole.pods if _watched(p)))
+    assert plan(watched, settings) == plan(whole, settings)
+    # What planning derives from pods, for every selector the rules can give a stable
+    # name (the hold's coverage) and every DCGM app (the gate), in worlds whose plans
+    # may not show it.
+    a = index_workloads(watched, settings.namespace)
+    b = index_workloads(whole, settings.namespace)
+    for name in SERVICE_NAMES:
+        for selector in rule_selectors(name):
+            assert covered_nodes(selector, a) == covered_nodes(selector, b), selector
+    for app in {*LEGACY_APP.values(), *DRA_APP.values()}:
+        assert a.pods_by_app.get(app) == b.pods_by_app.get(app)
+
+
+@given(label_sets)
+def test_each_pod_is_selected_by_at_most_one_dcgm_selector(labels: dict[str, str]) -> None:
+    """Disjoint: one list+watch, one copy in memory per pod."""
+    assert sum(s.matches(labels) for s in DCGM_SELECTORS) <= 1
+
+
+# --- issue 22: the compact store (kube.cache.SharedValues) ---
+
+
+@given(st.lists(json_values, max_size=6))
+def test_shared_values_are_the_values_they_replace_to_the_type(values: list[Any]) -> None:
+    """Sharing never changes a value: equal, and of the same JSON (``True == 1`` in
+    Python, but a shared ``1`` must not become ``True``)."""
+    shared = SharedValues()
+    objects = [
+        {"metadata": {"name": str(i)}, "spec": v, "status": [v, {"x": v}]}
+        for i, v in enumerate(values)
+    ]
+    for obj, out in zip(objects, [shared(copy.deepcopy(o)) for o in objects], strict=True):
+        assert out == obj
+        assert json.dumps(out, sort_keys=True) == json.dumps(obj, sort_keys=True)
+
+
+@given(worlds(), settings_strategy, st.data())
+def test_a_plan_over_the_compact_pod_store_is_the_plan_over_whole_pods(
+    w: World, settings: Settings, data: st.DataObject
+) -> None:
+    """The pods as the cache keeps them (``pod_fields``, repeated subtrees shared by one
+    ``SharedValues`` across the store) plan as the whole pods do."""
+    whole = replace(w, pods=tuple(data.draw(fleshed_out(p)) for p in w.pods))
+    shared = SharedValues(limit=data.draw(st.sampled_from([2, 65_536])))
+    kept = replace(whole, pods=tuple(shared(pod_fields(copy.deepcopy(p))) for p in whole.pods))
+    assert plan(kept, settings) == plan(whole, settings)

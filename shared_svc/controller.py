@@ -28,14 +28,15 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc import caches
 from shared_svc.admission.rules import name_writers
 from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.kube.cache import Informer, Informers, Resource
+from shared_svc.kube.cache import Cache, Informer, Informers, Resource
 from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.resources import CLUSTER_POLICIES, SERVICE_MONITORS, daemonsets
+from shared_svc.kube.resources import SERVICE_MONITORS
 from shared_svc.kube.writer import Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
@@ -49,7 +50,6 @@ from shared_svc.reconcile.fight import (
 )
 from shared_svc.reconcile.model import Action, Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, every
 
@@ -81,7 +81,7 @@ class ServicesController:
     ) -> None:
         self._api = api
         # Caches shared with the upgrade controller when the runner passes its registry.
-        self._shared = informers or Informers(api)
+        self._shared = informers or caches.registry(api, config)
         self._config = config
         self._recorder = recorder
         self._writer = writer
@@ -100,8 +100,8 @@ class ServicesController:
         )
         self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
-        self._informers: dict[str, Informer] = {}
-        self._sm_informer: Informer | None = None
+        self._informers: dict[str, Cache] = {}
+        self._sm_informer: Cache | None = None
         self._sm_task: asyncio.Task[None] | None = None
         self._sm_stop = asyncio.Event()
         self.service_monitor_served = False
@@ -120,40 +120,38 @@ class ServicesController:
 
     # --- caches ---
     def _resources(self) -> dict[str, Resource]:
-        ns = self._config.namespace
+        """What planning reads, as declared once for every controller (``shared_svc.caches``)."""
+        declared = caches.declare(self._config)
         return {
-            "clusterpolicies": CLUSTER_POLICIES,
-            "gpuclusters": Resource(
-                "nvidia.com",
-                "v1alpha1",
-                "gpuclusters",
-                "GPUCluster",
-                crd_name="gpuclusters.nvidia.com",
-            ),
-            "services": Resource("", "v1", "services", "Service", namespace=ns),
-            # With the upgrade controller on, its cache of all namespaces' DaemonSets is
-            # shared (planning reads only those of the namespace); else only the namespace.
-            "daemonsets": daemonsets(None if self._config.upgrade_controller else ns),
-            # Only the fields planning reads of a pod are kept (the rest is most of its bytes).
-            "pods": Resource("", "v1", "pods", "Pod", namespace=ns, project=pod_fields),
+            "clusterpolicies": declared.cluster_policies,
+            "gpuclusters": declared.gpu_clusters,
+            "services": declared.services,
+            "daemonsets": declared.daemonsets,
+            "pods": declared.pods,
         }
 
-    def _informer(self, resource: Resource, *, shared: bool = True) -> Informer:
+    def _informer(self, resource: Resource, *, shared: bool = True) -> Cache:
         """The cache of ``resource``: from the shared registry, or (ServiceMonitors, started
         and stopped with discovery) this controller's own."""
         kwargs: dict[str, Any] = {
             "on_change": lambda: self._cache_changed(informer),
-            "backoff_max_seconds": min(30.0, self._config.backoff_max_seconds),
             "on_synced": self._metrics.cache_synced.labels(resource.plural).set,
         }
-        informer: Informer = (
+        informer: Cache = (
             self._shared.informer(resource, **kwargs)
             if shared
-            else Informer(self._api, resource, **kwargs)
+            else Informer(
+                self._api,
+                resource,
+                backoff_max_seconds=min(
+                    caches.CACHE_BACKOFF_MAX_SECONDS, self._config.backoff_max_seconds
+                ),
+                **kwargs,
+            )
         )
         return informer
 
-    def _cache_changed(self, informer: Informer) -> None:
+    def _cache_changed(self, informer: Cache) -> None:
         relists = informer.relists
         if self._relists.get(id(informer)) != relists:
             # A (re-)list, e.g. the watches back after an API-server outage: the failures
@@ -255,15 +253,7 @@ class ServicesController:
             if served and self._sm_informer is None:
                 self._sm_stop = asyncio.Event()
                 self._sm_informer = self._informer(
-                    Resource(
-                        "monitoring.coreos.com",
-                        "v1",
-                        "servicemonitors",
-                        "ServiceMonitor",
-                        namespace=self._config.namespace,
-                        crd_name="servicemonitors.monitoring.coreos.com",
-                    ),
-                    shared=False,
+                    caches.declare(self._config).service_monitors, shared=False
                 )
                 self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
             elif not served and self._sm_informer is not None:

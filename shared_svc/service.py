@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
+from shared_svc import caches
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.http import bound_port, make_app, make_runner
-from shared_svc.kube.cache import Informers
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
@@ -107,7 +107,7 @@ class Service:
             else:
                 leader_gauge.set(1)
             # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies).
-            informers = Informers(api)
+            informers = caches.registry(api, cfg)
             if cfg.services_controller:
                 self.controller = ServicesController(
                     api,

@@ -270,6 +270,7 @@ class FakeUpgradeIO:
         self.blocked = blocked
         self.writes: list[NodePatch | PodAction] = []
         self.on_change: Callable[[], None] | None = None
+        self.node_handlers: list[Any] = []  # kube.cache.EventHandler: told of set_node
         self.fail_next: list[Exception] = []
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -278,8 +279,11 @@ class FakeUpgradeIO:
     def synced(self) -> bool:
         return True
 
-    def node_versions(self) -> dict[str, str]:
-        return {name: n["metadata"]["resourceVersion"] for name, n in self.nodes.items()}
+    def add_node_handler(self, handler: Any) -> None:
+        self.node_handlers.append(handler)
+
+    def node_names(self) -> set[str]:
+        return set(self.nodes)
 
     def daemonset_objects(self) -> tuple[K8sObject, ...]:
         return self.daemonsets
@@ -288,7 +292,14 @@ class FakeUpgradeIO:
         return self.policies
 
     def set_node(self, node_obj: K8sObject) -> None:
+        """The node as a cache's watch event brings it (its handlers are told)."""
+        old = self.nodes.get(node_obj["metadata"]["name"])
         self.nodes[node_obj["metadata"]["name"]] = node_obj
+        for handler in self.node_handlers:
+            if old is None:
+                handler.on_add(node_obj)
+            else:
+                handler.on_update(old, node_obj)
         if self.on_change:
             self.on_change()
 

@@ -467,7 +467,7 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         task = asyncio.ensure_future(io.run(stop))
         try:
             await eventually(lambda: _true(io.synced()), timeout=15)
-            assert io.node_versions().keys() == {node}
+            assert io.node_names() == {node}
             assert all(i.last_error is None for i in io._informers)
         finally:
             stop.set()

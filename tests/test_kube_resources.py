@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from shared_svc.caches import CLUSTER_POLICIES
 from shared_svc.kube.resources import (
-    CLUSTER_POLICIES,
     EVENTS,
     GVR,
     NODES,

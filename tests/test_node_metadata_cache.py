@@ -1,6 +1,6 @@
 """The upgrade controller's node caches keep metadata only, on the real API server (issue 12).
 
-Every reader of a cached node (``plan_node`` through ``get_node``, ``node_versions``)
+Every reader of a cached node (``plan_node`` through ``get_node``, the event sources)
 reads only its metadata, so both node caches ask the API server for
 ``PartialObjectMetadata`` (the ``Accept`` header): a GPU node's 10-30 KiB of status
 (images, conditions, capacity, nodeInfo) is neither sent, parsed nor kept, and a status

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
+from shared_svc.runtime.source import Event, NewestVersions
 from shared_svc.upgrade.controller import UpgradeController
-from shared_svc.upgrade.io import ForeignKeyError, check_own_keys, newest_versions
+from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
@@ -335,16 +336,18 @@ async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
     (a pod list per node saved in every wave). A change by anyone else starts one."""
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, _ = make(io)
-    io.on_change = controller._changed.set  # the node caches' change signal, as in KubeUpgradeIO
+    io.on_change = None  # the node caches tell of changes by events only, as KubeUpgradeIO's
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))
     try:
-        controller._changed.set()
+        io.set_node(copy.deepcopy(io.nodes["node-1"]))  # the first list: an add
         await eventually(lambda: _true(controller.reconciles == 1 and len(io.writes) == 2))
-        # The caches now hold the node as the patch left it (a new resourceVersion).
-        controller._changed.set()
+        # Both node caches deliver the node as the patch left it (its new resourceVersion).
+        io.set_node(copy.deepcopy(io.nodes["node-1"]))
+        io.set_node(copy.deepcopy(io.nodes["node-1"]))
         await asyncio.sleep(0.3)
         assert controller.reconciles == 1
+        assert controller.node_events.events == 3 and controller.node_events.enqueued == 1
         # Someone else changes the node: looked at again.
         changed = copy.deepcopy(io.nodes["node-1"])
         changed["metadata"]["labels"]["example.com/other"] = "x"
@@ -363,5 +366,8 @@ def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
     order they are read in, the newer copy's version is the node's."""
     old, new = ex.node(state="cordon-required"), ex.node(state="cordon-required")
     old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "9", "10"
-    assert newest_versions([old, new]) == newest_versions([new, old]) == {"node-1": "10"}
-    assert newest_versions([new]) == {"node-1": "10"}
+    for first, second in ((old, new), (new, old)):
+        newest = NewestVersions(lambda n: n["metadata"]["name"])
+        passed = [newest(Event("add", None, obj)) for obj in (first, second, new, old)]
+        # The newer copy counts once, whichever cache brings it first; an older one never.
+        assert passed == ([True, True, False, False] if first is old else [True] + [False] * 3)

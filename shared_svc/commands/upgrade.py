@@ -287,7 +287,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     """The ClusterPolicies; [] when the CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.kube.resources import CLUSTER_POLICIES
+    from shared_svc.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import raw_request
 
     try:
@@ -300,7 +300,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
 
 
 def configure_gate(args: argparse.Namespace) -> int:
-    from shared_svc.kube.resources import CLUSTER_POLICIES
+    from shared_svc.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,

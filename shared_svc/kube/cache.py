@@ -27,10 +27,20 @@ Three troubles do not clear ``synced``:
 ``on_synced`` is called whenever ``synced`` changes (the ``shared_svc_cache_synced``
 gauge).
 
+What changed: each :class:`EventHandler` (client-go's ``ResourceEventHandler``) is
+handed ``on_add(new)``, ``on_update(old, new)`` and ``on_delete(old)`` with the kept
+objects, from watch events and from a re-list (the difference of the two stores, decided
+on resourceVersions); a handler added to a synced cache is first handed an add of every
+cached object, as client-go's ``AddEventHandler`` does. ``on_change`` listeners are told
+once per watch event or re-list that changed anything (level-triggered readers that
+re-read the whole cache). Filtering the events and mapping them to work-queue keys is
+the runtime's (``shared_svc.runtime.source``).
+
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
-planners read are kept and the whole object is dropped at once. A ``metadata_only``
+planners read are kept and the whole object is dropped at once; what repeats across
+objects (label sets, conditions, strings) is kept once (:class:`SharedValues`). A ``metadata_only``
 resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
 only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
 A re-list replaces the store and compares only resourceVersions (kept per object aside
@@ -49,6 +59,7 @@ not served is listed again every :data:`NOT_SERVED_RECHECK_SECONDS` (a CRD insta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -56,7 +67,7 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -138,20 +149,59 @@ def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
     return json.loads(_prune(raw, limit)), True
 
 
-def shared_strings(value: Any) -> Any:
-    """``value`` with every string (keys and values) interned: thousands of cached pods
-    carry the same label keys, values and condition names, one copy each is enough. The
-    same value (equal everywhere). Recursive: only projected objects pass here, which
-    ``loads`` kept within MAX_DEPTH levels."""
-    if isinstance(value, str):
-        return sys.intern(value)
-    if isinstance(value, dict):
-        return {
-            sys.intern(k) if isinstance(k, str) else k: shared_strings(v) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [shared_strings(v) for v in value]
-    return value
+SHARED_VALUES_MAX = 65_536  # distinct shared subtrees remembered (then the table starts over)
+
+
+class SharedValues:
+    """One copy of each repeated subtree of the kept objects (label sets, condition lists:
+    the pods of one DaemonSet revision carry the same ones), strings interned.
+
+    Below the object itself and its ``metadata`` (which holds its name, so it is unique),
+    a dict or list equal to one seen before is replaced by that one: thousands of pods
+    hold one label set, one ``status`` per distinct conditions and one ``spec`` per node. The cached objects are
+    read-only (two controllers share them; the planners are pure), so sharing is safe.
+    Equal everywhere to what it replaces (the property tests plan over both). The table
+    is bounded: past :data:`SHARED_VALUES_MAX` distinct subtrees it starts over (what is
+    shared stays shared)."""
+
+    def __init__(self, limit: int = SHARED_VALUES_MAX) -> None:
+        self._limit = limit
+        self._table: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self._share(value, 0, unique=True)[0]
+
+    def _share(self, value: Any, depth: int, *, unique: bool = False) -> tuple[Any, Any]:
+        """The shared value and its content key (hashable, type-exact: 1, 1.0 and True
+        differ)."""
+        if isinstance(value, str):
+            value = sys.intern(value)
+            return value, value
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            parts = []
+            for k, v in value.items():
+                k = sys.intern(k) if isinstance(k, str) else k
+                out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
+                parts.append((k, key))
+            return self._canonical(out, ("d", tuple(parts)), unique)
+        if isinstance(value, list):
+            shared = [self._share(v, depth + 1) for v in value]
+            return self._canonical(
+                [v for v, _ in shared], ("l", tuple(k for _, k in shared)), unique
+            )
+        return value, (type(value), value)
+
+    def _canonical(self, value: Any, key: Any, unique: bool) -> tuple[Any, Any]:
+        if unique:
+            return value, key
+        known = self._table.get(key)
+        if known is not None:
+            return known, key
+        if len(self._table) >= self._limit:
+            self._table.clear()
+        self._table[key] = value
+        return value, key
 
 
 def has_pruned(value: Any) -> bool:
@@ -205,6 +255,16 @@ class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
 
 
+class EventHandler(Protocol):
+    """What a cache tells a handler (client-go's ``OnAdd``/``OnUpdate``/``OnDelete``): the
+    objects as kept. ``on_delete`` gets the last state known (the watch event's object, or
+    the cached one when a re-list no longer finds it)."""
+
+    def on_add(self, new: K8sObject) -> None: ...
+    def on_update(self, old: K8sObject, new: K8sObject) -> None: ...
+    def on_delete(self, old: K8sObject) -> None: ...
+
+
 def _key(obj: K8sObject) -> tuple[str, str]:
     meta = obj.get("metadata", {})
     return meta.get("namespace", ""), meta.get("name", "")
@@ -230,12 +290,14 @@ class Informer:
         self.resource = resource
         # Several readers may share one cache (:class:`Informers`): each has its triggers.
         self._change_listeners = [on_change]
+        self._handlers: list[EventHandler] = []
         self._synced_listeners = [on_synced] if on_synced else []
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
         self._idle_timeout = (
             idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
         )
+        self._shared = SharedValues()  # repeated subtrees of the kept objects, once
         self._items: dict[tuple[str, str], K8sObject] = {}
         self._versions: dict[tuple[str, str], str] = {}  # key -> resourceVersion
         self.synced = asyncio.Event()
@@ -262,9 +324,29 @@ class Informer:
             self._synced_listeners.append(on_synced)
             on_synced(self.synced.is_set())
 
+    def add_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every add, update and delete from now on; a synced cache
+        first hands it an add of each object it holds (as client-go does)."""
+        self._handlers.append(handler)
+        if self.synced.is_set():
+            for obj in self._items.values():
+                handler.on_add(obj)
+
     def _on_change(self) -> None:
         for listener in self._change_listeners:
             listener()
+
+    def _added(self, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_add(new)
+
+    def _updated(self, old: K8sObject, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_update(old, new)
+
+    def _deleted(self, old: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_delete(old)
 
     def get(self, name: str, namespace: str = "") -> K8sObject | None:
         """The cached object, if any (no request)."""
@@ -272,6 +354,10 @@ class Informer:
 
     def items(self) -> tuple[K8sObject, ...]:
         return tuple(self._items[k] for k in sorted(self._items))
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        """The (namespace, name) of every cached object."""
+        return list(self._items)
 
     def _set_synced(self, value: bool) -> None:
         if value == self.synced.is_set():
@@ -413,12 +499,13 @@ class Informer:
 
     def _keep(self, obj: K8sObject) -> K8sObject:
         """What is kept of a list item or a watch event's object (``Resource.kept``: the
-        resource's kind and apiVersion, metadata only or projected). A projection's strings
-        are shared (thousands of pods carry the same ones); a metadata-only cache holds
-        the upgrading nodes, a few hundred at most, and its events come in waves: its
-        strings are kept as parsed (interning them cost 0.13 ms per node event)."""
+        resource's kind and apiVersion, metadata only or projected). A projection's
+        repeated subtrees and strings are shared (:class:`SharedValues`: thousands of pods
+        carry the same label sets and conditions); a metadata-only cache holds the
+        upgrading nodes and its events come in waves: kept as parsed (interning its
+        strings cost 0.13 ms per node event)."""
         kept = self.resource.kept(obj)
-        return shared_strings(kept) if self.resource.project else kept
+        return self._shared(kept) if self.resource.project else kept
 
     def _replace(
         self,
@@ -430,14 +517,32 @@ class Informer:
     ) -> None:
         # resourceVersions say whether anything changed: no deep comparison of every object.
         changed = versions != self._versions or served != self.served or not self.synced.is_set()
+        old_items, old_versions = self._items, self._versions
         self._items = items
         self._versions = versions
         self.served = served
         self.resource_version = resource_version
         self.relists += 1
         self._set_synced(True)
+        if changed and self._handlers:
+            self._hand_out_difference(old_items, old_versions)
         if changed:
             self._on_change()
+
+    def _hand_out_difference(
+        self, old_items: dict[tuple[str, str], K8sObject], old_versions: dict[tuple[str, str], str]
+    ) -> None:
+        """The events of a re-list: what it added, changed (another resourceVersion) and no
+        longer found. Once per re-list, never per watch event."""
+        for key, version in self._versions.items():
+            old = old_items.get(key)
+            if old is None:
+                self._added(self._items[key])
+            elif old_versions.get(key) != version:
+                self._updated(old, self._items[key])
+        for key, old in old_items.items():
+            if key not in self._items:
+                self._deleted(old)
 
     def _note_pruned(self, keys: set[tuple[str, str]]) -> None:
         """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
@@ -500,15 +605,23 @@ class Informer:
                     self._note_pruned(self.pruned - {key})
                 if etype == "DELETED":
                     self._versions.pop(key, None)
-                    if self._items.pop(key, None) is not None:
+                    cached = self._items.pop(key, None)
+                    if cached is not None:
+                        # The object's last state (its final resourceVersion) is the event's.
+                        self._deleted(self._keep(obj) if self._handlers else cached)
                         self._on_change()
                 elif etype in ("ADDED", "MODIFIED"):
                     self._versions[key] = rv or ""
                     kept = self._keep(obj)
                     del obj, event
                     # A change in a field the projection drops is no change to the planners.
-                    if self._items.get(key) != kept:
+                    old = self._items.get(key)
+                    if old != kept:
                         self._items[key] = kept
+                        if old is None:
+                            self._added(kept)
+                        else:
+                            self._updated(old, kept)
                         self._on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -588,14 +701,125 @@ class Informer:
         await sleep_or_stop(stop, delay)
 
 
-class Informers:
-    """One :class:`Informer` per :class:`Resource`, shared by the controllers that read it
-    (the Services and driver-upgrade controllers both read DaemonSets and ClusterPolicies):
-    one list, one watch and one copy in memory, each reader keeping its own triggers."""
+class UnionInformer:
+    """One cache of the union of several label selectors (``Resource.any_of``): a
+    list+watch per selector (each an :class:`Informer`, with its own resourceVersion,
+    re-lists and backoff), read as one store. Requirements of one selector are ANDed, so
+    a union takes several watches; with disjoint selectors each object is held once (an
+    object that moves from one to another is, for a moment, in both: the newer copy is
+    read). Synced when every part is."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        resource: Resource,
+        *,
+        on_change: Callable[[], None],
+        on_synced: Callable[[bool], None] | None = None,
+        backoff_max_seconds: float = 30.0,
+        **options: Any,
+    ) -> None:
+        self.resource = resource
+        self.synced = asyncio.Event()
+        self._change_listeners = [on_change]
+        self._synced_listeners = [on_synced] if on_synced else []
+        self.parts: tuple[Informer, ...] = ()
+        self.parts = tuple(
+            Informer(
+                api,
+                dataclasses.replace(resource, any_of=(), label_selector=selector),
+                on_change=self._on_change,
+                on_synced=self._part_synced,
+                backoff_max_seconds=backoff_max_seconds,
+                **options,
+            )
+            for selector in resource.any_of
+        )
+        if on_synced:
+            on_synced(False)
+
+    def add_listener(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        self._change_listeners.append(on_change)
+        if on_synced:
+            self._synced_listeners.append(on_synced)
+            on_synced(self.synced.is_set())
+
+    def add_handler(self, handler: EventHandler) -> None:
+        for part in self.parts:
+            part.add_handler(handler)
+
+    def _on_change(self) -> None:
+        for listener in self._change_listeners:
+            listener()
+
+    def _part_synced(self, _: bool) -> None:
+        value = bool(self.parts) and all(part.synced.is_set() for part in self.parts)
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        for listener in self._synced_listeners:
+            listener(value)
+
+    def _store(self) -> dict[tuple[str, str], K8sObject]:
+        store: dict[tuple[str, str], K8sObject] = {}
+        newest: dict[tuple[str, str], int] = {}
+        for part in self.parts:
+            for key, obj in part._items.items():
+                version = part._versions.get(key, "")
+                rank = int(version) if version.isdigit() else 0
+                if key not in store or rank > newest[key]:
+                    store[key], newest[key] = obj, rank
+        return store
+
+    def get(self, name: str, namespace: str = "") -> K8sObject | None:
+        return self._store().get((namespace, name))
+
+    def items(self) -> tuple[K8sObject, ...]:
+        store = self._store()
+        return tuple(store[k] for k in sorted(store))
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        return list(self._store())
+
+    @property
+    def served(self) -> bool:
+        return all(part.served for part in self.parts)
+
+    @property
+    def relists(self) -> int:
+        return sum(part.relists for part in self.parts)
+
+    @property
+    def last_error(self) -> str | None:
+        return next((p.last_error for p in self.parts if p.last_error is not None), None)
+
+    @property
+    def pruned(self) -> set[tuple[str, str]]:
+        return set().union(*(part.pruned for part in self.parts))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Every part's list+watch, until ``stop``."""
+        await asyncio.gather(*(part.run(stop) for part in self.parts))
+
+
+Cache = Informer | UnionInformer
+
+
+class Informers:
+    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.caches``),
+    shared by the controllers that read it (the Services and driver-upgrade controllers
+    both read DaemonSets and ClusterPolicies): one list, one watch and one copy in memory,
+    each reader keeping its own triggers and handlers."""
+
+    def __init__(self, api: ApiClient, *, backoff_max_seconds: float = 30.0) -> None:
         self._api = api
-        self._informers: dict[Resource, Informer] = {}
+        self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
+        self._informers: dict[Resource, Cache] = {}
         self._running: set[int] = set()
 
     def informer(
@@ -604,25 +828,25 @@ class Informers:
         *,
         on_change: Callable[[], None],
         on_synced: Callable[[bool], None] | None = None,
-        backoff_max_seconds: float = 30.0,
-    ) -> Informer:
+    ) -> Cache:
         """The cache of ``resource``, made on first ask; ``on_change`` is called on its
-        changes."""
+        changes. Its options are the declaration's (``resource``) and the registry's, so
+        it does not matter which reader asks first."""
         informer = self._informers.get(resource)
         if informer is None:
-            informer = Informer(
+            informer = (UnionInformer if resource.any_of else Informer)(
                 self._api,
                 resource,
                 on_change=on_change,
                 on_synced=on_synced,
-                backoff_max_seconds=backoff_max_seconds,
+                backoff_max_seconds=self._backoff_max,
             )
             self._informers[resource] = informer
         else:
             informer.add_listener(on_change, on_synced)
         return informer
 
-    async def run(self, informer: Informer, stop: asyncio.Event) -> None:
+    async def run(self, informer: Cache, stop: asyncio.Event) -> None:
         """Runs ``informer`` until ``stop``: the first reader's call runs it, the others
         only wait for ``stop``."""
         if id(informer) in self._running:

@@ -2,8 +2,8 @@
 
 :class:`GVR` (group, version, resource) builds the path of a collection, of one object
 and of its subresources; :class:`Resource` is a GVR as a cache watches it (namespace,
-selectors, projection, metadata only). The resources both controllers cache are here too, each kept as
-its one projection, so a shared :class:`~shared_svc.kube.cache.Informers` holds one copy.
+selectors, projection, metadata only). Which resources shared-svc caches, and how, is
+declared once outside ``kube/``: ``shared_svc.caches``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.k8s.projections import daemonset_fields
 
 # Media types of answers (``Accept``): whole objects, or the API server's own
 # PartialObjectMetadata (one object, or each object of a watch) and its list.
@@ -82,6 +81,10 @@ class Resource:
     # Ask the API server for PartialObjectMetadata (the Accept header of lists and
     # watches): only metadata is sent, parsed and kept (``metadata_view``), then ``project``.
     metadata_only: bool = False
+    # The union of these label selectors (instead of ``label_selector``): one list+watch
+    # each, merged into one store (``kube.cache.UnionInformer``). Disjoint selectors keep
+    # each object once.
+    any_of: tuple[str, ...] = ()
 
     @property
     def gvr(self) -> GVR:
@@ -110,7 +113,8 @@ class Resource:
 
     def describe(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
-        return f"{self.kind}{where}"
+        which = f" ({self.label_selector})" if self.label_selector else ""
+        return f"{self.kind}{where}{which}"
 
 
 def metadata_view(obj: K8sObject, api_version: str, kind: str) -> K8sObject:
@@ -125,16 +129,3 @@ def metadata_view(obj: K8sObject, api_version: str, kind: str) -> K8sObject:
     meta = obj.get("metadata")
     kept = {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, dict) else {}
     return {"apiVersion": api_version, "kind": kind, "metadata": kept}
-
-
-CLUSTER_POLICIES = Resource(
-    "nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", crd_name="clusterpolicies.nvidia.com"
-)
-
-
-def daemonsets(namespace: str | None = None) -> Resource:
-    """DaemonSets of ``namespace`` (None: all namespaces, as the upgrade controller reads
-    them), kept as ``daemonset_fields``."""
-    return Resource(
-        "apps", "v1", "daemonsets", "DaemonSet", namespace=namespace, project=daemonset_fields
-    )

@@ -1,6 +1,14 @@
 """The driver-upgrade loop: per node, on each change and on a periodic resync,
 read node + pods -> ``plan_node`` -> writes -> Events.
 
+Changes come from the node caches as events (``shared_svc.runtime.source``): an event
+enqueues the node it is about when it brings a resourceVersion newer than any seen for
+that node (of the two node caches, the first copy counts) and is not the echo of this
+controller's own node patch. No event reads the cache, so its cost does not depend on
+the number of nodes. The resync (``upgrade_resync_seconds``) enqueues every cached node,
+as client-go's resync replays its cache; it and the ClusterPolicy and DaemonSet caches'
+changes also review the upgrade flow's gate.
+
 Nodes are independent: the runtime's work queue (``shared_svc.runtime``) hands each node
 to one worker at a time (``upgrade_workers`` nodes at once), a change that arrives while a
 node is being handled runs it once more afterwards, failures are retried per node with
@@ -25,10 +33,11 @@ from prometheus_client import CollectorRegistry
 from shared_svc.aio import sleep_or_stop, wait_any
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
-from shared_svc.k8s.objects import K8sObject, camel_keys
+from shared_svc.k8s.objects import K8sObject, camel_keys, name_of
 from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, every
+from shared_svc.runtime.source import Enqueue, NewestVersions, OwnWrites
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.gate import GateCheck, check_gate
 from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
@@ -46,7 +55,7 @@ from shared_svc.upgrade.settings import UpgradeSettings
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
-    from shared_svc.kube.cache import Informers
+    from shared_svc.kube.cache import EventHandler, Informers
     from shared_svc.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -65,7 +74,8 @@ class UpgradeIO(Protocol):
 
     async def run(self, stop: asyncio.Event) -> None: ...
     def synced(self) -> bool: ...
-    def node_versions(self) -> dict[str, str]: ...
+    def add_node_handler(self, handler: EventHandler) -> None: ...  # node cache events
+    def node_names(self) -> set[str]: ...  # every cached node (the resync's)
     def daemonset_objects(self) -> tuple[K8sObject, ...]: ...
     def cluster_policies(self) -> tuple[K8sObject, ...]: ...
     async def get_node(self, name: str) -> K8sObject | None: ...  # from a cache, no request
@@ -120,11 +130,15 @@ class UpgradeController:
                 write_limiter=upgrade_write_limiter(config),
             )
         self._io = io
-        self._seen: dict[str, str] = {}
-        # node -> the resourceVersion its last patch by this controller gave it. The watch
-        # event of that version is no change to look at: the pass that wrote it planned
-        # on what it wrote, and asked to be polled while consumers leave.
-        self._own: dict[str, str] = {}
+        # Node events -> node names. The newest version seen per node: the two node caches
+        # deliver a change one after the other, the second copy is no change. The version
+        # a patch by this controller answered: its echo is no change to look at (the pass
+        # that wrote it planned on what it wrote, and asked to be polled while consumers
+        # leave).
+        self._newest: NewestVersions[str] = NewestVersions(name_of)
+        self._own: OwnWrites[str] = OwnWrites(name_of)
+        self.node_events = Enqueue(self._runtime.enqueue, name_of, (self._newest, self._own))
+        io.add_node_handler(self.node_events)
         self._statuses: dict[str, NodeStatus] = {}
         self._errors: dict[str, str] = {}
         self._dry_reported: set[str] = set()  # dry-run/follower: each Report logged once
@@ -160,8 +174,8 @@ class UpgradeController:
             self.trigger()  # what the last leader left half done
 
     def trigger(self) -> None:
-        """Look at every known node again now (e.g. on becoming leader), and the gate."""
-        for name in {*self._seen, *self._statuses}:
+        """Look at every known node again now (the resync, becoming leader), and the gate."""
+        for name in {*self._io.node_names(), *self._statuses}:
             self._runtime.enqueue(name)
         self._changed.set()
 
@@ -184,11 +198,12 @@ class UpgradeController:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; then the nodes in flight are finished (bounded). The caches and
-        the scan run beside the workers; a cache that ends unexpectedly ends the controller
-        (the runner exits non-zero and Kubernetes restarts the pod)."""
+        the gate review run beside the workers, which start once the caches are synced (a
+        node is never planned without its DaemonSets); a cache that ends unexpectedly ends
+        the controller (the runner exits non-zero and Kubernetes restarts the pod)."""
         io = asyncio.ensure_future(self._io.run(stop))
         helpers = [
-            asyncio.ensure_future(self._scan_loop(stop)),
+            asyncio.ensure_future(self._gate_loop(stop)),
             asyncio.ensure_future(
                 every(
                     stop,
@@ -198,7 +213,7 @@ class UpgradeController:
                 )
             ),
         ]
-        workers = asyncio.ensure_future(self._runtime.run(stop))
+        workers = asyncio.ensure_future(self._run_when_synced(stop))
         try:
             await asyncio.wait([io, workers], return_when=asyncio.FIRST_COMPLETED)
             if io.done() and not stop.is_set():
@@ -215,9 +230,17 @@ class UpgradeController:
     def _writing(self) -> bool:
         return not self._config.dry_run and self._is_leader()
 
-    async def _scan_loop(self, stop: asyncio.Event) -> None:
-        """Turn cache changes into node names: new or changed resourceVersion, or gone.
-        A pass that fails is logged and the next change (or resync) tries again."""
+    async def _run_when_synced(self, stop: asyncio.Event) -> None:
+        """The workers, once every cache has synced (controller-runtime's WaitForCacheSync):
+        the nodes the first lists enqueued wait in the queue until then."""
+        while not self._io.synced() and not stop.is_set():
+            await sleep_or_stop(stop, 0.05)
+        await self._runtime.run(stop)
+
+    async def _gate_loop(self, stop: asyncio.Event) -> None:
+        """Review the gate when the ClusterPolicies or DaemonSets change (``_changed``), on
+        the resync (``trigger``) and at the latest every resync period. A review that fails
+        is logged and the next change tries again."""
         while not stop.is_set():
             await wait_any(self._changed, stop, self._config.upgrade_resync_seconds)
             if stop.is_set():
@@ -228,21 +251,9 @@ class UpgradeController:
                 self._changed.set()
                 continue
             try:
-                await self._scan()
+                await self._review_gate()
             except Exception:
-                log.exception("upgrade scan failed; trying again on the next change")
-
-    async def _scan(self) -> None:
-        versions = self._io.node_versions()
-        for name, version in versions.items():
-            if self._seen.get(name) != version and self._own.get(name) != version:
-                self._runtime.enqueue(name)
-        for name in set(self._seen) - set(versions):
-            self._runtime.enqueue(name)  # label vanished (or node deleted): look once more
-        for name in set(self._own) - set(versions):
-            del self._own[name]
-        self._seen = versions
-        await self._review_gate()
+                log.exception("upgrade gate review failed; trying again on the next change")
 
     async def _review_gate(self) -> None:
         """Check the active ClusterPolicy's gate; a Warning on it when freeing races the
@@ -292,6 +303,8 @@ class UpgradeController:
             self._statuses.pop(name, None)
             self._said.pop(name, None)
             self._unsent.pop(name, None)  # Events about a node that is gone (or not ours)
+            self._newest.forget(name)
+            self._own.forget(name)
             return None
         pods = await self._io.pods_on_node(name)
         objects = self._io.daemonset_objects()
@@ -340,7 +353,7 @@ class UpgradeController:
     async def _carry_out(self, plan: NodePlan) -> None:
         if plan.patch is not None:
             try:
-                self._own[plan.node] = await self._io.patch_node(plan.patch)
+                self._own.wrote(plan.node, await self._io.patch_node(plan.patch))
             except NodeChanged:
                 self.metrics.node_patches.labels(outcome="conflict").inc()
                 raise
@@ -384,7 +397,8 @@ class UpgradeController:
         }
         if (after := deleted_patch(plan, deleted)) is not None:
             try:
-                await self._io.patch_node(after)  # the record says deleted once it is true
+                # the record says deleted once it is true
+                self._own.wrote(plan.node, await self._io.patch_node(after))
             except Exception as exc:
                 failure = failure or exc
             else:

@@ -13,29 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
+from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import Informer, Informers, Resource, gather_until
-from shared_svc.kube.resources import (
-    CLUSTER_POLICIES,
-    DAEMONSETS,
-    METADATA,
-    NODES,
-    PODS,
-    daemonsets,
-)
+from shared_svc.kube.cache import Cache, EventHandler, Informers, gather_until
+from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
-from shared_svc.upgrade.states import state_label_key
 
 EvictOutcome = Literal["evicted", "blocked", "gone"]
 FIELD_MANAGER = "shared-svc-upgrade"
@@ -57,24 +51,9 @@ def check_own_keys(patch: NodePatch, driver_name: str) -> None:
         )
 
 
-def node_resources(driver_name: str) -> tuple[Resource, Resource]:
-    """Nodes in an upgrade (state label exists) and nodes we may have parked.
-
-    Kept as metadata only (``PartialObjectMetadata``, under kind ``Node``): every reader
-    of a cached node (``plan_node`` through ``get_node``, ``node_versions``) reads its
-    labels, annotations, name, uid and resourceVersion, never its spec or status (a GPU
-    node's status is 10-30 KiB, rewritten by its kubelet)."""
-    state, parked = state_label_key(driver_name), parked_label_key(driver_name)
-    return (
-        Resource("", "v1", "nodes", "Node", label_selector=state, metadata_only=True),
-        Resource("", "v1", "nodes", "Node", label_selector=parked, metadata_only=True),
-    )
-
-
-# All namespaces, kept as what the planners read (``k8s.projections.daemonset_fields``).
-ALL_DAEMONSETS = daemonsets()
-# ClusterPolicies (``kube.resources.CLUSTER_POLICIES``) are read for the upgrade flow's gate
-# (``shared_svc.upgrade.gate``), never written by the service. Both caches are shared with the Services controller when both run (``kube.cache.Informers``).
+# The caches (their declarations: ``shared_svc.caches``): the upgrading and the parked
+# nodes (metadata only), the DaemonSets of every namespace and the ClusterPolicies (read
+# for the upgrade flow's gate, never written), shared with the Services controller.
 
 
 def daemonset_path(namespace: str, name: str) -> str:
@@ -157,23 +136,12 @@ def _rv(version: str) -> int:
     return int(version) if version.isdigit() else 0
 
 
-def newest_versions(nodes: Iterable[K8sObject]) -> dict[str, str]:
-    """Name -> resourceVersion of ``nodes``; of two copies of one node, the newer (the
-    two node caches see a change one after the other: the older copy must not read as
-    a change back). Versions are compared only when two copies differ (a scan runs on
-    every change)."""
-    versions: dict[str, str] = {}
-    for node in nodes:
-        meta = node.get("metadata", {})
-        name, version = meta.get("name", ""), str(meta.get("resourceVersion", ""))
-        known = versions.get(name)
-        if known is None or (known != version and _rv(version) > _rv(known)):
-            versions[name] = version
-    return versions
-
-
 def _version(obj: K8sObject) -> int:
     return _rv(str(obj.get("metadata", {}).get("resourceVersion", "")))
+
+
+def _nothing() -> None:
+    return None
 
 
 class KubeUpgradeIO:
@@ -196,8 +164,10 @@ class KubeUpgradeIO:
         # Shared with the Services controller when the runner passes its registry.
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
+        # Node changes reach the controller as events (``add_node_handler``) only;
+        # ``on_change`` is the other caches' (the gate's ClusterPolicies, the DaemonSets).
         self._node_informers = tuple(
-            self._registry.informer(resource, on_change=on_change)
+            self._registry.informer(resource, on_change=_nothing)
             for resource in (state_nodes, parked_nodes)
         )
         self._on_change = on_change
@@ -208,7 +178,7 @@ class KubeUpgradeIO:
         self._cluster_policies = self._registry.informer(CLUSTER_POLICIES, on_change=on_change)
 
     @property
-    def _informers(self) -> tuple[Informer, ...]:
+    def _informers(self) -> tuple[Cache, ...]:
         return (*self._node_informers, self._daemonsets, self._cluster_policies)
 
     def cluster_policies(self) -> tuple[K8sObject, ...]:
@@ -221,10 +191,15 @@ class KubeUpgradeIO:
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
 
-    def node_versions(self) -> dict[str, str]:
-        """Name -> resourceVersion of every node that is upgrading or parked; of two cached
-        copies, the newer (the two caches see a change one after the other)."""
-        return newest_versions(n for i in self._node_informers for n in i.items())
+    def add_node_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every add, update and delete of both node caches (a node
+        upgrading and parked is in both: each cache tells of its copy)."""
+        for informer in self._node_informers:
+            informer.add_handler(handler)
+
+    def node_names(self) -> set[str]:
+        """Every node that is upgrading or parked (the resync's list: not read per event)."""
+        return {name for i in self._node_informers for _, name in i.cached_keys()}
 
     def _daemonsets_changed(self) -> None:
         self._ds_snapshot = None

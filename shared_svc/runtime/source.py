@@ -1,0 +1,142 @@
+"""Event sources: from a cache's add/update/delete to the keys of a work queue.
+
+controller-runtime's ``source.Kind`` + ``predicate`` + ``handler.EnqueueRequestsFromMapFunc``,
+cut to what shared-svc needs. A cache (``kube.cache.Informer``) hands an
+:class:`~shared_svc.kube.cache.EventHandler` each change with the old and the new object;
+:class:`Enqueue` is such a handler: it builds an :class:`Event`, lets it through only if
+every predicate agrees, maps it to a key and enqueues that key. Nothing here reads a
+cache: the cost of an event does not depend on how many objects are cached.
+
+Predicates:
+
+- :func:`resource_version_changed` (controller-runtime's ``ResourceVersionChangedPredicate``):
+  an update that carries the resourceVersion already known is no change;
+- :class:`NewestVersions`: of several caches holding one object (the upgrade controller's
+  state and parked node caches), or of one cache that re-lists, only a version newer than
+  the newest one seen for the key passes, so the copy a second cache delivers later does
+  not read as a change (nor as a change back);
+- :class:`OwnWrites`: the echo of our own write (the resourceVersion the write answered)
+  starts no reconcile: the reconcile that wrote it planned on what it wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from shared_svc.k8s.objects import K8sObject, meta
+
+K = TypeVar("K", bound=Hashable)
+
+EventType = Literal["add", "update", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One change of one object as a cache delivers it: ``old`` is None for an add,
+    ``new`` is None for a delete."""
+
+    type: EventType
+    old: K8sObject | None
+    new: K8sObject | None
+
+    @property
+    def obj(self) -> K8sObject:
+        """The object as it is now (for a delete: its last state)."""
+        obj = self.new if self.new is not None else self.old
+        assert obj is not None
+        return obj
+
+
+Predicate = Callable[[Event], bool]
+
+
+def version_of(obj: K8sObject | None) -> str:
+    return str(meta(obj).get("resourceVersion", "")) if isinstance(obj, dict) else ""
+
+
+def _newer(version: str, than: str | None) -> bool:
+    """Is ``version`` newer than ``than``? resourceVersions are compared as numbers when
+    both are (kube-apiserver's are etcd revisions), else any other version is newer."""
+    if than is None:
+        return True
+    if version.isdigit() and than.isdigit():
+        return int(version) > int(than)
+    return version != than
+
+
+def resource_version_changed(event: Event) -> bool:
+    """An update whose resourceVersion is the old one changed nothing (a resync's replay)."""
+    return event.type != "update" or version_of(event.old) != version_of(event.new)
+
+
+class NewestVersions(Generic[K]):
+    """The newest resourceVersion seen per key; as a predicate, lets through only an
+    event that brings a newer one (and remembers it). One dict lookup per event."""
+
+    def __init__(self, key_of: Callable[[K8sObject], K]) -> None:
+        self._key_of = key_of
+        self._newest: dict[K, str] = {}
+
+    def __call__(self, event: Event) -> bool:
+        key, version = self._key_of(event.obj), version_of(event.obj)
+        if not _newer(version, self._newest.get(key)):
+            return False
+        self._newest[key] = version
+        return True
+
+    def forget(self, key: K) -> None:
+        """``key`` is gone from every cache: a later object of that name is new."""
+        self._newest.pop(key, None)
+
+
+class OwnWrites(Generic[K]):
+    """The resourceVersion each of our own writes answered, per key; as a predicate, stops
+    the echo of that write (every cache holding the object delivers it)."""
+
+    def __init__(self, key_of: Callable[[K8sObject], K]) -> None:
+        self._key_of = key_of
+        self._written: dict[K, str] = {}
+
+    def wrote(self, key: K, version: str) -> None:
+        self._written[key] = version
+
+    def __call__(self, event: Event) -> bool:
+        return self._written.get(self._key_of(event.obj)) != version_of(event.obj)
+
+    def forget(self, key: K) -> None:
+        self._written.pop(key, None)
+
+
+class Enqueue(Generic[K]):
+    """An event handler (``kube.cache.EventHandler``) that enqueues ``key_of`` the event's
+    object when every predicate lets the event through (in order: a predicate that
+    remembers, like :class:`NewestVersions`, sees only what the earlier ones passed)."""
+
+    def __init__(
+        self,
+        enqueue: Callable[[K], None],
+        key_of: Callable[[K8sObject], K],
+        predicates: Sequence[Predicate] = (),
+    ) -> None:
+        self._enqueue = enqueue
+        self._key_of = key_of
+        self._predicates = tuple(predicates)
+        self.events = 0  # events handed to this source
+        self.enqueued = 0  # ... of which enqueued a key
+
+    def _handle(self, event: Event) -> None:
+        self.events += 1
+        if all(predicate(event) for predicate in self._predicates):
+            self.enqueued += 1
+            self._enqueue(self._key_of(event.obj))
+
+    def on_add(self, new: K8sObject) -> None:
+        self._handle(Event("add", None, new))
+
+    def on_update(self, old: K8sObject, new: K8sObject) -> None:
+        self._handle(Event("update", old, new))
+
+    def on_delete(self, old: K8sObject) -> None:
+        self._handle(Event("delete", old, None))

@@ -1,0 +1,156 @@
+"""Node events reach the upgrade controller as events (issue 21, issue 22): with 5,000
+cached nodes, one node's label change plans that node only, and nothing iterates a node
+cache on the way (counted: calls, not time).
+
+The controller runs on the real ``KubeUpgradeIO`` and its real caches; only the API is
+left out: the caches are filled as a list fills them (``_replace``) and the change comes
+through ``watch_once`` from a stream of one watch event, as the API server sends it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared_svc.config import Config
+from shared_svc.k8s.events import Report
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.upgrade import controller as controller_module
+from shared_svc.upgrade.controller import UpgradeController
+from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+from testenv import upgrade_examples as ex
+from tests.kube import eventually
+from tests.test_informer_events import fill as _fill
+from tests.test_informer_events import one_event as _stream
+
+NODES = 5_000
+PARKED = 100  # the first nodes are parked too: in both node caches
+
+
+class Recorder:
+    async def emit(self, report: Report) -> bool:
+        return True
+
+
+class CountingStore(dict[Any, Any]):
+    """A cache's store that counts every pass over it."""
+
+    passes = 0
+
+    def __iter__(self) -> Any:
+        CountingStore.passes += 1
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        CountingStore.passes += 1
+        return super().keys()
+
+    def values(self) -> Any:
+        CountingStore.passes += 1
+        return super().values()
+
+    def items(self) -> Any:
+        CountingStore.passes += 1
+        return super().items()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_one_label_change_among_5000_nodes_plans_that_node_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    io = KubeUpgradeIO(
+        object(),  # type: ignore[arg-type]  # no request is sent: the caches are filled here
+        "gpu",
+        on_change=lambda: None,
+        write_limiter=upgrade_write_limiter(Config()),
+    )
+
+    async def no_pods(name: str) -> list[K8sObject]:
+        return []
+
+    monkeypatch.setattr(io, "pods_on_node", no_pods)
+    planned: list[str] = []
+    real_plan = controller_module.plan_node
+
+    def plan_node(node: K8sObject, *args: Any, **kwargs: Any) -> Any:
+        planned.append(node["metadata"]["name"])
+        return real_plan(node, *args, **kwargs)
+
+    monkeypatch.setattr(controller_module, "plan_node", plan_node)
+    controller = UpgradeController(
+        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+    )
+    state_cache, parked_cache = io._node_informers
+    nodes = [
+        ex.node(f"node-{i:05}", state="upgrade-done", parked=i < PARKED, resource_version=str(i))
+        for i in range(1, NODES + 1)
+    ]
+    _fill(state_cache, nodes)
+    _fill(parked_cache, nodes[: PARKED - 1])
+    _fill(io._daemonsets, [])
+    _fill(io._cluster_policies, [])
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        # The first lists: every node once (a parked node's second copy is no change).
+        await eventually(lambda: _true(controller.reconciles == NODES))
+        assert sorted(planned) == sorted(n["metadata"]["name"] for n in nodes)
+        planned.clear()
+        for informer in (state_cache, parked_cache):
+            informer._items = CountingStore(informer._items)
+        CountingStore.passes = 0
+        events_before = controller.node_events.events
+
+        # One node, upgrading and parked, gets a label from someone else: both caches
+        # bring its new version, one after the other.
+        changed = ex.node(
+            "node-00042",
+            state="upgrade-done",
+            parked=True,
+            labels={"example.com/team": "a"},
+            resource_version="5001",
+        )
+        for informer in (state_cache, parked_cache):
+            monkeypatch.setattr(
+                informer,
+                "_open_watch",
+                lambda params, timeout: _stream({"type": "MODIFIED", "object": changed}),
+            )
+            assert await informer.watch_once() == "timeout"
+            # The pass of the first copy is over before the second copy arrives.
+            await eventually(lambda: _true(controller.reconciles == NODES + 1))
+        await asyncio.sleep(0.1)  # a second pass would have been handed out by now
+        assert planned == ["node-00042"]
+        assert controller.reconciles == NODES + 1
+        assert controller.node_events.events - events_before == 2
+        assert CountingStore.passes == 0, "a node cache was iterated for one event"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_the_resync_enqueues_every_cached_node_once() -> None:
+    """The resync (``trigger``) replays the caches, as client-go's does: every node once,
+    a node in both caches once; it is the one path that reads the whole node cache."""
+    io = KubeUpgradeIO(
+        object(),  # type: ignore[arg-type]
+        "gpu",
+        on_change=lambda: None,
+        write_limiter=upgrade_write_limiter(Config()),
+    )
+    controller = UpgradeController(
+        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+    )
+    state_cache, parked_cache = io._node_informers
+    nodes = [ex.node(f"n{i}", state="upgrade-done", parked=i < 3) for i in range(10)]
+    _fill(state_cache, nodes)
+    _fill(parked_cache, nodes[:3])
+    while len(controller._queue):  # the first lists' adds
+        key = await controller._queue.get()
+        controller._queue.done(key)
+    controller.trigger()
+    assert len(controller._queue) == 10
