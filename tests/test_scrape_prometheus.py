@@ -12,6 +12,12 @@ GPUCluster -> ClusterPolicy (with and without the common label on the returning 
 sampler reads Prometheus' ``/api/v1/targets`` all along: every ready exporter pod of a stack
 whose CR exists is one target of each job, missing or doubled for no longer than one
 discovery refresh; after every step exactly one target and one ``up`` series per job.
+
+Not here: the ServiceMonitor rendered by prometheus-operator. It needs a build of its own
+(prometheus-operator lifts client-go past what Prometheus' discovery compiles against, so it
+cannot share the wrapper module) and a running operator writing Prometheus' configuration;
+the ServiceMonitor selects exactly the scrape-"true" Services (tests/test_reconcile_monitoring.py),
+so the annotation jobs here count the same Services.
 """
 
 from __future__ import annotations
