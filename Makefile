@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv testenv-gpu-operator lint typecheck unit proptest-long bench lock
+.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus lint typecheck unit proptest-long bench lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -20,6 +20,10 @@ testenv:
 testenv-gpu-operator:
 	nice -n 10 bash testenv/gpu-operator/build.sh >/dev/null
 
+# The real Prometheus for the tests marked prometheus (its own cached build; minutes when cold).
+testenv-prometheus:
+	nice -n 10 bash testenv/prometheus/build.sh >/dev/null
+
 # requirements.lock, the image's dependencies pinned with hashes, from pyproject.toml
 # (pip-tools; keeps the pins that still fit, UPGRADE=1 takes the newest allowed).
 # tests/test_packaging.py fails while it is stale.
@@ -34,7 +38,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv testenv-gpu-operator lint typecheck
+test: venv testenv testenv-gpu-operator testenv-prometheus lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 
 # make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).

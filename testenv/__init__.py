@@ -408,11 +408,13 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 # else after those.
 STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
 # The controllers whose behaviour the mission relies on: the garbage collector (owner
-# references) and the EndpointSlice controllers (what consumers of a Service see); the
+# references), the EndpointSlice controllers (what consumers of a Service see) and the
+# Endpoints controller (Prometheus' role endpoints, tests/test_scrape_prometheus.py); the
 # namespace controller (a namespace deleted under shared-svc) and the token controller
 # (ServiceAccount tokens) so that those behave as in a cluster.
 CONTROLLERS = (
     "garbage-collector-controller",
+    "endpoints-controller",
     "endpointslice-controller",
     "endpointslice-mirroring-controller",
     "namespace-controller",

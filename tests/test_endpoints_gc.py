@@ -1,6 +1,7 @@
 """The real garbage collector and EndpointSlice controller (kube-controller-manager) beside
-shared-svc: no per-node endpoint gap on the stable names through the rollout gate, a
-rollback and both migrations; and the owner-reference contract as the collector acts on it.
+shared-svc: no per-node endpoint gap on ``nvidia-dcgm`` (the name the hold applies to)
+through the rollout gate, a rollback and both migrations, and both stable names on every node
+at the end; and the owner-reference contract as the collector acts on it.
 
 This module runs its own control plane with kube-controller-manager (the collector would
 otherwise act on every other test's objects). Tests play the kubelet (tests/kubelet.py).

@@ -137,3 +137,31 @@ def test_a_rollout_to_the_common_label_is_not_held() -> None:
     assert stable_selector(result) == {"nvidia.com/gpu-operator.dcgm": "true"}
     assert held_messages(result) == []
     assert find(apply_plan(rolled, result), "Service", "nvidia-dcgm") is not None
+
+
+def test_the_exporter_name_does_not_hold_and_the_dra_alias_is_scraped_before_it_moves() -> None:
+    # GPUCluster -> ClusterPolicy with unlabelled ClusterPolicy exporter pods: the canonical
+    # Service moves to them at once (a hold would leave them on no scrape-"true" Service),
+    # and nvidia-dcgm-exporter-dra turns "true" in an earlier write than that move.
+    w = settled(
+        world(
+            gpu_cluster(),
+            daemonset("nvidia-dcgm-exporter-dra", common=True, desired=2),
+            [pod("nvidia-dcgm-exporter-dra", f"dra-{n}", node=n) for n in ("a", "b")],
+        )
+    )
+    w = with_objects(
+        w,
+        cluster_policy(day=3),
+        daemonset("nvidia-dcgm-exporter", common=False, desired=1),
+        pod("nvidia-dcgm-exporter", "cp-a", node="a", common=False),
+    )
+    result = plan(w, Settings())
+    canonical = manifest(result, "Service", "nvidia-dcgm-exporter")
+    alias = manifest(result, "Service", "nvidia-dcgm-exporter-dra")
+    assert canonical["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    assert alias["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    status = next(s for s in result.status if s.name == "nvidia-dcgm-exporter")
+    assert status.held_back is None
+    names = [a.name for a in result.writes if a.kind == "Service"]
+    assert names.index("nvidia-dcgm-exporter-dra") < names.index("nvidia-dcgm-exporter")

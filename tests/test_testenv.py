@@ -22,6 +22,7 @@ import pytest
 import testenv
 from testenv import cli, process_alive
 from testenv import gpu_operator as gpu_env
+from testenv import prometheus as prom_env
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "testenv" / "build.sh"
@@ -143,12 +144,14 @@ def test_a_marked_test_may_build() -> None:
 
 def test_a_test_without_a_build_marker_cannot_start_a_go_build() -> None:
     """tests/conftest.py: a test that reaches a build script carries a marker (apiserver,
-    controller_manager, gpu_operator or helm), so deselecting them never builds."""
+    controller_manager, gpu_operator, helm or prometheus), so deselecting them never builds."""
     message = "runs testenv/build.sh \\(a Go build\\) without a marker: mark it apiserver or"
     with pytest.raises(pytest.fail.Exception, match=message):
         testenv.build_binaries()
     with pytest.raises(pytest.fail.Exception, match=r"mark it gpu_operator$"):
         gpu_env.build()
+    with pytest.raises(pytest.fail.Exception, match=r"mark it prometheus$"):
+        prom_env.build()
 
 
 @pytest.mark.apiserver

@@ -3,9 +3,10 @@
 A stable name moves to the common label only when every stack that needs it has rolled
 out pods that all carry it, so switching never drops an endpoint; when labels disappear
 again (an operator rollback) the same rules fall back to the ``app`` label. And whatever
-those rules choose, a stable name never moves to a selector whose ready pods cover fewer
+those rules choose, ``nvidia-dcgm`` never moves to a selector whose ready pods cover fewer
 nodes than the pods it selects now (the hold: DCGM is node-local, so a node is covered
-when a ready pod on it is selected).
+when a ready pod on it is selected). The exporter name follows the rules at once: its
+consumer is the scraper, kept whole by the scrape annotations and the write order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from shared_svc.reconcile.names import (
     APP_LABEL,
     COMMON_LABEL,
     COMPONENT_OF,
+    DCGM,
     DRA_APP,
     EXPORTER,
     LEGACY_APP,
@@ -31,6 +33,8 @@ from shared_svc.reconcile.needs import Needs
 from shared_svc.reconcile.specs import CLUSTER_POLICY, GPU_CLUSTER, CRKind
 
 Selector = dict[str, str]
+# The names the hold applies to (section 4): node-local DCGM only.
+HOLDING_NAMES: tuple[str, ...] = (DCGM,)
 _STRAGGLERS_NAMED = 5
 
 
@@ -230,7 +234,10 @@ def choose_selector(
             f"GPUCluster (DRA) stacks both carry {common}=true on all pods; failing: {failing}"
         )
     held_back = None
-    held = hold(name, selector, current, workloads)
+    # The exporter name does not hold: its consumer is the scraper, which needs every exporter
+    # pod on a scrape-"true" Service, and nvidia-dcgm-exporter-dra turns "true" (diff._phase)
+    # before the canonical Service narrows away from the DRA pods.
+    held = hold(name, selector, current, workloads) if name in HOLDING_NAMES else None
     if held is not None:
         held_back = selector
         selector, message = held

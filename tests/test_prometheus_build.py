@@ -1,0 +1,41 @@
+"""testenv/prometheus/build.sh: the cache and lock of testenv/lib.sh, its own kind and key, and
+the version it stamps (with a stand-in for go, as tests/test_testenv.py does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.test_testenv import builds, fake_go_env
+
+BUILD = Path(__file__).resolve().parents[1] / "testenv" / "prometheus" / "build.sh"
+
+
+def test_prometheus_builds_started_at_once_build_once_into_their_own_cache_kind(
+    tmp_path: Path,
+) -> None:
+    env = fake_go_env(tmp_path)
+    runs = [
+        subprocess.Popen(
+            ["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=60) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    dirs = {out.strip() for out, _ in outputs}
+    assert len(dirs) == 1, dirs
+    (log,) = builds(tmp_path)
+    assert "-mod=readonly" in log and "github.com/prometheus/prometheus/cmd/prometheus" in log
+    assert "common/version.Version=3.5.0" in log, "v0.305.0 is Prometheus 3.5.0"
+    assert any("waiting for it" in err for _, err in outputs), "the second run waited"
+    (directory,) = map(Path, dirs)
+    assert directory.parent == tmp_path / "cache" / "prometheus"
+    assert os.access(directory / "prometheus", os.X_OK)
+
+    again = subprocess.run(
+        ["bash", str(BUILD)], env=env, capture_output=True, text=True, check=True
+    )
+    assert again.stdout.strip() == str(directory) and "cached build" in again.stderr
+    assert len(builds(tmp_path)) == 1
