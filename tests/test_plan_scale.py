@@ -152,7 +152,7 @@ def test_a_json_list_over_the_yaml_size_limit_is_read(
     listing = pod_list(8)
     path = tmp_path / "pods.json"
     path.write_text(json.dumps(listing))
-    monkeypatch.setattr("shared_svc.commands.plan.MAX_BYTES", 10_000)
+    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 50_000)  # a pod is at most 22 KiB
     code, out, err = command(capsys, path)
     assert (code, out, err) == (0, whole_objects_plan(listing), "")
     # Not JSON and over the limit: one line, never read as YAML.
