@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NoReturn
@@ -713,16 +714,25 @@ class _ListReader:
         self._resolver = yaml.resolver.Resolver()
         self._plain: dict[str, Any] = {}  # plain scalar text -> its value (immutable)
         self._shapes: dict[int, tuple[Any, dict[bytes, tuple[str, Shape]]]] = {}
+        self._stderr = os.dup(2)
+        self._devnull = os.open(os.devnull, os.O_WRONLY)
+
+    def close(self) -> None:
+        os.close(self._stderr)
+        os.close(self._devnull)
 
     def item(self, text: str) -> Any:
         data = text.encode("utf-8")
         if data.translate(None, _PLAIN_ASCII) and _IRREGULAR.search(text):
             raise _Irregular
         ryml = self._ryml
+        os.dup2(self._devnull, 2)  # rapidyaml prints its errors on fd 2: libyaml words them
         try:
             tree = ryml.parse_in_arena(data)
-        except Exception:  # rapidyaml's errors: libyaml words them
+        except Exception:
             raise _Irregular from None
+        finally:
+            os.dup2(self._stderr, 2)
         root = tree.root_id()
         if not tree.is_seq(root) or tree.num_children(root) != 1:
             raise _Irregular
@@ -877,6 +887,13 @@ def load_yaml_stream(
     the errors are those of :func:`load_documents`.
     """
     reader = _ListReader(shape)
+    try:
+        return _read_list(text, keep, reader)
+    finally:
+        reader.close()
+
+
+def _read_list(text: Text, keep: Callable[[Any], Any], reader: _ListReader) -> list[Any]:
     items: list[Any] = []
     head: Any = None
     rest: list[Any] = [None]

@@ -303,3 +303,16 @@ def test_a_yaml_list_on_stdin_is_streamed_as_from_a_file(tmp_path: Path) -> None
         done = plan_process("-f", source, "-o", "json", stdin=data, max_bytes=len(data) // 3)
         assert (done.returncode, done.stderr) == (0, b""), done.stderr
         assert json.loads(done.stdout) == json.loads(whole_objects_plan(listing))
+
+
+@pytest.mark.parametrize("max_bytes", [None, 20])
+def test_an_invalid_member_of_a_yaml_list_is_one_line_from_the_process(
+    max_bytes: int | None,
+) -> None:
+    """rapidyaml, which parses the members, writes nothing of its own on stderr."""
+    data = b"kind: List\nitems:\n- {a: 1}\n- {a: [b}\n- {b: 1}\n"
+    done = plan_process("-f", "-", stdin=data, max_bytes=max_bytes)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == (
+        "shared-svc: error: -: invalid YAML at line 4: did not find expected ',' or ']'\n"
+    )

@@ -211,6 +211,12 @@ def no_bounded_item(*args: Any) -> Any:
     raise AssertionError("a member read the bounded way")
 
 
+def fast_only(patch: pytest.MonkeyPatch) -> None:
+    """Every member read by rapidyaml: neither alone nor the whole text the bounded way."""
+    patch.setattr(manifests, "_bounded_item", no_bounded_item)
+    patch.setattr(manifests, "load_documents", no_bounded_item)
+
+
 LISTS = {
     "odd scalars": "kind: List\nitems:\n- [0x1f, 0o17, 1_000, .5, ~, yes, On, 2024-01-01, '1', \"\\u00e9\\t\"]\n",
     "an odd pod": "apiVersion: v1\nitems:\n- kind: Pod\n  metadata: {name: yes, labels: {a: 0x1f, b: 2024-01-01, '1': ~}}\n"
@@ -228,7 +234,7 @@ def test_a_list_is_read_member_by_member_as_the_whole_document(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = LISTS[name]
-    monkeypatch.setattr(manifests, "_bounded_item", no_bounded_item)  # rapidyaml reads them
+    fast_only(monkeypatch)
     for keep, shape in ((same, every_kind), (_keep, _shape)):
         whole = outcome(text, keep)
         assert whole[0] == "ok"
@@ -240,7 +246,7 @@ def test_a_realistic_list_keeps_of_each_pod_what_planning_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     text = yaml.dump(pod_list(12), Dumper=yaml.CSafeDumper)
-    monkeypatch.setattr(manifests, "_bounded_item", no_bounded_item)
+    fast_only(monkeypatch)
     assert read_list(text, _keep, _shape) == ("ok", load_documents(text, keep=_keep))
     assert read_list(text, same, every_kind) == ("ok", load_documents(text))
     pods = [i for i in read_list(text, _keep, _shape)[1][0]["items"] if i["kind"] == "Pod"]
@@ -332,3 +338,16 @@ def test_any_pods_read_as_a_list_keep_what_planning_reads(
     listing = {"apiVersion": "v1", "kind": "List", "items": [*items, *pods]}
     text = yaml.safe_dump(json.loads(json.dumps(listing)))  # no shared parts: no aliases
     assert read_list(text, _keep, _shape) == outcome(text, _keep)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64])
+def test_a_list_cut_anywhere_across_chunks_reads_the_same(size: int) -> None:
+    text = yaml.dump(pod_list(4), Dumper=yaml.CSafeDumper) + "# \u00e9\u4e16 after\n"
+    text = text.replace("nvidia-dcgm-00000", "nvidia-dcgm-\u00e9\u4e16")  # multibyte
+    data = text.encode()
+    expected = load_documents(text, keep=_keep)
+    stream = io.BytesIO(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifests, "MAX_BYTES", len(data) - 1)  # never read whole
+        fast_only(patch)
+        assert load_yaml_stream(Text(lambda _: stream.read(size)), _keep, _shape) == expected
