@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ import pytest
 import yaml
 
 from shared_svc.cli import main
+from tests.realistic import pod_list
+from tests.test_plan_scale import whole_objects_plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 CP = {
@@ -74,7 +78,7 @@ def test_stdin_and_several_files(
         "metadata": {"name": "gpu-cluster", "uid": "u2"},
         "spec": {"dcgm": {"enabled": True}},
     }
-    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(gc)))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(yaml.safe_dump(gc).encode())))
     code, out, _ = run(
         capsys, "-f", "-", "-f", write(tmp_path, "cp.yaml", yaml.safe_dump(CP)), "-o", "json"
     )
@@ -243,11 +247,72 @@ def test_json_is_read_as_json_and_a_flow_mapping_as_yaml(
         assert len(json.loads(out)["objects"]) == 2
 
 
-def test_stdin_is_read_up_to_the_size_limit_only(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_stdin_is_bounded_as_a_file_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("shared_svc.commands.plan.MAX_BYTES", 100)
-    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump(CP) + "#" * 200))
+    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 100)
+    text = yaml.safe_dump(CP) + "#" * 200
+    path = write(tmp_path, "big.yaml", text)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     code, out, err = run(capsys, "-f", "-")
     assert (code, out) == (2, "")
-    assert err == "shared-svc: error: -: larger than 100 bytes\n"
+    assert err.startswith("shared-svc: error: -: larger than 100 bytes") and err.count("\n") == 1
+    assert err.replace("-: ", f"{path}: ", 1) == run(capsys, "-f", path)[2]
+
+
+def plan_process(
+    *args: str, stdin: bytes, max_bytes: int | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """``shared-svc plan ARGS`` as its own process, ``stdin`` its standard input (the
+    whole-file bound ``manifests.MAX_BYTES`` lowered to ``max_bytes``)."""
+    code = (
+        "import sys, shared_svc.manifests as m\n"
+        f"m.MAX_BYTES = {max_bytes or 'm.MAX_BYTES'}\n"
+        "from shared_svc.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "plan", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_non_utf8_bytes_on_stdin_are_one_line_as_from_a_file(tmp_path: Path) -> None:
+    data = yaml.safe_dump(CP).encode() + b"# \xff\xfe not UTF-8\n"
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(data)
+    for source in ("-", str(path)):
+        done = plan_process("-f", source, stdin=data)
+        err = done.stderr.decode()
+        assert (done.returncode, done.stdout) == (2, b""), err
+        assert err.startswith(f"shared-svc: error: cannot read {source}: 'utf-8' codec can't")
+        assert err.count("\n") == 1, err
+
+
+def test_a_yaml_list_on_stdin_is_streamed_as_from_a_file(tmp_path: Path) -> None:
+    """A ``kubectl get -o yaml`` List of realistic pods past the whole-file bound: read
+    from stdin as from a file, one member at a time, the same plan."""
+    listing = pod_list(12)
+    data = yaml.dump(listing, Dumper=yaml.CSafeDumper).encode()
+    path = tmp_path / "pods.yaml"
+    path.write_bytes(data)
+    for source in ("-", str(path)):
+        done = plan_process("-f", source, "-o", "json", stdin=data, max_bytes=len(data) // 3)
+        assert (done.returncode, done.stderr) == (0, b""), done.stderr
+        assert json.loads(done.stdout) == json.loads(whole_objects_plan(listing))
+
+
+@pytest.mark.parametrize("max_bytes", [None, 20])
+def test_an_invalid_member_of_a_yaml_list_is_one_line_from_the_process(
+    max_bytes: int | None,
+) -> None:
+    """rapidyaml, which parses the members, writes nothing of its own on stderr."""
+    data = b"kind: List\nitems:\n- {a: 1}\n- {a: [b}\n- {b: 1}\n"
+    done = plan_process("-f", "-", stdin=data, max_bytes=max_bytes)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == (
+        "shared-svc: error: -: invalid YAML at line 4: did not find expected ',' or ']'\n"
+    )

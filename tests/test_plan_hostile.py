@@ -137,7 +137,7 @@ def test_aliases_within_the_budget_still_work(
 def test_a_file_over_the_size_limit_is_not_read_past_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shared_svc.commands.plan.MAX_BYTES", 1000)
+    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 1000)
     big = write(tmp_path, "big.yaml", "# " + "x" * 2000 + "\n")
     code, out, err = run(capsys, big)
     assert (code, out) == (2, "") and "larger than" in err and err.count("\n") == 1

@@ -1,5 +1,6 @@
 """``shared-svc plan`` on realistic pods (as the API server serves them, managedFields
-included): JSON streamed item by item, YAML through libyaml's parser, the same plan."""
+included): JSON streamed item by item, a YAML List member by member (rapidyaml), other
+YAML through libyaml's parser, the same plan."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def test_json_yaml_and_the_whole_objects_give_the_same_plan(
     as_yaml = tmp_path / "pods.yaml"
     as_yaml.write_text(yaml.safe_dump(listing))
     assert command(capsys, as_json) == (0, expected, "")
+    assert command(capsys, as_yaml) == (0, expected, "")  # a List: rapidyaml, member by member
+    # Read whole the bounded way (YAML that is no kubectl List, a member with an anchor):
+    as_yaml.write_text("---\n" + yaml.safe_dump(listing) + "---\n")
     assert manifests._NoAliasLoader is not None  # libyaml is there
     assert command(capsys, as_yaml) == (0, expected, "")  # libyaml parses and composes
     monkeypatch.setattr(manifests, "_NoAliasLoader", None)  # as with anchors in the text:
@@ -152,7 +156,7 @@ def test_a_json_list_over_the_yaml_size_limit_is_read(
     listing = pod_list(8)
     path = tmp_path / "pods.json"
     path.write_text(json.dumps(listing))
-    monkeypatch.setattr("shared_svc.commands.plan.MAX_BYTES", 10_000)
+    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 50_000)  # a pod is at most 22 KiB
     code, out, err = command(capsys, path)
     assert (code, out, err) == (0, whole_objects_plan(listing), "")
     # Not JSON and over the limit: one line, never read as YAML.

@@ -4,6 +4,8 @@ as the document built whole."""
 
 from __future__ import annotations
 
+import io
+import json
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared_svc import manifests
-from shared_svc.manifests import MAX_ALIAS_NODES, MAX_DEPTH, InputError, load_documents
+from shared_svc.commands.plan import _keep, _shape
+from shared_svc.manifests import (
+    ALL,
+    MAX_ALIAS_NODES,
+    MAX_DEPTH,
+    InputError,
+    Text,
+    load_documents,
+    load_yaml_stream,
+)
 from shared_svc.reconcile.selectors import pod_fields
 from tests.realistic import pod_list
 
@@ -172,3 +183,171 @@ def test_any_list_reads_the_same_streamed(
     text = yaml.safe_dump_all([document, extra or None], default_flow_style=flow)
     assert outcome(text, same) == outcome(text, None)
     assert load_documents(text, keep=same)[0] == document
+
+
+# ---------------------------------------------------------------- a kubectl List, any size
+
+
+def every_kind(kind: Any) -> Any:
+    return ALL
+
+
+def read_list(
+    text: str, keep: Callable[[Any], Any], shape: Any, max_bytes: int | None = None
+) -> tuple[str, Any]:
+    """``load_yaml_stream`` on ``text`` with the whole-file bound at ``max_bytes``; by
+    default one byte less than the text: it cannot be read whole."""
+    if max_bytes is None:
+        max_bytes = len(text.encode()) - 1
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifests, "MAX_BYTES", max_bytes)
+        try:
+            return "ok", load_yaml_stream(Text(io.BytesIO(text.encode()).read), keep, shape)
+        except InputError as exc:
+            return "refused", str(exc)
+
+
+def no_bounded_item(*args: Any) -> Any:
+    raise AssertionError("a member read the bounded way")
+
+
+def fast_only(patch: pytest.MonkeyPatch) -> None:
+    """Every member read by rapidyaml: neither alone nor the whole text the bounded way."""
+    patch.setattr(manifests, "_bounded_item", no_bounded_item)
+    patch.setattr(manifests, "load_documents", no_bounded_item)
+
+
+LISTS = {
+    "odd scalars": "kind: List\nitems:\n- [0x1f, 0o17, 1_000, .5, ~, yes, On, 2024-01-01, '1', \"\\u00e9\\t\"]\n",
+    "an odd pod": "apiVersion: v1\nitems:\n- kind: Pod\n  metadata: {name: yes, labels: {a: 0x1f, b: 2024-01-01, '1': ~}}\n"
+    "  spec: {nodeName: n, containers: [{name: c}]}\n  status: {conditions: [{type: Ready, status: 'True', x: 1}, 5]}\n"
+    "- kind: Pod\n  metadata: [not, a, mapping]\n  spec: 7\n  status: {conditions: {a: 1}}\n"
+    "kind: List\nmetadata:\n  resourceVersion: ''\n",
+    "block scalars and flow": "items:\n- a: |\n    two\n    lines\n  b: >-\n    folded\n    text\n  c: {d: [1, {e: f}]}\n-\n- x\n",
+    "keys repeated": "items:\n- {kind: Pod, kind: Pod, metadata: {name: a, name: b}}\n",
+    "no members": "apiVersion: v1\nitems:\nkind: List\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LISTS))
+def test_a_list_is_read_member_by_member_as_the_whole_document(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = LISTS[name]
+    fast_only(monkeypatch)
+    for keep, shape in ((same, every_kind), (_keep, _shape)):
+        whole = outcome(text, keep)
+        assert whole[0] == "ok"
+        assert read_list(text, keep, shape, 1 << 30) == whole  # the text could be read whole
+        assert read_list(text, keep, shape) == whole  # it could not
+
+
+def test_a_realistic_list_keeps_of_each_pod_what_planning_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = yaml.dump(pod_list(12), Dumper=yaml.CSafeDumper)
+    fast_only(monkeypatch)
+    assert read_list(text, _keep, _shape) == ("ok", load_documents(text, keep=_keep))
+    assert read_list(text, same, every_kind) == ("ok", load_documents(text))
+    pods = [i for i in read_list(text, _keep, _shape)[1][0]["items"] if i["kind"] == "Pod"]
+    assert pods and all(sorted(pod["metadata"]) == ["labels", "name", "namespace"] for pod in pods)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_any_yaml_reads_as_the_whole_document_while_it_can_be_read_whole(name: str) -> None:
+    text = CASES[name]
+    assert read_list(text, same, every_kind, 1 << 30) == outcome(text, same)
+
+
+HOSTILE_MEMBERS = {
+    "nested too deep": (f"- {nested(MAX_DEPTH - 1)}\n", f"nested deeper than {MAX_DEPTH} levels"),
+    "a recursive alias": ("- &a [*a]\n", "recursive YAML alias *a at line 6"),
+    "a long integer": ("- {n: " + "9" * 5000 + "}\n", "an integer of 5000 digits"),
+    "binary": ("- {b: !!binary aGk=}\n", "!!binary is not a JSON value"),
+    "a NaN label": (
+        "- {kind: Pod, metadata: {labels: {a: .nan}}}\n",
+        "items[3].metadata.labels.a: nan is not",
+    ),
+    "an int label key": (
+        "- {kind: Pod, metadata: {labels: {1: a}}}\n",
+        "items[3].metadata.labels: the key 1",
+    ),
+    "a bad character": ('- {a: "\x07"}\n', "invalid YAML: ReaderError"),
+    "invalid YAML": ("- {a: [b}\n", "invalid YAML at line 6: did not find expected"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_MEMBERS))
+def test_a_hostile_member_of_a_list_too_big_to_read_whole_is_one_line(name: str) -> None:
+    member, fragment = HOSTILE_MEMBERS[name]
+    text = "kind: List\nitems:\n- {a: 1}\n- [x]\n- {kind: Pod}\n" + member + "- {b: 2}\n"
+    kind, message = read_list(text, _keep, _shape)
+    assert kind == "refused" and fragment in message and "\n" not in message, message
+
+
+def test_aliases_of_all_members_share_the_budget_of_a_file() -> None:
+    def laughs(prefix: str) -> str:  # a member of some 12,000 nodes once expanded
+        return (
+            f"- {{{prefix}0: &{prefix}0 [x, x, x, x, x, x, x, x, x, x]"
+            + "".join(
+                f", {prefix}{i + 1}: &{prefix}{i + 1} [{', '.join([f'*{prefix}{i}'] * 10)}]"
+                for i in range(3)
+            )
+            + "}\n"
+        )
+
+    one = "kind: List\nitems:\n" + laughs("a")
+    assert read_list(one, same, every_kind)[0] == "ok"
+    many = "kind: List\nitems:\n" + "".join(laughs(p) for p in "abcdefghi")
+    kind, message = read_list(many, same, every_kind)
+    assert kind == "refused" and f"expand to more than {MAX_ALIAS_NODES} nodes" in message
+
+
+def test_the_size_bounds_hold_for_a_list() -> None:
+    member = "- {kind: Pod, metadata: {name: p}}\n"
+    text = "kind: List\nitems:\n" + member * 200
+    assert read_list(text, _keep, _shape, 100)[0] == "ok"  # streamed past the whole-file bound
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifests, "MAX_STREAM_BYTES", 1000)
+        assert read_list(text, _keep, _shape, 100) == ("refused", "larger than 1000 bytes")
+    big = "kind: List\nitems:\n- a: |\n" + "    x\n" * 100
+    assert read_list(big, _keep, _shape, 300) == ("refused", "a value larger than 300 bytes")
+    other = "a: 1\n" * 100  # not a List: read whole, at most MAX_BYTES
+    kind, message = read_list(other, _keep, _shape, 100)
+    assert kind == "refused" and message.startswith("larger than 100 bytes and not one YAML List")
+    assert read_list(other, _keep, _shape, 1000) == outcome(other, _keep)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.dictionaries(st.text(max_size=6), json_values, max_size=4), min_size=1, max_size=4),
+    st.lists(st.dictionaries(st.text(max_size=6), json_values, max_size=3), max_size=3),
+)
+def test_any_pods_read_as_a_list_keep_what_planning_reads(
+    pods: list[dict[str, Any]], extra: list[dict[str, Any]]
+) -> None:
+    """Pods with any values in any field, as PyYAML writes them: the fields each keeps,
+    read by rapidyaml member by member, are those ``pod_fields`` keeps of the whole pod."""
+    items = []
+    for index, pod in enumerate(pods):
+        labels = extra[index % len(extra)] if extra else {}
+        meta = {"name": f"p{index}", "labels": labels, "managedFields": pod}
+        items.append(
+            {"kind": "Pod", "metadata": meta, "spec": pod, "status": {"conditions": [pod]}}
+        )
+    listing = {"apiVersion": "v1", "kind": "List", "items": [*items, *pods]}
+    text = yaml.safe_dump(json.loads(json.dumps(listing)))  # no shared parts: no aliases
+    assert read_list(text, _keep, _shape) == outcome(text, _keep)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64])
+def test_a_list_cut_anywhere_across_chunks_reads_the_same(size: int) -> None:
+    text = yaml.dump(pod_list(4), Dumper=yaml.CSafeDumper) + "# \u00e9\u4e16 after\n"
+    text = text.replace("nvidia-dcgm-00000", "nvidia-dcgm-\u00e9\u4e16")  # multibyte
+    data = text.encode()
+    expected = load_documents(text, keep=_keep)
+    stream = io.BytesIO(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifests, "MAX_BYTES", len(data) - 1)  # never read whole
+        fast_only(patch)
+        assert load_yaml_stream(Text(lambda _: stream.read(size)), _keep, _shape) == expected

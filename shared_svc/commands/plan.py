@@ -12,20 +12,25 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
 from shared_svc.errors import UsageError
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.manifests import (
+    ALL,
     MAX_BYTES,
     InputError,
     NotJSON,
+    Shape,
+    Text,
     load_documents,
     load_json_stream,
+    load_yaml_stream,
     size_text,
 )
 from shared_svc.reconcile.model import Plan, Settings, World
@@ -174,57 +179,59 @@ def _cannot_read(name: str, exc: OSError | UnicodeDecodeError) -> UsageError:
     return UsageError(f"cannot read {name}: {reason}")
 
 
-def _read(name: str) -> str:
-    """The text of a file or stdin, at most MAX_BYTES (read no further)."""
-    try:
-        if name == "-":
-            text = sys.stdin.read(MAX_BYTES + 1)
-        else:
-            with Path(name).open("rb") as handle:
-                text = handle.read(MAX_BYTES + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _cannot_read(name, exc) from exc
-    if len(text) > MAX_BYTES:
-        raise UsageError(f"{name}: larger than {size_text(MAX_BYTES)}")
-    return text
-
-
 def _keep(item: Any) -> Any:
     """What plan keeps of a List item: the fields planning reads of a Pod, else all of it."""
     return pod_fields(item) if isinstance(item, dict) and item.get("kind") == "Pod" else item
 
 
-def _streamed(name: str) -> list[Any] | None:
-    """A file holding one JSON object (``kubectl get -o json``), read in chunks and its
-    items one at a time: no more than one item is held whole. None when it is not JSON
-    and small enough to be read as YAML."""
+# What a streamed YAML List converts of a member of a kind (the rest is only parsed): of a
+# Pod, the parts pod_fields keeps (tests/test_plan_stream.py checks they are enough).
+_POD_SHAPE: Shape = {
+    "apiVersion": ALL,
+    "kind": ALL,
+    "metadata": dict.fromkeys(("name", "namespace", "labels", "deletionTimestamp"), ALL),
+    "spec": {"nodeName": ALL},
+    "status": {"conditions": [{"type": ALL, "status": ALL}]},
+}
+
+
+def _shape(kind: Any) -> Shape:
+    return _POD_SHAPE if kind == "Pod" else ALL
+
+
+def _binary(name: str) -> AbstractContextManager[BinaryIO]:
+    """The bytes of a file, or of stdin for ``-``: one way in for both."""
     if name == "-":
-        return None
-    try:
-        with Path(name).open(encoding="utf-8", newline="") as handle:
-            if not handle.read(4096).lstrip().startswith("{"):
-                return None
-            handle.seek(0)
-            try:
-                return [load_json_stream(handle.read, _keep)]
-            except NotJSON as exc:
-                if Path(name).stat().st_size <= MAX_BYTES:
-                    return None  # perhaps a YAML flow mapping: read it as YAML
-                raise UsageError(
-                    f"{name}: {exc} (a file over {size_text(MAX_BYTES)} must be one JSON object)"
+        return nullcontext(sys.stdin.buffer)
+    return Path(name).open("rb")
+
+
+def _documents(name: str) -> list[Any]:
+    """The documents of a file or stdin, read as a stream: one JSON object
+    (``kubectl get -o json``) its items one at a time, a YAML List (``kubectl get -o
+    yaml``) its members one at a time, any other text whole (at most MAX_BYTES)."""
+    with _binary(name) as stream:
+        text = Text(stream.read)
+        if not text.peek().lstrip().startswith("{"):
+            return load_yaml_stream(text, _keep, _shape)
+        try:
+            return [load_json_stream(text.read, _keep)]
+        except NotJSON as exc:
+            if not text.restart():
+                raise InputError(
+                    f"{exc} (a file over {size_text(MAX_BYTES)} must be one JSON object)"
                 ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _cannot_read(name, exc) from exc
+            return load_documents(text.whole(), keep=_keep)  # perhaps a YAML flow mapping
 
 
 def _objects(name: str) -> Iterator[K8sObject]:
     # Bounded parsing and the well-formed gate: the planner sees JSON values only.
     try:
-        documents = _streamed(name)
-        if documents is None:
-            documents = load_documents(_read(name), keep=_keep)
+        documents = _documents(name)
     except InputError as exc:
         raise UsageError(f"{name}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _cannot_read(name, exc) from exc
     for number, document in enumerate(documents, start=1):
         if document is None:
             continue
