@@ -31,7 +31,12 @@ README = REPO / "README.md"
 SHARED_SVC = Path(sys.executable).parent / "shared-svc"
 CODE_DIRS = ("shared_svc", "tests", "testenv", "benchmarks", "scripts", "proptests")
 # SHARED_SVC_* variables of the development tooling, not settings (docs/configuration.md).
-TOOLING_VARIABLES = {"SHARED_SVC_CACHE", "SHARED_SVC_TESTENV_BIN", "SHARED_SVC_GPU_OPERATOR_DIR"}
+TOOLING_VARIABLES = {
+    "SHARED_SVC_CACHE",
+    "SHARED_SVC_TESTENV_BIN",
+    "SHARED_SVC_GPU_OPERATOR_DIR",
+    "SHARED_SVC_PROMETHEUS_DIR",
+}
 
 
 def doc_files() -> list[Path]:
