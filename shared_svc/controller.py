@@ -34,19 +34,13 @@ from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.kube.cache import Informer, Informers, Resource
-from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.events import Emitter, EventPublisher
 from shared_svc.kube.resources import CLUSTER_POLICIES, SERVICE_MONITORS, daemonsets
 from shared_svc.kube.writer import Writer, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.reconcile.failures import namespace_missing_reports
-from shared_svc.reconcile.fight import (
-    FightHistory,
-    fight_report,
-    fight_verdict,
-    next_active,
-    warnings_to_emit,
-)
+from shared_svc.reconcile.fight import FightHistory, fight_report, fight_verdict, occurrences
 from shared_svc.reconcile.model import Action, Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.reconcile.selectors import pod_fields
@@ -60,6 +54,10 @@ SERVICE_MONITOR_GV = SERVICE_MONITORS.group_version
 # reconciles succeed is /status and /metrics, not /livez).
 HEARTBEAT_SECONDS = 5.0
 KEY = "services"  # the one key of the work queue: "look at the namespace again"
+# Event publisher scopes (shared_svc.kube.events.EventPublisher)
+OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
+NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
+DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"
 CACHE_WAIT_SECONDS = 0.5  # caches not synced yet: look again this soon
 
 
@@ -73,7 +71,7 @@ class ServicesController:
         api: ApiClient,
         config: Config,
         *,
-        recorder: EventRecorder,
+        recorder: EventPublisher | Emitter,
         writer: Writer,
         metrics: Metrics,
         is_leader: Callable[[], bool],
@@ -83,7 +81,17 @@ class ServicesController:
         # Caches shared with the upgrade controller when the runner passes its registry.
         self._shared = informers or Informers(api)
         self._config = config
-        self._recorder = recorder
+        # The one Event publisher (the service's, shared with the upgrade controller and the
+        # guard monitor); a bare recorder is wrapped in one of our own.
+        self._events = (
+            recorder
+            if isinstance(recorder, EventPublisher)
+            else EventPublisher(
+                recorder,
+                dry_run=config.dry_run,
+                on_written=lambda r: metrics.events.labels(r.type, r.reason).inc(),
+            )
+        )
         self._writer = writer
         self._metrics = metrics
         self._is_leader = is_leader
@@ -108,14 +116,11 @@ class ServicesController:
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
         self.reconciling = False
-        # Event dedupe: occurrences (conflicts, pending, errors) active in the last plan are not re-emitted.
-        self._active_warnings: set[str] = set()
         # ConflictingWriter: what we applied last, and how often the same drift came back.
         self._applied: dict[tuple[str, str], dict[str, Any]] = {}
         # (kind, name, field) -> monotonic times we re-applied an unchanged intent to it
         self._corrections = FightHistory()
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
-        self._namespace_reported = False  # OperatorNamespaceMissing sent in this episode
         self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
 
     # --- caches ---
@@ -339,6 +344,10 @@ class ServicesController:
                 result = "standby"
             elif self._config.dry_run:
                 result = "dry-run"
+                await self._emit_occurrences(plan)  # logged by the publisher, not written
+                for report in plan.reports:
+                    if report.after_write is not None:
+                        await self._events.once(DRY_RUN_SCOPE, report)
                 for a in plan.writes:
                     log.info(
                         "dry-run: would write",
@@ -352,7 +361,7 @@ class ServicesController:
             else:
                 writes = await self._execute(plan, world)
                 await self._emit_occurrences(plan)
-            self._namespace_reported = False
+            await self._events.level(NAMESPACE_SCOPE, ())  # the episode is over
             return True
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
@@ -386,11 +395,8 @@ class ServicesController:
 
     async def _report_namespace_missing(self, world: World) -> None:
         """Once per episode (until a reconcile succeeds again): the retries stay in the logs."""
-        if self._namespace_reported:
-            return
-        for report in namespace_missing_reports(world, self._config.namespace):
-            await self._emit(report)
-        self._namespace_reported = True
+        reports = namespace_missing_reports(world, self._config.namespace)
+        await self._events.level(NAMESPACE_SCOPE, reports)
 
     def _record_plan_metrics(self, plan: Plan) -> None:
         m = self._metrics
@@ -518,18 +524,13 @@ class ServicesController:
         return True
 
     async def _emit_occurrences(self, plan: Plan) -> None:
-        written = set()
-        for report in warnings_to_emit(self._active_warnings, plan.reports):
-            if await self._emit(report):
-                written.add(report.key)
-        # Keys whose Event could not be written stay out, so the next reconcile retries them.
-        self._active_warnings = set(next_active(self._active_warnings, plan.reports, written))
+        """The plan's occurrences (conflicts, pending, errors): each sent once while it
+        lasts; one whose Event could not be written is retried next reconcile
+        (``reconcile.fight.warnings_to_emit`` / ``next_active``, in the publisher)."""
+        await self._events.level(OCCURRENCES_SCOPE, occurrences(plan.reports))
 
     async def _emit(self, report: Report) -> bool:
-        written = await self._recorder.emit(report)
-        if written:
-            self._metrics.events.labels(report.type, report.reason).inc()
-        return written
+        return await self._events.emit(report)
 
     # --- status ---
     def status(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.http import bound_port, make_app, make_runner
 from shared_svc.kube.cache import Informers
-from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.events import EventPublisher, EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
 from shared_svc.kubeconfig import api_client
@@ -47,6 +47,7 @@ class Service:
         self.manager: Manager | None = None  # runs both controllers (shared_svc.runtime)
         self.writer: Writer | None = None
         self.recorder: EventRecorder | None = None
+        self.events: EventPublisher | None = None  # the one publisher, for every sender
         self.admission: AdmissionGuard | None = None  # the webhook server and guard monitor
         self.port: int | None = None
         self.started = asyncio.Event()
@@ -89,7 +90,12 @@ class Service:
         cfg = self.config
         self.api = api = await api_client(cfg.kubeconfig)
         try:
-            self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name, dry_run=cfg.dry_run)
+            self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
+            self.events = EventPublisher(
+                self.recorder,
+                dry_run=cfg.dry_run,
+                on_written=lambda r: self.metrics.events.labels(r.type, r.reason).inc(),
+            )
             self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
             leader_gauge = self.metrics.leader.labels(cfg.lease_name)
             if cfg.leader_election:
@@ -112,7 +118,7 @@ class Service:
                 self.controller = ServicesController(
                     api,
                     cfg,
-                    recorder=self.recorder,
+                    recorder=self.events,
                     writer=self.writer,
                     metrics=self.metrics,
                     is_leader=self.is_leader,
@@ -124,7 +130,7 @@ class Service:
                 self.upgrade = UpgradeController(
                     api,
                     cfg,
-                    self.recorder,
+                    self.events,
                     is_leader=self.is_leader,
                     registry=self.metrics.registry,
                     informers=informers,
@@ -145,7 +151,7 @@ class Service:
                 self.admission = AdmissionGuard(
                     api,
                     cfg,
-                    recorder=self.recorder,
+                    recorder=self.events,
                     controller=self.controller,
                     is_leader=self.is_leader,
                 )

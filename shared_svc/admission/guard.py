@@ -21,7 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
 from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.events import ObjectRef, Report
-from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.events import EventPublisher
 from shared_svc.kube.resources import (
     GVR,
     MUTATING_POLICY_BINDINGS,
@@ -38,6 +38,7 @@ KINDS = {
     "delete": VALIDATING_WEBHOOKS,
 }
 MISSING_REASON = "AdmissionGuardMissing"
+MISSING_SCOPE = "admission-guard/missing"  # the publisher's scope of its Warning
 
 
 def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
@@ -59,7 +60,7 @@ class GuardMonitor:
         *,
         namespace: str,
         field_manager: str,
-        recorder: EventRecorder,
+        recorder: EventPublisher,
         objects: Callable[[], Sequence[Mapping[str, Any]] | None],
         is_leader: Callable[[], bool],
         interval: float,
@@ -111,39 +112,39 @@ class GuardMonitor:
         return guard_mode(self.found) if self.checked_at else "unknown"
 
     async def _warn_if_unguarded(self) -> None:
+        """One Warning per episode of gpu-operator writing our objects with no guard active
+        (the publisher's level scope: a guard, or no such writes, ends the episode)."""
         objects = self._objects()
-        if objects is None or self.mode != "none":
-            if self.mode not in ("none", "unknown"):
-                self.warned = False  # a guard: a later loss of it is a new episode
+        if self.mode == "unknown" or (objects is None and self.mode == "none"):
+            return  # nothing known: the episode goes on as it was
+        writers = operator_writes(objects or (), self._manager) if self.mode == "none" else []
+        if writers and not self._is_leader():
             return
-        writers = operator_writes(objects, self._manager)
-        if not writers:
-            self.warned = False
-            return
-        if self.warned or not self._is_leader():
-            return
+        report = self._missing_report(objects or (), writers) if writers else None
+        await self._recorder.level(MISSING_SCOPE, [report] if report else ())
+        self.warned = bool(self._recorder.sent(MISSING_SCOPE))
+
+    def _missing_report(self, objects: Sequence[Mapping[str, Any]], writers: list[str]) -> Report:
         first = next(o for o in objects if f"{o.get('kind')}/{o['metadata']['name']}" == writers[0])
         meta = first["metadata"]
-        self.warned = await self._recorder.emit(
-            Report(
-                type="Warning",
-                reason=MISSING_REASON,
-                action="Reconcile",
-                regarding=ObjectRef(
-                    api_version=first.get("apiVersion", "v1"),
-                    kind=first.get("kind", "Service"),
-                    name=meta["name"],
-                    namespace=meta.get("namespace"),
-                    uid=meta.get("uid"),
-                ),
-                note=(
-                    f"field manager {self._manager} writes {', '.join(writers)} and no "
-                    "admission guard is active: its whole-object updates undo shared-svc's "
-                    "(ConflictingWriter follows) and its deletes remove Services other CRs "
-                    "need. Install the chart's admission guard (docs/install.md)."
-                ),
-                key=f"{MISSING_REASON}/{self._ns}",
-            )
+        return Report(
+            type="Warning",
+            reason=MISSING_REASON,
+            action="Reconcile",
+            regarding=ObjectRef(
+                api_version=first.get("apiVersion", "v1"),
+                kind=first.get("kind", "Service"),
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+            ),
+            note=(
+                f"field manager {self._manager} writes {', '.join(writers)} and no "
+                "admission guard is active: its whole-object updates undo shared-svc's "
+                "(ConflictingWriter follows) and its deletes remove Services other CRs "
+                "need. Install the chart's admission guard (docs/install.md)."
+            ),
+            key=f"{MISSING_REASON}/{self._ns}",
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -174,7 +175,7 @@ class AdmissionGuard:
         api: ApiClient,
         config: Any,
         *,
-        recorder: EventRecorder,
+        recorder: EventPublisher,
         controller: Any,
         is_leader: Callable[[], bool],
     ) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.k8s.events import ObjectRef, Report, note, still_sent, unsent
 
 FieldKey = tuple[str, str, str]  # (kind, name, dotted field)
 
@@ -121,11 +121,16 @@ def fight_report(
     )
 
 
+def occurrences(reports: Iterable[Report]) -> tuple[Report, ...]:
+    """The reports not tied to a write: true while the plan has them (level-triggered)."""
+    return tuple(r for r in reports if r.after_write is None)
+
+
 def warnings_to_emit(
     active_keys: AbstractSet[str], reports: Iterable[Report]
 ) -> tuple[Report, ...]:
     """The occurrences (reports not tied to a write) of a plan that are not active already."""
-    return tuple(r for r in reports if r.after_write is None and r.key not in active_keys)
+    return unsent(active_keys, occurrences(reports))
 
 
 def next_active(
@@ -135,9 +140,7 @@ def next_active(
 
     An occurrence whose Event could not be written stays out, so it is emitted again next
     time; one the plan no longer has drops out, so it is emitted again when it comes back.
+    (The Event publisher, ``kube.events.EventPublisher.level``, applies the same rule,
+    ``k8s.events.unsent`` / ``still_sent``, to every level-triggered scope.)
     """
-    return frozenset(
-        r.key
-        for r in reports
-        if r.after_write is None and (r.key in active_keys or r.key in written)
-    )
+    return still_sent(active_keys, occurrences(reports), written)
