@@ -33,10 +33,10 @@ from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.kube.cache import Informer, Informers, Resource
+from shared_svc.kube.cache import Informer, Informers, Resource, describe_error
 from shared_svc.kube.events import Emitter, EventPublisher
 from shared_svc.kube.resources import CLUSTER_POLICIES, SERVICE_MONITORS, daemonsets
-from shared_svc.kube.writer import Writer, namespace_gone, raw_request
+from shared_svc.kube.writer import Writer, concurrent_change, namespace_gone, raw_request
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.reconcile.failures import namespace_missing_reports
@@ -58,7 +58,19 @@ KEY = "services"  # the one key of the work queue: "look at the namespace again"
 OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
 NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
 DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"
+# A write meeting a concurrent change of the same object this many reconciles in a row is
+# no longer a race (said at INFO) but a problem (a WARNING).
+CHANGED_WARN_AFTER = 5
 CACHE_WAIT_SECONDS = 0.5  # caches not synced yet: look again this soon
+
+
+class ObjectChanged(Exception):
+    """A write met a concurrent change of its object (``kube.writer.concurrent_change``)."""
+
+    def __init__(self, kind: str, name: str, cause: BaseException) -> None:
+        self.object = f"{kind}/{name}"
+        self.error = describe_error(cause)
+        super().__init__(f"{self.object}: {self.error}")
 
 
 def _utc() -> str:
@@ -122,6 +134,10 @@ class ServicesController:
         self._corrections = FightHistory()
         self.contested: dict[tuple[str, str], dict[str, Any]] = {}
         self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
+        self._changed: Counter[str] = (
+            Counter()
+        )  # object -> reconciles in a row its write met a change
+        self._namespace_said = False  # the missing operator namespace was logged in this episode
 
     # --- caches ---
     def _resources(self) -> dict[str, Resource]:
@@ -310,6 +326,8 @@ class ServicesController:
             return Result(None, requeue_after=CACHE_WAIT_SECONDS, forget=False)
         if await self.reconcile_once():
             return Result("success")
+        if self.last_reconcile.get("result") == "conflict":
+            return Result("conflict", retry=True)  # planned again from the fresh cache
         return Result("error", retry=True)
 
     def snapshot(self) -> World:
@@ -362,17 +380,25 @@ class ServicesController:
                 writes = await self._execute(plan, world)
                 await self._emit_occurrences(plan)
             await self._events.level(NAMESPACE_SCOPE, ())  # the episode is over
+            self._changed.clear()
+            self._namespace_said = False
             return True
+        except ObjectChanged as exc:
+            result, error = "conflict", str(exc)
+            self._say_changed(exc)
+            return False
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
-            log.warning("reconcile failed", extra={"error": error})
             if namespace_gone(exc):
+                self._say_namespace_missing(error)
                 await self._report_namespace_missing(world)
+            else:
+                log.warning("reconcile failed", extra={"error": error})
             return False
         finally:
             duration = time.monotonic() - started
             self.reconciling = False
-            if result != "error":
+            if result not in ("error", "conflict"):
                 self._metrics.last_success.set(time.time())
             self.last_reconcile = {
                 "id": rid,
@@ -392,6 +418,31 @@ class ServicesController:
                     },
                 )
             reconcile_id.reset(token)
+
+    def _say_changed(self, exc: ObjectChanged) -> None:
+        """One short line: INFO while it is a race, WARNING once the same object keeps
+        meeting changes (``CHANGED_WARN_AFTER`` reconciles in a row)."""
+        self._changed[exc.object] += 1
+        times = self._changed[exc.object]
+        level = logging.WARNING if times >= CHANGED_WARN_AFTER else logging.INFO
+        log.log(
+            level,
+            "%s changed meanwhile (%s): planning again from the cache",
+            exc.object,
+            exc.error.split(":", 1)[0],
+            extra={"object": exc.object, "times": times},
+        )
+
+    def _say_namespace_missing(self, error: str) -> None:
+        """One WARNING per episode (until a reconcile succeeds); the retries at DEBUG."""
+        level = logging.DEBUG if self._namespace_said else logging.WARNING
+        log.log(
+            level,
+            "operator namespace %s is missing or terminating: retrying with backoff",
+            self._config.namespace,
+            extra={"error": error},
+        )
+        self._namespace_said = True
 
     async def _report_namespace_missing(self, world: World) -> None:
         """Once per episode (until a reconcile succeeds again): the retries stay in the logs."""
@@ -461,6 +512,8 @@ class ServicesController:
                         writes += 1
                         self._applied[key] = action.apply
             except ApiException as exc:
+                if concurrent_change(exc):
+                    raise ObjectChanged(action.kind, action.name, exc) from exc
                 if exc.status == 404 and action.kind == "ServiceMonitor":
                     # "404 page not found": the ServiceMonitor API may be gone. Look now,
                     # not at the next discovery pass.

@@ -117,6 +117,25 @@ def namespace_gone(exc: BaseException) -> bool:
     )
 
 
+def concurrent_change(exc: BaseException) -> bool:
+    """Whether a write met a concurrent change of its object: 409 Conflict (a precondition
+    or a JSON patch's test no longer holds), or 404 NotFound naming the object (someone
+    else deleted it). The API's normal answer, not a failure: plan again on the fresh
+    cache. A 404 without a Status naming an object (the API itself not served) or one
+    naming the namespace (``namespace_gone``) is not one."""
+    if not isinstance(exc, ApiException):
+        return False
+    if exc.status == 409:
+        return True
+    details = status_of(exc).get("details")
+    return (
+        exc.status == 404
+        and isinstance(details, dict)
+        and bool(details.get("name"))
+        and details.get("kind") not in (None, "namespaces")
+    )
+
+
 class Writer:
     def __init__(self, api: ApiClient, *, rate: float = 10.0, burst: int = 100) -> None:
         self._api = api
