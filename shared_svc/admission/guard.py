@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.admission.probe import probe, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
 from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.events import ObjectRef, Report
@@ -39,6 +40,12 @@ KINDS = {
 }
 MISSING_REASON = "AdmissionGuardMissing"
 MISSING_SCOPE = "admission-guard/missing"  # the publisher's scope of its Warning
+NOT_SERVED_REASON = "AdmissionGuardNotServed"
+NOT_SERVED_SCOPE = "admission-guard/not-served"
+GUARD_KINDS = {
+    "webhook": "MutatingWebhookConfiguration",
+    "delete": "ValidatingWebhookConfiguration",
+}
 
 
 def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
@@ -78,9 +85,10 @@ class GuardMonitor:
         self.errors: dict[str, str] = {}
         self.checked_at: str | None = None
         self.warned: bool = False  # the Warning of the current episode is written
+        self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
 
-    async def _list(self, gvr: GVR) -> list[str] | None:
-        """Names of our guard objects of one kind; [] when the kind is not served."""
+    async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
+        """Our guard objects of one kind; [] when the kind is not served."""
         plural = gvr.plural
         try:
             res = await raw_request(
@@ -100,12 +108,74 @@ class GuardMonitor:
             self.errors[plural] = f"{type(exc).__name__}: {exc}"[:200]
             return None
         self.errors.pop(plural, None)
-        return sorted(i["metadata"]["name"] for i in res.get("items") or [])
+        return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
 
     async def check(self) -> None:
-        self.found = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
+        listed = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
+        self.found = {
+            kind: None if items is None else [i["metadata"]["name"] for i in items]
+            for kind, items in listed.items()
+        }
         self.checked_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         await self._warn_if_unguarded()
+        configurations = {k: v for k, v in listed.items() if k in ("webhook", "delete")}
+        if all(v is not None for v in configurations.values()):
+            await self._probe(configurations)
+
+    async def _probe(self, configurations: Mapping[str, list[dict[str, Any]] | None]) -> None:
+        """Asks each configured webhook with a ``url`` whether it is served (probe.py);
+        a Warning per webhook that is not, once per episode (by the leader)."""
+        self.webhooks = []
+        reports = []
+        for kind, items in configurations.items():
+            for hook in webhooks_of(items or ()):
+                error = None if hook.url is None else await probe(hook, self._ns)
+                served = None if hook.url is None else error is None
+                self.webhooks.append(
+                    {
+                        "configuration": hook.configuration,
+                        "webhook": hook.name,
+                        "url": hook.url,
+                        "served": served,
+                        "error": error,
+                    }
+                )
+                if served is False:
+                    reports.append(
+                        self._not_served_report(kind, hook.configuration, hook.name, error)
+                    )
+        if self._is_leader():
+            await self._recorder.level(NOT_SERVED_SCOPE, reports)
+
+    def _not_served_report(
+        self, kind: str, configuration: str, webhook: str, error: str | None
+    ) -> Report:
+        gvr = KINDS[kind]
+        return Report(
+            type="Warning",
+            reason=NOT_SERVED_REASON,
+            action="Reconcile",
+            regarding=ObjectRef(
+                api_version=f"{gvr.group}/{gvr.version}",
+                kind=GUARD_KINDS[kind],
+                name=configuration,
+            ),
+            note=(
+                f"the admission guard's webhook {webhook} is configured but not served ({error}); "
+                "with failurePolicy Ignore the API server lets gpu-operator's writes through "
+                "unguarded. Serve the webhook at that URL (webhook_port equal to the URL's port, "
+                "the certificate from the chart's Secret; docs/install.md) or unset "
+                "admission.webhook.url."
+            ),
+            key=f"{NOT_SERVED_REASON}/{self._ns}/{configuration}/{webhook}",
+        )
+
+    @property
+    def served(self) -> bool | None:
+        """False when a configured webhook answers no AdmissionReview; True when every
+        probed one does; None when none was probed."""
+        probed = [w["served"] for w in self.webhooks if w["served"] is not None]
+        return all(probed) if probed else None
 
     @property
     def mode(self) -> str:
@@ -161,6 +231,8 @@ class GuardMonitor:
             "deleteGuard": bool(self.found.get("delete")),
             "objects": {k: v for k, v in self.found.items() if v},
             "webhookServing": self._webhook_serving(),
+            "served": self.served,
+            "webhooks": list(self.webhooks),
             "checkedAt": self.checked_at,
             "errors": dict(self.errors),
         }
