@@ -29,7 +29,6 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.rules import name_writers
-from shared_svc.aio import wait_any
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
@@ -45,7 +44,7 @@ from shared_svc.reconcile.model import Action, Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.reconcile.selectors import pod_fields
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from shared_svc.runtime.runnable import Controller, Result, every
+from shared_svc.runtime.runnable import Controller, Periodic, Result, Runnable, every
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +118,15 @@ class ServicesController:
             beat_seconds=lambda: HEARTBEAT_SECONDS,
         )
         self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
+        # ServiceMonitor discovery: a Runnable of its own, every discovery_seconds or at once
+        # when a write met "404 page not found" on the ServiceMonitor path.
+        self.discovery = Periodic(
+            "servicemonitor-discovery",
+            self._discover,
+            lambda: self._config.discovery_seconds,
+            wake=self._rediscover,
+            on_stop=self._stop_service_monitors,
+        )
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
         self._informers: dict[str, Informer] = {}
         self._sm_informer: Informer | None = None
@@ -265,48 +273,50 @@ class ServicesController:
             raise
         return any(r.get("name") == "servicemonitors" for r in res.get("resources", []))
 
-    async def _discovery_loop(self, stop: asyncio.Event) -> None:
-        """Re-checks periodically whether ServiceMonitor is served (Prometheus Operator installed later)."""
-        while not stop.is_set():
-            try:
-                served = await self._discover_service_monitor()
-            except Exception as exc:
-                log.warning("discovery failed", extra={"error": str(exc)})
-                served = self.service_monitor_served  # unknown: keep what we knew
-            if served and self._sm_informer is None:
-                self._sm_stop = asyncio.Event()
-                self._sm_informer = self._informer(
-                    Resource(
-                        "monitoring.coreos.com",
-                        "v1",
-                        "servicemonitors",
-                        "ServiceMonitor",
-                        namespace=self._config.namespace,
-                        crd_name="servicemonitors.monitoring.coreos.com",
-                    ),
-                    shared=False,
-                )
-                self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
-            elif not served and self._sm_informer is not None:
-                self._sm_stop.set()
-                if self._sm_task:
-                    await asyncio.gather(self._sm_task, return_exceptions=True)
-                self._sm_informer = None
-            if served != self.service_monitor_served:
-                log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
-                self.service_monitor_served = served
-                self._retry_now()  # what failed before may work now
-            await wait_any(self._rediscover, stop, self._config.discovery_seconds)
-            self._rediscover.clear()
+    async def _discover(self) -> None:
+        """One look whether ServiceMonitor is served (Prometheus Operator installed later or
+        removed): its cache is started or stopped with it. Run by ``discovery``."""
+        try:
+            served = await self._discover_service_monitor()
+        except Exception as exc:
+            log.warning("discovery failed", extra={"error": str(exc)})
+            served = self.service_monitor_served  # unknown: keep what we knew
+        if served and self._sm_informer is None:
+            self._sm_stop = asyncio.Event()
+            self._sm_informer = self._informer(
+                Resource(
+                    "monitoring.coreos.com",
+                    "v1",
+                    "servicemonitors",
+                    "ServiceMonitor",
+                    namespace=self._config.namespace,
+                    crd_name="servicemonitors.monitoring.coreos.com",
+                ),
+                shared=False,
+            )
+            self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
+        elif not served and self._sm_informer is not None:
+            await self._stop_service_monitors()
+        if served != self.service_monitor_served:
+            log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
+            self.service_monitor_served = served
+            self._retry_now()  # what failed before may work now
+
+    async def _stop_service_monitors(self) -> None:
         self._sm_stop.set()
         if self._sm_task:
             await asyncio.gather(self._sm_task, return_exceptions=True)
+        self._sm_informer, self._sm_task = None, None
+
+    def runnables(self) -> list[Runnable]:
+        """ServiceMonitor discovery, then the controller (Runnables of the service's
+        Manager: on SIGTERM the controller stops first, then discovery and its cache)."""
+        return [self.discovery, self]
 
     # --- the loop ---
     async def run(self, stop: asyncio.Event) -> None:
         self._informers = {name: self._informer(res) for name, res in self._resources().items()}
         tasks = [asyncio.ensure_future(self._shared.run(i, stop)) for i in self._informers.values()]
-        tasks.append(asyncio.ensure_future(self._discovery_loop(stop)))
         tasks.append(
             asyncio.ensure_future(
                 every(stop, lambda: self._config.resync_seconds, self.trigger, name="resync")

@@ -13,14 +13,13 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.probe import probe, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
-from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.events import EventPublisher
 from shared_svc.kube.resources import (
@@ -30,6 +29,10 @@ from shared_svc.kube.resources import (
     VALIDATING_WEBHOOKS,
 )
 from shared_svc.kube.writer import raw_request
+from shared_svc.runtime.runnable import Manager, Periodic, Runnable, repeat
+
+if TYPE_CHECKING:
+    from shared_svc.http import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +220,28 @@ class GuardMonitor:
             key=f"{MISSING_REASON}/{self._ns}",
         )
 
+    # --- the Runnable (shared_svc.runtime.runnable): lists as a standby too; only the
+    # leader sends its Warnings ---
+    name = "admission-guard"
+    needs_leader = False
+
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.check()
-            except Exception as exc:  # never ends the service: /status shows the error
-                log.warning("admission guard check failed", extra={"error": str(exc)})
-            await sleep_or_stop(stop, self._interval)
+        await repeat(stop, self._check_logged, lambda: self._interval, name=self.name)
+
+    async def _check_logged(self) -> None:
+        try:
+            await self.check()
+        except Exception as exc:  # never ends the service: /status shows the error
+            log.warning("admission guard check failed", extra={"error": str(exc)})
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def leadership_changed(self, leader: bool) -> None:
+        pass
 
     def status(self) -> dict[str, Any]:
         return {
@@ -253,10 +271,10 @@ class AdmissionGuard:
     ) -> None:
         self._config = config
         self._controller = controller
-        self._runner: Any = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.webhook_port: int | None = None
+        self._server: HttpServer | None = None  # the webhook server, with a certificate
+        self._stop = asyncio.Event()  # start()/stop() only
+        self._manager: Manager | None = None
+        self._task: asyncio.Future[list[BaseException]] | None = None
         self.certs: Any = None  # server.CertReloader while the webhook serves
         self.monitor = GuardMonitor(
             api,
@@ -280,15 +298,16 @@ class AdmissionGuard:
         plan = self._controller.last_plan if self._controller is not None else None
         return needed_by_of(plan.status) if plan is not None else None
 
-    async def start(self) -> None:
+    def runnables(self) -> list[Runnable]:
+        """The webhook server (when a certificate is configured), its certificate reload,
+        and the monitor, in start order (Runnables of the service's Manager)."""
         cfg = self._config
+        out: list[Runnable] = []
         if cfg.webhook_cert_file and cfg.webhook_key_file:
-            from aiohttp import web
-
             from shared_svc.admission.server import CertReloader, make_webhook_app
-            from shared_svc.http import bound_port, make_runner
+            from shared_svc.http import HttpServer
 
-            self.certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
+            self.certs = certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
             app = make_webhook_app(
                 namespace=cfg.namespace,
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
@@ -296,32 +315,40 @@ class AdmissionGuard:
             )
             # The same server settings as the probes': a malformed request is one INFO line,
             # a client that never completes a request is closed.
-            self._runner = make_runner(app)
-            await self._runner.setup()
-            site = web.TCPSite(
-                self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=self.certs.context
+            self._server = HttpServer(
+                "admission-webhook",
+                app,
+                cfg.bind_address,
+                cfg.webhook_port,
+                ssl_context=certs.context,
             )
-            await site.start()
-            self.webhook_port = bound_port(self._runner)
-            log.info("serving the admission webhook", extra={"port": self.webhook_port})
-        self._task = asyncio.ensure_future(self._run())
+            out.append(self._server)
+            out.append(
+                Periodic(
+                    "webhook-certificate",
+                    certs.reload_if_changed,
+                    lambda: self._config.discovery_seconds,
+                )
+            )
+        out.append(self.monitor)
+        return out
 
-    async def _run(self) -> None:
-        monitor = asyncio.ensure_future(self.monitor.run(self._stop))
-        while not self._stop.is_set():
-            if self.certs is not None:
-                self.certs.reload_if_changed()
-            await sleep_or_stop(self._stop, self._config.discovery_seconds)
-        await monitor
+    @property
+    def webhook_port(self) -> int | None:
+        return self._server.port if self._server is not None else None
+
+    async def start(self) -> None:
+        """Runs :meth:`runnables` on a Manager of its own (without the service's)."""
+        self._manager = Manager(self.runnables(), lambda: False)
+        self._task = asyncio.ensure_future(self._manager.run(self._stop))
+        started = asyncio.ensure_future(self._manager.started.wait())
+        await asyncio.wait([started, self._task], return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
 
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        self.webhook_port = None
 
     def status(self) -> dict[str, Any]:
         out = self.monitor.status()
