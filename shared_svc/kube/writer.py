@@ -117,6 +117,28 @@ def namespace_gone(exc: BaseException) -> bool:
     )
 
 
+async def delete_with_preconditions(
+    api: ApiClient,
+    path: str,
+    preconditions: dict[str, str],
+    *,
+    successor_is_gone: bool = False,
+) -> bool:
+    """DELETE ``path`` if its object still matches ``preconditions``; True when deleted,
+    False when it is gone already (404: what the delete wanted). With
+    ``successor_is_gone``, a 409 (an object of the same name but another uid: a
+    successor, not ours) is gone too; else it is raised (``concurrent_change``: plan
+    again)."""
+    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
+    try:
+        await raw_request(api, "DELETE", path, body=body)
+    except ApiException as exc:
+        if exc.status == 404 or (successor_is_gone and exc.status == 409):
+            return False
+        raise
+    return True
+
+
 def concurrent_change(exc: BaseException) -> bool:
     """Whether a write met a concurrent change of its object: 409 Conflict (a precondition
     or a JSON patch's test no longer holds), or 404 NotFound naming the object (someone
@@ -173,9 +195,8 @@ class Writer:
     async def delete(
         self, kind: str, namespace: str, name: str, preconditions: dict[str, str]
     ) -> None:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
-        try:
-            await self._write("delete", "DELETE", object_path(kind, namespace, name), body=body)
-        except ApiException as exc:
-            if exc.status != 404:  # already gone is what we wanted
-                raise
+        await self._bucket.take()
+        self.writes["delete"] += 1
+        await delete_with_preconditions(
+            self._api, object_path(kind, namespace, name), preconditions
+        )

@@ -91,6 +91,56 @@ def fight_verdict(
     return FightHistory(strikes), FightVerdict(kind, name, contested, worst)
 
 
+@dataclass(frozen=True)
+class Contest:
+    """An object shared-svc leaves alone after a fight over ``field``, until ``until``
+    (the shell's monotonic seconds); ``since`` is when it was found (UTC, for /status)."""
+
+    object: str
+    field: str
+    managers: tuple[str, ...]
+    writers: tuple[str, ...]  # "manager / Operation"
+    until: float
+    since: str
+
+    def as_status(self, now: float) -> dict[str, Any]:
+        return {
+            "object": self.object,
+            "field": self.field,
+            "managers": list(self.managers),
+            "writers": list(self.writers),
+            "since": self.since,
+            "secondsLeft": max(0, round(self.until - now)),
+        }
+
+
+def contest_of(
+    verdict: FightVerdict,
+    owners: Sequence[str],
+    writers: Sequence[str],
+    *,
+    now: float,
+    backoff: float,
+    since: str,
+) -> Contest:
+    """The contest a verdict opens: the field's owners, or (a whole-object PUT removed the
+    field, so nobody owns it) the managers of the latest writers, for ``backoff`` seconds."""
+    managers = tuple(owners) or tuple(w.split(" / ")[0] for w in writers)
+    return Contest(
+        object=f"{verdict.kind}/{verdict.name}",
+        field=verdict.field,
+        managers=managers,
+        writers=tuple(writers),
+        until=now + backoff,
+        since=since,
+    )
+
+
+def left_alone(contest: Contest | None, now: float) -> bool:
+    """Whether an action on the object waits out its contest (the backoff after a fight)."""
+    return contest is not None and contest.until > now
+
+
 def fight_report(
     verdict: FightVerdict,
     live: Mapping[str, Any],
