@@ -402,3 +402,26 @@ async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
         "stop http",
     ]
     assert manager.stopped == ["controller", "lease", "http"]
+
+
+async def test_a_periodic_part_stuck_in_one_step_is_not_alive() -> None:
+    from shared_svc.runtime.runnable import STALL_SECONDS
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck() -> None:
+        entered.set()
+        await release.wait()
+
+    part = Periodic("p", stuck, lambda: 3600.0)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(part.run(stop))
+    await asyncio.wait_for(entered.wait(), 1)
+    assert part.alive()
+    assert part._in_step_since is not None
+    part._in_step_since -= STALL_SECONDS + 1  # as if the step had hung that long
+    assert not part.alive()
+    release.set()
+    await _until(lambda: part.alive())
+    stop.set()
+    await asyncio.wait_for(task, 1)

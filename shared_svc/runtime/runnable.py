@@ -280,12 +280,17 @@ class Periodic:
         self._status = status
         self.steps = 0
         self.stopped = False
+        self._in_step_since: float | None = None  # monotonic start of the step running now
 
     async def _counted(self) -> None:
         self.steps += 1
-        result = self._step()
-        if asyncio.iscoroutine(result):
-            await result
+        self._in_step_since = time.monotonic()
+        try:
+            result = self._step()
+            if asyncio.iscoroutine(result):
+                await result
+        finally:
+            self._in_step_since = None
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -299,7 +304,9 @@ class Periodic:
         return True
 
     def alive(self) -> bool:
-        return True
+        """Not stuck in one step for longer than ``STALL_SECONDS`` (/livez)."""
+        since = self._in_step_since
+        return since is None or time.monotonic() - since < STALL_SECONDS
 
     def status(self) -> dict[str, Any]:
         return self._status() if self._status is not None else {}
