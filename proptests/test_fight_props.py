@@ -15,8 +15,10 @@ from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.reconcile.fight import (
     FightHistory,
     FightVerdict,
+    contest_of,
     fight_report,
     fight_verdict,
+    left_alone,
     next_active,
     warnings_to_emit,
 )
@@ -319,3 +321,32 @@ def test_dedup_emits_each_occurrence_once_while_it_lasts(
         assert step["occurrences"] <= step["active_before"] | set(step["emitted"])
         assert step["active_after"] <= step["occurrences"]
         assert not (set(step["emitted"]) - step["occurrences"])
+
+
+# --- the backoff after a fight (the contest) ---
+
+managers = st.sampled_from(["gpu-operator", "helm", "kubectl"])
+
+
+@given(
+    st.lists(managers, max_size=2),
+    st.lists(st.tuples(managers, st.sampled_from(["Update", "Apply"])), max_size=3),
+    st.floats(0, 1e6),
+    st.floats(0, 1e4),
+    st.floats(0, 2e4),
+)
+def test_a_contest_names_the_owners_or_else_the_writers_and_leaves_the_object_alone_for_the_backoff(
+    owners: list[str],
+    writers: list[tuple[str, str]],
+    now: float,
+    backoff: float,
+    later: float,
+) -> None:
+    verdict = FightVerdict(KIND, NAME, "spec.selector", 3)
+    named = [f"{m} / {op}" for m, op in writers]
+    contest = contest_of(verdict, owners, named, now=now, backoff=backoff, since="t")
+    assert contest.managers == (tuple(owners) or tuple(m for m, _ in writers))
+    assert contest.object == f"{KIND}/{NAME}" and contest.field == "spec.selector"
+    assert left_alone(contest, now + later) == (now + backoff > now + later)
+    assert not left_alone(None, now)
+    assert contest.as_status(now + later)["secondsLeft"] >= 0

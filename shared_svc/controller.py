@@ -20,47 +20,50 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc import caches
-from shared_svc.admission.rules import name_writers
-from shared_svc.aio import wait_any
 from shared_svc.config import Config
-from shared_svc.k8s.events import Report
-from shared_svc.k8s.managed_fields import managers_of_field
+from shared_svc.discovery import ServiceMonitorDiscovery
+from shared_svc.executor import Executor, ObjectChanged
 from shared_svc.kube.cache import Cache, Informer, Informers, Resource
-from shared_svc.kube.events import EventRecorder
-from shared_svc.kube.resources import SERVICE_MONITORS
-from shared_svc.kube.writer import Writer, namespace_gone, raw_request
+from shared_svc.kube.events import Emitter, EventPublisher
+from shared_svc.kube.writer import Writer, namespace_gone
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
-from shared_svc.reconcile.failures import namespace_missing_reports
-from shared_svc.reconcile.fight import (
-    FightHistory,
-    fight_report,
-    fight_verdict,
-    next_active,
-    warnings_to_emit,
-)
-from shared_svc.reconcile.model import Action, Plan, World
+from shared_svc.outcomes import Outcomes
+from shared_svc.reconcile.fight import Contest
+from shared_svc.reconcile.model import Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from shared_svc.runtime.runnable import Controller, Result, every
+from shared_svc.runtime.runnable import Controller, Result, Runnable, every
+from shared_svc.status import plan_status
 
 log = logging.getLogger(__name__)
 
-SERVICE_MONITOR_GV = SERVICE_MONITORS.group_version
 # The runtime beats this often, backoff included (liveness: not wedged; whether
 # reconciles succeed is /status and /metrics, not /livez).
 HEARTBEAT_SECONDS = 5.0
 KEY = "services"  # the one key of the work queue: "look at the namespace again"
 CACHE_WAIT_SECONDS = 0.5  # caches not synced yet: look again this soon
+
+
+def publisher_of(
+    recorder: EventPublisher | Emitter, config: Config, metrics: Metrics
+) -> EventPublisher:
+    """The one Event publisher (the service's, shared with the upgrade controller and the
+    guard monitor), or a bare recorder wrapped in one of our own (tests)."""
+    if isinstance(recorder, EventPublisher):
+        return recorder
+    return EventPublisher(
+        recorder,
+        dry_run=config.dry_run,
+        on_written=lambda r: metrics.events.labels(r.type, r.reason).inc(),
+    )
 
 
 def _utc() -> str:
@@ -73,7 +76,7 @@ class ServicesController:
         api: ApiClient,
         config: Config,
         *,
-        recorder: EventRecorder,
+        recorder: EventPublisher | Emitter,
         writer: Writer,
         metrics: Metrics,
         is_leader: Callable[[], bool],
@@ -83,7 +86,7 @@ class ServicesController:
         # Caches shared with the upgrade controller when the runner passes its registry.
         self._shared = informers or caches.registry(api, config)
         self._config = config
-        self._recorder = recorder
+        self._events = publisher_of(recorder, config, metrics)
         self._writer = writer
         self._metrics = metrics
         self._is_leader = is_leader
@@ -98,25 +101,28 @@ class ServicesController:
             cooldown=config.coalesce_seconds,
             beat_seconds=lambda: HEARTBEAT_SECONDS,
         )
-        self._rediscover = asyncio.Event()  # a 404 on the ServiceMonitor path: look now
+        # ServiceMonitor discovery: a Runnable of its own (discovery.py), with its own cache.
+        self.discovery = ServiceMonitorDiscovery(
+            api,
+            config,
+            make_informer=lambda resource: self._informer(resource, shared=False),
+            on_change=self._retry_now,
+        )
+        self._rediscover = self.discovery.wake  # a 404 on the ServiceMonitor path: look now
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
         self._informers: dict[str, Cache] = {}
-        self._sm_informer: Cache | None = None
-        self._sm_task: asyncio.Task[None] | None = None
-        self._sm_stop = asyncio.Event()
-        self.service_monitor_served = False
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
         self.reconciling = False
-        # Event dedupe: occurrences (conflicts, pending, errors) active in the last plan are not re-emitted.
-        self._active_warnings: set[str] = set()
-        # ConflictingWriter: what we applied last, and how often the same drift came back.
-        self._applied: dict[tuple[str, str], dict[str, Any]] = {}
-        # (kind, name, field) -> monotonic times we re-applied an unchanged intent to it
-        self._corrections = FightHistory()
-        self.contested: dict[tuple[str, str], dict[str, Any]] = {}
-        self._namespace_reported = False  # OperatorNamespaceMissing sent in this episode
-        self._pending_reasons: set[str] = set()  # every pending reason ever reported (gauge labels)
+        self._executor = Executor(
+            config,
+            writer=writer,
+            events=self._events,
+            metrics=metrics,
+            is_leader=is_leader,
+            rediscover=self._rediscover,
+        )
+        self._outcomes = Outcomes(config, events=self._events, metrics=metrics)
 
     # --- caches ---
     def _resources(self) -> dict[str, Resource]:
@@ -233,49 +239,24 @@ class ServicesController:
             self._metrics.cache_synced.labels(name).set(1 if inf.synced.is_set() else 0)
         return out
 
-    async def _discover_service_monitor(self) -> bool:
-        try:
-            res = await raw_request(self._api, "GET", SERVICE_MONITOR_GV)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return any(r.get("name") == "servicemonitors" for r in res.get("resources", []))
+    @property
+    def _sm_informer(self) -> Cache | None:
+        """The ServiceMonitor cache, while discovery finds the API served."""
+        return self.discovery.informer
 
-    async def _discovery_loop(self, stop: asyncio.Event) -> None:
-        """Re-checks periodically whether ServiceMonitor is served (Prometheus Operator installed later)."""
-        while not stop.is_set():
-            try:
-                served = await self._discover_service_monitor()
-            except Exception as exc:
-                log.warning("discovery failed", extra={"error": str(exc)})
-                served = self.service_monitor_served  # unknown: keep what we knew
-            if served and self._sm_informer is None:
-                self._sm_stop = asyncio.Event()
-                self._sm_informer = self._informer(
-                    caches.declare(self._config).service_monitors, shared=False
-                )
-                self._sm_task = asyncio.ensure_future(self._sm_informer.run(self._sm_stop))
-            elif not served and self._sm_informer is not None:
-                self._sm_stop.set()
-                if self._sm_task:
-                    await asyncio.gather(self._sm_task, return_exceptions=True)
-                self._sm_informer = None
-            if served != self.service_monitor_served:
-                log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
-                self.service_monitor_served = served
-                self._retry_now()  # what failed before may work now
-            await wait_any(self._rediscover, stop, self._config.discovery_seconds)
-            self._rediscover.clear()
-        self._sm_stop.set()
-        if self._sm_task:
-            await asyncio.gather(self._sm_task, return_exceptions=True)
+    @property
+    def service_monitor_served(self) -> bool:
+        return self.discovery.served
+
+    def runnables(self) -> list[Runnable]:
+        """ServiceMonitor discovery, then the controller (Runnables of the service's
+        Manager: on SIGTERM the controller stops first, then discovery and its cache)."""
+        return [self.discovery, self]
 
     # --- the loop ---
     async def run(self, stop: asyncio.Event) -> None:
         self._informers = {name: self._informer(res) for name, res in self._resources().items()}
         tasks = [asyncio.ensure_future(self._shared.run(i, stop)) for i in self._informers.values()]
-        tasks.append(asyncio.ensure_future(self._discovery_loop(stop)))
         tasks.append(
             asyncio.ensure_future(
                 every(stop, lambda: self._config.resync_seconds, self.trigger, name="resync")
@@ -295,6 +276,8 @@ class ServicesController:
             return Result(None, requeue_after=CACHE_WAIT_SECONDS, forget=False)
         if await self.reconcile_once():
             return Result("success")
+        if self.last_reconcile.get("result") == "conflict":
+            return Result("conflict", retry=True)  # planned again from the fresh cache
         return Result("error", retry=True)
 
     def snapshot(self) -> World:
@@ -311,256 +294,74 @@ class ServicesController:
         )
 
     async def reconcile_once(self) -> bool:
+        """One reconcile from the caches; True unless it failed (an error, or a write that
+        met a concurrent change: planned again)."""
         rid = uuid.uuid4().hex[:12]
         token = reconcile_id.set(rid)
         started = time.monotonic()
         self.reconciling = True
-        result, error, writes = "success", None, 0
+        result, error, writes = "error", None, 0
         world = self.snapshot()
         try:
-            plan = make_plan(
-                world,
-                self._config.core_settings(service_monitor_served=self.service_monitor_served),
-            )
-            self.last_plan = plan
-            self._record_plan_metrics(plan)
-            leader = self._is_leader()
-            if not leader:
-                result = "standby"
-            elif self._config.dry_run:
-                result = "dry-run"
-                for a in plan.writes:
-                    log.info(
-                        "dry-run: would write",
-                        extra={
-                            "action": a.action,
-                            "kind": a.kind,
-                            "object": a.name,
-                            "reason": a.reason,
-                        },
-                    )
-            else:
-                writes = await self._execute(plan, world)
-                await self._emit_occurrences(plan)
-            self._namespace_reported = False
+            result, writes = await self._plan_and_act(world)
+            await self._outcomes.succeeded()
             return True
+        except ObjectChanged as exc:
+            result, error = "conflict", str(exc)
+            self._outcomes.changed(exc)
+            return False
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
-            log.warning("reconcile failed", extra={"error": error})
             if namespace_gone(exc):
-                await self._report_namespace_missing(world)
+                await self._outcomes.namespace_missing(error, world)
+            else:
+                log.warning("reconcile failed", extra={"error": error})
             return False
         finally:
-            duration = time.monotonic() - started
             self.reconciling = False
-            if result != "error":
-                self._metrics.last_success.set(time.time())
-            self.last_reconcile = {
-                "id": rid,
-                "at": _utc(),
-                "result": result,
-                "error": error,
-                "writes": writes,
-                "durationSeconds": round(duration, 4),
-            }
-            if result != "standby":
-                log.info(
-                    "reconciled",
-                    extra={
-                        "result": result,
-                        "writes": writes,
-                        "durationSeconds": round(duration, 4),
-                    },
-                )
+            duration = time.monotonic() - started
+            self.last_reconcile = self._outcomes.finished(rid, result, error, writes, duration)
             reconcile_id.reset(token)
 
-    async def _report_namespace_missing(self, world: World) -> None:
-        """Once per episode (until a reconcile succeeds again): the retries stay in the logs."""
-        if self._namespace_reported:
-            return
-        for report in namespace_missing_reports(world, self._config.namespace):
-            await self._emit(report)
-        self._namespace_reported = True
+    async def _plan_and_act(self, world: World) -> tuple[str, int]:
+        """Plans; the leader writes, dry-run shows, a standby only plans. Returns the
+        result and the number of write requests."""
+        settings = self._config.core_settings(service_monitor_served=self.service_monitor_served)
+        plan = make_plan(world, settings)
+        self.last_plan = plan
+        self._record_plan_metrics(plan)
+        if not self._is_leader():
+            return "standby", 0
+        if self._config.dry_run:
+            await self._outcomes.show(plan)
+            return "dry-run", 0
+        writes = await self._execute(plan, world)
+        await self._emit_occurrences(plan)
+        return "success", writes
 
     def _record_plan_metrics(self, plan: Plan) -> None:
-        m = self._metrics
-        for kind in ("Service", "ServiceMonitor"):
-            m.managed_objects.labels(kind).set(
-                sum(1 for o in plan.objects if o.get("kind") == kind)
-            )
-        m.conflicts.set(len(plan.conflicts))
-        reasons = Counter(p.reason for p in plan.pending)
-        # Reasons that went away are set to 0, not left at their last value.
-        self._pending_reasons |= set(reasons)
-        for reason in self._pending_reasons:
-            m.pending.labels(reason).set(reasons[reason])
-        m.spec_errors.set(len(plan.errors))
+        self._outcomes.record_plan_metrics(plan)
 
     async def _execute(self, plan: Plan, world: World) -> int:
-        """Runs the plan's actions in order; stops at the first failure (the order keeps coverage)."""
-        live = {
-            (o["kind"], o["metadata"]["name"]): o
-            for o in (*world.services, *world.service_monitors)
-        }
-        ns = self._config.namespace
-        writes = 0
-        announcements: dict[tuple[str, str], list[Report]] = {}
-        for report in plan.reports:
-            if report.after_write is not None:
-                announcements.setdefault(report.after_write, []).append(report)
-        now = time.monotonic()
-        for action in plan.actions:
-            key = (action.kind, action.name)
-            if action.action == "unchanged":
-                continue
-            if action.action not in ("create", "update", "delete"):
-                continue
-            contest = self.contested.get(key)
-            if contest and contest["until"] > now:
-                continue  # reported as ConflictingWriter: leave it alone for a while
-            if contest:
-                del self.contested[key]
-            if action.action == "update" and await self._is_fight(action, live.get(key)):
-                continue
-            if not self._is_leader():
-                raise RuntimeError("lost leadership during reconcile")
-            try:
-                if action.action == "delete":
-                    await self._writer.delete(
-                        action.kind, ns, action.name, dict(action.preconditions or {})
-                    )
-                    self._metrics.writes.labels("delete", action.kind).inc()
-                    writes += 1
-                    self._applied.pop(key, None)
-                else:
-                    if action.json_patch:
-                        await self._writer.json_patch(
-                            action.kind, ns, action.name, list(action.json_patch)
-                        )
-                        self._metrics.writes.labels("patch", action.kind).inc()
-                        writes += 1
-                    if action.apply is not None:
-                        await self._writer.apply(action.apply)
-                        self._metrics.writes.labels("apply", action.kind).inc()
-                        writes += 1
-                        self._applied[key] = action.apply
-            except ApiException as exc:
-                if exc.status == 404 and action.kind == "ServiceMonitor":
-                    # "404 page not found": the ServiceMonitor API may be gone. Look now,
-                    # not at the next discovery pass.
-                    self._rediscover.set()
-                raise
-            log.info(
-                "wrote",
-                extra={
-                    "action": action.action,
-                    "kind": action.kind,
-                    "object": action.name,
-                    "reason": action.reason,
-                },
-            )
-            # Announced right after its own write: a later failure must not lose it (the
-            # next plan will not repeat a write that already happened).
-            for report in announcements.pop(key, ()):
-                await self._emit(report)
-        return writes
+        """The plan's writes, each followed by its announcements (``executor.Executor``)."""
+        return await self._executor.execute(plan, world)
 
-    async def _is_fight(self, action: Action, live: dict[str, Any] | None) -> bool:
-        """True when another writer keeps undoing the same intent: report once, back off.
-
-        A fight is the same intent re-applied to the same field ``threshold`` times within
-        the window. Only a change of our own intent resets the count: a reconcile that finds
-        the object right between two strikes of the other writer proves nothing.
-        """
-        key = (action.kind, action.name)
-        history, verdict = fight_verdict(
-            self._corrections,
-            action.kind,
-            action.name,
-            apply_body=action.apply,
-            last_applied=self._applied.get(key),
-            live_present=live is not None,
-            changed_fields=action.changed_fields,
-            now=time.monotonic(),
-            threshold=self._config.conflicting_writer_threshold,
-            window=self._config.conflicting_writer_window_seconds,
-        )
-        self._corrections = history
-        if verdict is None or live is None:
-            return False
-        field = verdict.field
-        owners = managers_of_field(live, field)
-        writers = name_writers(live, owners)  # e.g. "gpu-operator / Update"
-        managers = owners or [w.split(" / ")[0] for w in writers]
-        until = time.monotonic() + self._config.conflicting_writer_backoff_seconds
-        self.contested[key] = {
-            "object": f"{action.kind}/{action.name}",
-            "field": field,
-            "managers": managers,
-            "writers": writers,
-            "until": until,
-            "since": _utc(),
-        }
-        self._metrics.conflicting_writer.inc()
-        await self._emit(
-            fight_report(verdict, live, writers, self._config.conflicting_writer_backoff_seconds)
-        )
-        return True
+    @property
+    def contested(self) -> dict[tuple[str, str], Contest]:
+        return self._executor.contested
 
     async def _emit_occurrences(self, plan: Plan) -> None:
-        written = set()
-        for report in warnings_to_emit(self._active_warnings, plan.reports):
-            if await self._emit(report):
-                written.add(report.key)
-        # Keys whose Event could not be written stay out, so the next reconcile retries them.
-        self._active_warnings = set(next_active(self._active_warnings, plan.reports, written))
-
-    async def _emit(self, report: Report) -> bool:
-        written = await self._recorder.emit(report)
-        if written:
-            self._metrics.events.labels(report.type, report.reason).inc()
-        return written
+        await self._outcomes.occurrences(plan)
 
     # --- status ---
     def status(self) -> dict[str, Any]:
-        plan = self.last_plan
-        actions = {(a.kind, a.name): a for a in plan.actions} if plan else {}
-        objects = []
-        if plan:
-            for s in plan.status:
-                entry = {
-                    "kind": s.kind,
-                    "name": s.name,
-                    "neededBy": list(s.needed_by),
-                    "selector": s.selector,
-                    "heldBack": s.held_back,
-                    "gates": [
-                        {"stack": g.stack, "open": g.open, "failing": list(g.failing)}
-                        for g in s.gates
-                    ],
-                }
-                act = actions.get((s.kind, s.name))
-                if act:
-                    entry["lastAction"] = {"action": act.action, "reason": act.reason}
-                objects.append(entry)
-        now = time.monotonic()
         return {
             "cachesSynced": self.caches_synced(),
             "caches": self.cache_status(),
             "serviceMonitorServed": self.service_monitor_served,
             "lastReconcile": self.last_reconcile,
-            "objects": objects,
-            "conflicts": [asdict(c) for c in plan.conflicts] if plan else [],
-            "pending": [asdict(p) for p in plan.pending] if plan else [],
-            "errors": [asdict(e) for e in plan.errors] if plan else [],
-            "notes": list(plan.notes) if plan else [],
-            "contested": [
-                {
-                    **{k: v for k, v in c.items() if k != "until"},
-                    "secondsLeft": max(0, round(c["until"] - now)),
-                }
-                for c in self.contested.values()
-            ],
+            **plan_status(self.last_plan),
+            "contested": self._executor.contested_status(),
             "writes": dict(self._writer.writes),
         }
 

@@ -9,8 +9,10 @@ waits an hour).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import ssl
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -115,3 +117,54 @@ def make_runner(app: web.Application, *, client_timeout: float = CLIENT_TIMEOUT)
         logger=_ServerLog(logging.getLogger("aiohttp.server")),
         keepalive_timeout=client_timeout,
     )
+
+
+class HttpServer:
+    """A Runnable that serves ``app`` on ``host:port`` (``make_runner``'s settings) until
+    stopped; ``started`` is set once it listens, ``port`` is the port it listens on (the
+    one the OS picked for port 0)."""
+
+    needs_leader = False
+
+    def __init__(
+        self,
+        name: str,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.name = name
+        self._app = app
+        self._host = host
+        self._port = port
+        self._ssl = ssl_context
+        self.started = asyncio.Event()
+        self.port: int | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        runner = make_runner(self._app)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
+            await site.start()
+            self.port = bound_port(runner)
+            log.debug("listening", extra={"server": self.name, "port": self.port})
+            self.started.set()
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+            self.port = None
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def leadership_changed(self, leader: bool) -> None:
+        pass

@@ -1,8 +1,10 @@
 """The running service: API client, leader election, controllers and HTTP endpoints.
 
-Shutdown order (SIGTERM): the controllers stop taking new work and finish the reconcile
-in flight, then the Lease is released (a standby takes over at once), then the HTTP
-server closes and the API client is closed.
+Every long-running part is a Runnable of one ``Manager`` (``shared_svc.runtime``),
+started in order and stopped in the reverse order on SIGTERM: the controllers stop taking
+new work and finish the reconcile in flight, then the guard monitor and the webhook
+server stop, then the Lease is released (a standby takes over at once), then the HTTP
+server closes; last the API client is closed.
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc import caches
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controller import ServicesController
-from shared_svc.http import bound_port, make_app, make_runner
-from shared_svc.kube.events import EventRecorder
+from shared_svc.http import HttpServer, make_app
+from shared_svc.kube.events import EventPublisher, EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
 from shared_svc.kubeconfig import api_client
@@ -44,22 +45,24 @@ class Service:
         self.elector: LeaseElector | None = None
         self.controller: ServicesController | None = None
         self.upgrade: UpgradeController | None = None
-        self.manager: Manager | None = None  # runs both controllers (shared_svc.runtime)
+        self.manager: Manager | None = None  # runs every part (shared_svc.runtime)
         self.writer: Writer | None = None
         self.recorder: EventRecorder | None = None
+        self.events: EventPublisher | None = None  # the one publisher, for every sender
         self.admission: AdmissionGuard | None = None  # the webhook server and guard monitor
+        self.http: HttpServer | None = None  # /livez /readyz /status /metrics
         self.port: int | None = None
         self.started = asyncio.Event()
-        self._runner: web.AppRunner | None = None
 
     def is_leader(self) -> bool:
         return self.elector.is_leader if self.elector else True
 
     def runnables(self) -> list[Runnable]:
-        return [r for r in (self.controller, self.upgrade) if r is not None]
+        """Every long-running part, in start order (empty before ``run``)."""
+        return self.manager.runnables if self.manager is not None else []
 
     def alive(self) -> bool:
-        """No controller wedged (shared_svc.runtime.runnable.STALL_SECONDS)."""
+        """No part wedged (shared_svc.runtime.runnable.STALL_SECONDS)."""
         return all(r.alive() for r in self.runnables())
 
     def ready(self) -> bool:
@@ -89,91 +92,97 @@ class Service:
         cfg = self.config
         self.api = api = await api_client(cfg.kubeconfig)
         try:
-            self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name, dry_run=cfg.dry_run)
-            self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
-            leader_gauge = self.metrics.leader.labels(cfg.lease_name)
-            if cfg.leader_election:
-                self.elector = LeaseElector(
-                    api,
-                    namespace=cfg.namespace,
-                    name=cfg.lease_name,
-                    identity=cfg.pod_name,
-                    lease_duration=cfg.lease_duration_seconds,
-                    renew_deadline=cfg.renew_deadline_seconds,
-                    retry_period=cfg.retry_period_seconds,
-                    on_change=lambda lead: self._on_leadership(lead),
-                    on_error=lambda _: self.metrics.lease_errors.inc(),
-                )
-            else:
-                leader_gauge.set(1)
-            # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies).
-            informers = caches.registry(api, cfg)
-            if cfg.services_controller:
-                self.controller = ServicesController(
-                    api,
-                    cfg,
-                    recorder=self.recorder,
-                    writer=self.writer,
-                    metrics=self.metrics,
-                    is_leader=self.is_leader,
-                    informers=informers,
-                )
-            if cfg.upgrade_controller:
-                from shared_svc.upgrade.controller import UpgradeController
-
-                self.upgrade = UpgradeController(
-                    api,
-                    cfg,
-                    self.recorder,
-                    is_leader=self.is_leader,
-                    registry=self.metrics.registry,
-                    informers=informers,
-                )
-            app = make_app(
-                alive=self.alive,
-                ready=self.ready,
-                status=self.status,
-                registry=self.metrics.registry,
-            )
-            self._runner = make_runner(app)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, cfg.bind_address, cfg.port)
-            await site.start()
-            self.port = bound_port(self._runner)
-            log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
-            if cfg.services_controller:
-                self.admission = AdmissionGuard(
-                    api,
-                    cfg,
-                    recorder=self.recorder,
-                    controller=self.controller,
-                    is_leader=self.is_leader,
-                )
-                await self.admission.start()
-
-            lease_stop = asyncio.Event()
-            self.manager = Manager(self.runnables(), self.is_leader)
-            lease_task = (
-                asyncio.ensure_future(self.elector.run(lease_stop)) if self.elector else None
-            )
-            self.started.set()
-            # Until SIGTERM or a controller ending unexpectedly; each controller then
-            # finishes the reconcile in flight.
-            crashed = await self.manager.run(stop)
-            log.info("controllers stopped")
-            lease_stop.set()
-            if lease_task:
-                await asyncio.gather(lease_task, return_exceptions=True)
+            self.manager = Manager(self._build(api), self.is_leader)
+            # Until SIGTERM or a part ending unexpectedly; then every part stops, in the
+            # reverse order of starting (the controllers finish the reconcile in flight,
+            # the Lease is released, the servers close).
+            task = asyncio.ensure_future(self.manager.run(stop))
+            started = asyncio.ensure_future(self.manager.started.wait())
+            await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            if self.manager.started.is_set():
+                self.port = self.http.port if self.http else None
+                log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
+                self.started.set()
+            crashed = await task
+            log.info("stopped in order", extra={"parts": self.manager.stopped})
             if crashed:
                 # After a clean shutdown (Lease released): exit non-zero so Kubernetes restarts us.
                 raise ControllerCrashed(f"a controller ended unexpectedly: {crashed[0]!r}")
         finally:
-            if self.admission is not None:
-                await self.admission.stop()
-            if self._runner:
-                await self._runner.cleanup()
             await api.close()
             log.info("stopped")
+
+    def _build(self, api: ApiClient) -> list[Runnable]:
+        """Every long-running part, as a Runnable of the Manager, in start order: the HTTP
+        server (probes answer from the start), the Lease, the admission guard (webhook
+        server, certificate reload, monitor), then the controllers (ServiceMonitor
+        discovery, the Services controller, the upgrade controller)."""
+        cfg = self.config
+        self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
+        self.events = EventPublisher(
+            self.recorder,
+            dry_run=cfg.dry_run,
+            on_written=lambda r: self.metrics.events.labels(r.type, r.reason).inc(),
+        )
+        self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
+        if cfg.leader_election:
+            self.elector = LeaseElector(
+                api,
+                namespace=cfg.namespace,
+                name=cfg.lease_name,
+                identity=cfg.pod_name,
+                lease_duration=cfg.lease_duration_seconds,
+                renew_deadline=cfg.renew_deadline_seconds,
+                retry_period=cfg.retry_period_seconds,
+                on_change=lambda lead: self._on_leadership(lead),
+                on_error=lambda _: self.metrics.lease_errors.inc(),
+            )
+        else:
+            self.metrics.leader.labels(cfg.lease_name).set(1)
+        # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies).
+        informers = caches.registry(api, cfg)
+        if cfg.services_controller:
+            self.controller = ServicesController(
+                api,
+                cfg,
+                recorder=self.events,
+                writer=self.writer,
+                metrics=self.metrics,
+                is_leader=self.is_leader,
+                informers=informers,
+            )
+        if cfg.upgrade_controller:
+            from shared_svc.upgrade.controller import UpgradeController
+
+            self.upgrade = UpgradeController(
+                api,
+                cfg,
+                self.events,
+                is_leader=self.is_leader,
+                registry=self.metrics.registry,
+                informers=informers,
+            )
+        app = make_app(
+            alive=self.alive, ready=self.ready, status=self.status, registry=self.metrics.registry
+        )
+        self.http = HttpServer("http", app, cfg.bind_address, cfg.port)
+        parts: list[Runnable] = [self.http]
+        if self.elector is not None:
+            parts.append(self.elector)
+        if self.controller is not None:
+            self.admission = AdmissionGuard(
+                api,
+                cfg,
+                recorder=self.events,
+                controller=self.controller,
+                is_leader=self.is_leader,
+            )
+            parts += self.admission.runnables()
+            parts += self.controller.runnables()
+        if self.upgrade is not None:
+            parts.append(self.upgrade)
+        return parts
 
     def _on_leadership(self, lead: bool) -> None:
         self.metrics.leader.labels(self.config.lease_name).set(1 if lead else 0)

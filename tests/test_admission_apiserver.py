@@ -151,6 +151,7 @@ async def test_webhook_makes_operator_updates_change_nothing(
         await neutralised(kube, svc, writer, "webhook")
         status = svc.status()["admissionGuard"]
         assert status["deleteGuard"] is True and status["webhookServing"] is True
+        assert status["served"] is True, status["webhooks"]  # the URL answers: ours
 
 
 async def test_operator_delete_of_a_needed_service_is_answered_404(
@@ -358,3 +359,37 @@ async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
         assert {n: shape(await kube.service(n) or {}) for n in dra} == before
         assert writes(svc) == ours
         assert await conflicting_writers(kube) == []
+
+
+async def test_a_configured_webhook_url_that_reaches_no_server_is_said_in_status_and_a_warning(
+    control_plane: ControlPlane, kube: Kube, tls: Tls
+) -> None:
+    """``admission.webhook.url`` set, nothing serving it, ``failurePolicy: Ignore``: the
+    API server lets every write through without an error; shared-svc says so (issue 19
+    item 5)."""
+    await kube.create_cr(cp_body())
+    port = free_port()  # nothing listens there
+    async with (
+        running(service_config(control_plane, kube.ns, discovery_seconds=0.5)) as svc,
+        guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
+    ):
+
+        async def not_served() -> bool:
+            await asyncio.sleep(0)
+            return svc.status()["admissionGuard"]["served"] is False
+
+        await eventually(not_served, timeout=30)
+        status = svc.status()["admissionGuard"]
+        assert status["deleteGuard"] is True, "configured ..."
+        unserved = [w for w in status["webhooks"] if w["served"] is False]
+        assert {w["url"] for w in unserved} >= {f"https://127.0.0.1:{port}/validate-delete"}
+        assert all(w["error"] for w in unserved)
+        warned = await eventually(
+            lambda: kube.events_for("AdmissionGuardNotServed", namespace="default"), timeout=15
+        )
+        ours = [e for e in warned if f"127.0.0.1:{port}" in e["note"]]
+        assert ours and all(e["type"] == "Warning" for e in ours)
+        assert {e["regarding"]["kind"] for e in ours} >= {"ValidatingWebhookConfiguration"}
+        await asyncio.sleep(1.5)  # more checks: one Warning per webhook, not one per check
+        again = await kube.events_for("AdmissionGuardNotServed", namespace="default")
+        assert [e for e in again if f"127.0.0.1:{port}" in e["note"]] == ours

@@ -349,6 +349,52 @@ async def test_sigterm_finishes_and_exits_zero(
     assert "Traceback" not in log
 
 
+async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_lease(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+) -> None:
+    """What SIGTERM does (``run`` sets the same stop event): every long-running part is a
+    Runnable of the Manager; the controllers stop first, the Lease is released after the
+    guard and before the servers close (issue 21)."""
+    from tests.admission import make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    await kube.create_cr(cp_body())
+    config = service_config(
+        control_plane,
+        kube.ns,
+        leader_election=True,
+        pod_name="ordered-1",
+        upgrade_controller=True,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=testenv.free_port(),
+    )
+    async with running(config) as svc:
+        await eventually(lambda: asyncio.sleep(0, svc.is_leader() and svc.ready()), timeout=30)
+        started = [r.name for r in svc.runnables()]
+        assert svc.manager is not None and svc.manager.started.is_set()
+    assert started == [
+        "http",
+        "lease",
+        "admission-webhook",
+        "webhook-certificate",
+        "admission-guard",
+        "servicemonitor-discovery",
+        "shared-services",
+        "upgrade",
+    ]
+    assert svc.manager.stopped == started[::-1]
+    assert svc.elector is not None and not svc.elector.is_leader
+    lease = await kube.api.call_api(
+        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{config.lease_name}",
+        "GET",
+        auth_settings=["BearerToken"],
+        response_types_map={200: "object"},
+        _return_http_data_only=True,
+    )
+    assert lease["spec"]["holderIdentity"] == "", "released"
+
+
 def test_bad_configuration_is_one_line_exit_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "shared_svc", "run", "--port", "99999"],

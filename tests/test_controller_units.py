@@ -327,3 +327,26 @@ async def test_a_burst_of_changes_becomes_few_reconciles(monkeypatch: pytest.Mon
     last_change = len(probe.log) - 1 - probe.log[::-1].index("change")
     assert "reconcile" in probe.log[last_change:], probe.log  # the last change is served
     await probe.close()
+
+
+def test_a_write_meeting_changes_is_info_until_the_same_object_keeps_meeting_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.executor import ObjectChanged
+    from shared_svc.kube.events import EventPublisher
+    from shared_svc.outcomes import CHANGED_WARN_AFTER, Outcomes
+
+    outcomes = Outcomes(Config(), events=EventPublisher(FlakyRecorder()), metrics=Metrics())
+    caplog.set_level(logging.INFO, logger="shared_svc")
+    conflict = ObjectChanged("Service", "nvidia-dcgm", ApiException(status=409, reason="Conflict"))
+    for _ in range(CHANGED_WARN_AFTER):
+        outcomes.changed(conflict)
+    levels = [r.levelno for r in caplog.records]
+    assert levels == [logging.INFO] * (CHANGED_WARN_AFTER - 1) + [logging.WARNING]
+    assert caplog.records[0].getMessage() == (
+        "Service/nvidia-dcgm changed meanwhile (409 Conflict): planning again from the cache"
+    )

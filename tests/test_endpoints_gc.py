@@ -10,6 +10,7 @@ otherwise act on every other test's objects). Tests play the kubelet (tests/kube
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -306,10 +307,11 @@ async def test_a_cr_recreated_at_once_gets_new_services(kk: Kube, svc: Service) 
 
 
 async def test_operator_namespace_deleted_under_shared_svc_is_retried_with_backoff(
-    kcm_plane: testenv.ControlPlane, kk: Kube, svc: Service
+    kcm_plane: testenv.ControlPlane, kk: Kube, svc: Service, caplog: pytest.LogCaptureFixture
 ) -> None:
     await kk.create_cr(cp_body())
     await settle(svc)
+    caplog.set_level(logging.INFO, logger="shared_svc")
     await kk.core.delete_namespace(kk.ns)
 
     async def namespace_gone() -> bool:
@@ -333,3 +335,37 @@ async def test_operator_namespace_deleted_under_shared_svc_is_retried_with_backo
         if e["regarding"]["kind"] == "ClusterPolicy"
     ]
     assert len(reported) == 1, reported
+    # One warning for the episode, not one per retry (issue 19 item 2).
+    said = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "namespace" in r.getMessage().lower()
+    ]
+    assert len(said) == 1, [r.getMessage() for r in said]
+
+
+async def test_both_crs_deleted_under_the_collector_log_no_warning(
+    kk: Kube, svc: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The collector and shared-svc race for the same Services: a 409 on a preconditioned
+    write or a 404 on a delete is the API's answer to a concurrent change, planned again
+    from the fresh cache without a warning (issue 19 item 2)."""
+    await kk.create_cr(cp_body())
+    await kk.create_cr(gc_body())
+    await settle(svc)
+    caplog.set_level(logging.DEBUG, logger="shared_svc")
+    await kk.delete_cr("ClusterPolicy", "cluster-policy")
+    await kk.delete_cr("GPUCluster", "gpu-cluster")
+
+    async def none_left() -> bool:
+        return not await kk.services()
+
+    await eventually(none_left)
+    await settle(svc)
+    assert svc.controller is not None and svc.controller.last_reconcile["result"] == "success"
+    warned = [
+        f"{r.name}: {r.getMessage()} {r.__dict__.get('error', '')}"
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("shared_svc")
+    ]
+    assert warned == []

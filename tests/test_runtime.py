@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,7 +16,7 @@ from shared_svc.runtime.ratelimit import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
 )
-from shared_svc.runtime.runnable import Controller, Manager, Result
+from shared_svc.runtime.runnable import Controller, Manager, Periodic, Result
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 
 
@@ -283,3 +285,143 @@ async def test_manager_stops_everything_when_a_runnable_crashes() -> None:
     manager = Manager([other, Probe("crashy", False, crash=True)], lambda: True)
     crashed = await asyncio.wait_for(manager.run(asyncio.Event()), 1)
     assert [str(e) for e in crashed] == ["crashy crashed"] and not other.running
+
+
+# --- every long-running part a Runnable (issue 21) ---
+
+PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
+
+
+def _stop_loops(path: Path) -> list[int]:
+    """Lines of ``while not <x>.is_set()`` loops (a hand-written long-running loop)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.While)
+            and isinstance(node.test, ast.UnaryOp)
+            and isinstance(node.test.op, ast.Not)
+            and isinstance(node.test.operand, ast.Call)
+            and isinstance(node.test.operand.func, ast.Attribute)
+            and node.test.operand.func.attr == "is_set"
+        ):
+            found.append(node.lineno)
+    return found
+
+
+# Not yet moved onto the runtime's loop helper: owned by other work (issue 21's caches
+# and upgrade items). Each must shrink away, never grow.
+NOT_YET = {"kube/cache.py", "upgrade/controller.py"}
+
+
+def test_no_hand_written_stop_loop_lives_outside_the_runtime() -> None:
+    loops = {
+        str(p.relative_to(PACKAGE)): lines
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.relative_to(PACKAGE).parts[0] != "runtime" and (lines := _stop_loops(p))
+    }
+    assert set(loops) <= NOT_YET, loops
+
+
+def test_the_loop_finder_finds_a_stop_loop(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text("async def f(stop):\n    while not stop.is_set():\n        pass\n")
+    assert _stop_loops(sample) == [2]
+
+
+def test_service_wires_every_long_running_part_as_a_runnable_of_its_manager() -> None:
+    source = (PACKAGE / "service.py").read_text()
+    tree = ast.parse(source)
+    spawned = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("ensure_future", "create_task", "start", "setup")
+    ]
+    # Only the Manager is started by hand (and waited on until every part has started).
+    assert sorted(ast.unparse(n) for n in spawned) == [
+        "asyncio.ensure_future(self.manager.run(stop))",
+        "asyncio.ensure_future(self.manager.started.wait())",
+    ]
+
+
+async def test_periodic_runs_at_once_then_on_wake_and_stops_with_on_stop() -> None:
+    wake, stop = asyncio.Event(), asyncio.Event()
+    calls: list[str] = []
+
+    async def on_stop() -> None:
+        calls.append("stopped")
+
+    def step() -> None:
+        calls.append("step")
+        if len(calls) == 2:
+            raise RuntimeError("a failure is logged, not fatal")
+
+    part = Periodic("p", step, lambda: 3600.0, wake=wake, on_stop=on_stop)
+    task = asyncio.ensure_future(part.run(stop))
+    await _until(lambda: part.steps == 1)
+    wake.set()
+    await _until(lambda: part.steps == 2)
+    wake.set()
+    await _until(lambda: part.steps == 3)
+    stop.set()
+    await asyncio.wait_for(task, 1)
+    assert calls == ["step", "step", "step", "stopped"]
+
+
+class Started(Probe):
+    def __init__(self, name: str, order: list[str]) -> None:
+        super().__init__(name, False)
+        self.started = asyncio.Event()
+        self._order = order
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._order.append(f"start {self.name}")
+        self.started.set()
+        try:
+            await stop.wait()
+        finally:
+            self._order.append(f"stop {self.name}")
+
+
+async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
+    order: list[str] = []
+    parts = [Started(n, order) for n in ("http", "lease", "controller")]
+    manager = Manager(parts, lambda: True)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(manager.run(stop))
+    await asyncio.wait_for(manager.started.wait(), 1)
+    stop.set()
+    assert await asyncio.wait_for(task, 1) == []
+    assert order == [
+        "start http",
+        "start lease",
+        "start controller",
+        "stop controller",
+        "stop lease",
+        "stop http",
+    ]
+    assert manager.stopped == ["controller", "lease", "http"]
+
+
+async def test_a_periodic_part_stuck_in_one_step_is_not_alive() -> None:
+    from shared_svc.runtime.runnable import STALL_SECONDS
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck() -> None:
+        entered.set()
+        await release.wait()
+
+    part = Periodic("p", stuck, lambda: 3600.0)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(part.run(stop))
+    await asyncio.wait_for(entered.wait(), 1)
+    assert part.alive()
+    assert part._in_step_since is not None
+    part._in_step_since -= STALL_SECONDS + 1  # as if the step had hung that long
+    assert not part.alive()
+    release.set()
+    await _until(lambda: part.alive())
+    stop.set()
+    await asyncio.wait_for(task, 1)

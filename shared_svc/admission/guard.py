@@ -13,15 +13,15 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.admission.probe import probe, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
-from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.events import ObjectRef, Report
-from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.events import EventPublisher
 from shared_svc.kube.resources import (
     GVR,
     MUTATING_POLICY_BINDINGS,
@@ -29,6 +29,10 @@ from shared_svc.kube.resources import (
     VALIDATING_WEBHOOKS,
 )
 from shared_svc.kube.writer import raw_request
+from shared_svc.runtime.runnable import Manager, Periodic, Runnable, repeat
+
+if TYPE_CHECKING:
+    from shared_svc.http import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,13 @@ KINDS = {
     "delete": VALIDATING_WEBHOOKS,
 }
 MISSING_REASON = "AdmissionGuardMissing"
+MISSING_SCOPE = "admission-guard/missing"  # the publisher's scope of its Warning
+NOT_SERVED_REASON = "AdmissionGuardNotServed"
+NOT_SERVED_SCOPE = "admission-guard/not-served"
+GUARD_KINDS = {
+    "webhook": "MutatingWebhookConfiguration",
+    "delete": "ValidatingWebhookConfiguration",
+}
 
 
 def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
@@ -59,7 +70,7 @@ class GuardMonitor:
         *,
         namespace: str,
         field_manager: str,
-        recorder: EventRecorder,
+        recorder: EventPublisher,
         objects: Callable[[], Sequence[Mapping[str, Any]] | None],
         is_leader: Callable[[], bool],
         interval: float,
@@ -77,9 +88,10 @@ class GuardMonitor:
         self.errors: dict[str, str] = {}
         self.checked_at: str | None = None
         self.warned: bool = False  # the Warning of the current episode is written
+        self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
 
-    async def _list(self, gvr: GVR) -> list[str] | None:
-        """Names of our guard objects of one kind; [] when the kind is not served."""
+    async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
+        """Our guard objects of one kind; [] when the kind is not served."""
         plural = gvr.plural
         try:
             res = await raw_request(
@@ -99,60 +111,137 @@ class GuardMonitor:
             self.errors[plural] = f"{type(exc).__name__}: {exc}"[:200]
             return None
         self.errors.pop(plural, None)
-        return sorted(i["metadata"]["name"] for i in res.get("items") or [])
+        return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
 
     async def check(self) -> None:
-        self.found = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
+        listed = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
+        self.found = {
+            kind: None if items is None else [i["metadata"]["name"] for i in items]
+            for kind, items in listed.items()
+        }
         self.checked_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         await self._warn_if_unguarded()
+        configurations = {k: v for k, v in listed.items() if k in ("webhook", "delete")}
+        if all(v is not None for v in configurations.values()):
+            await self._probe(configurations)
+
+    async def _probe(self, configurations: Mapping[str, list[dict[str, Any]] | None]) -> None:
+        """Asks each configured webhook with a ``url`` whether it is served (probe.py);
+        a Warning per webhook that is not, once per episode (by the leader)."""
+        self.webhooks = []
+        reports = []
+        for kind, items in configurations.items():
+            for hook in webhooks_of(items or ()):
+                error = None if hook.url is None else await probe(hook, self._ns)
+                served = None if hook.url is None else error is None
+                self.webhooks.append(
+                    {
+                        "configuration": hook.configuration,
+                        "webhook": hook.name,
+                        "url": hook.url,
+                        "served": served,
+                        "error": error,
+                    }
+                )
+                if served is False:
+                    reports.append(
+                        self._not_served_report(kind, hook.configuration, hook.name, error)
+                    )
+        if self._is_leader():
+            await self._recorder.level(NOT_SERVED_SCOPE, reports)
+
+    def _not_served_report(
+        self, kind: str, configuration: str, webhook: str, error: str | None
+    ) -> Report:
+        gvr = KINDS[kind]
+        return Report(
+            type="Warning",
+            reason=NOT_SERVED_REASON,
+            action="Reconcile",
+            regarding=ObjectRef(
+                api_version=f"{gvr.group}/{gvr.version}",
+                kind=GUARD_KINDS[kind],
+                name=configuration,
+            ),
+            note=(
+                f"the admission guard's webhook {webhook} is configured but not served ({error}); "
+                "with failurePolicy Ignore the API server lets gpu-operator's writes through "
+                "unguarded. Serve the webhook at that URL (webhook_port equal to the URL's port, "
+                "the certificate from the chart's Secret; docs/install.md) or unset "
+                "admission.webhook.url."
+            ),
+            key=f"{NOT_SERVED_REASON}/{self._ns}/{configuration}/{webhook}",
+        )
+
+    @property
+    def served(self) -> bool | None:
+        """False when a configured webhook answers no AdmissionReview; True when every
+        probed one does; None when none was probed."""
+        probed = [w["served"] for w in self.webhooks if w["served"] is not None]
+        return all(probed) if probed else None
 
     @property
     def mode(self) -> str:
         return guard_mode(self.found) if self.checked_at else "unknown"
 
     async def _warn_if_unguarded(self) -> None:
+        """One Warning per episode of gpu-operator writing our objects with no guard active
+        (the publisher's level scope: a guard, or no such writes, ends the episode)."""
         objects = self._objects()
-        if objects is None or self.mode != "none":
-            if self.mode not in ("none", "unknown"):
-                self.warned = False  # a guard: a later loss of it is a new episode
+        if self.mode == "unknown" or (objects is None and self.mode == "none"):
+            return  # nothing known: the episode goes on as it was
+        writers = operator_writes(objects or (), self._manager) if self.mode == "none" else []
+        if writers and not self._is_leader():
             return
-        writers = operator_writes(objects, self._manager)
-        if not writers:
-            self.warned = False
-            return
-        if self.warned or not self._is_leader():
-            return
+        report = self._missing_report(objects or (), writers) if writers else None
+        await self._recorder.level(MISSING_SCOPE, [report] if report else ())
+        self.warned = bool(self._recorder.sent(MISSING_SCOPE))
+
+    def _missing_report(self, objects: Sequence[Mapping[str, Any]], writers: list[str]) -> Report:
         first = next(o for o in objects if f"{o.get('kind')}/{o['metadata']['name']}" == writers[0])
         meta = first["metadata"]
-        self.warned = await self._recorder.emit(
-            Report(
-                type="Warning",
-                reason=MISSING_REASON,
-                action="Reconcile",
-                regarding=ObjectRef(
-                    api_version=first.get("apiVersion", "v1"),
-                    kind=first.get("kind", "Service"),
-                    name=meta["name"],
-                    namespace=meta.get("namespace"),
-                    uid=meta.get("uid"),
-                ),
-                note=(
-                    f"field manager {self._manager} writes {', '.join(writers)} and no "
-                    "admission guard is active: its whole-object updates undo shared-svc's "
-                    "(ConflictingWriter follows) and its deletes remove Services other CRs "
-                    "need. Install the chart's admission guard (docs/install.md)."
-                ),
-                key=f"{MISSING_REASON}/{self._ns}",
-            )
+        return Report(
+            type="Warning",
+            reason=MISSING_REASON,
+            action="Reconcile",
+            regarding=ObjectRef(
+                api_version=first.get("apiVersion", "v1"),
+                kind=first.get("kind", "Service"),
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
+            ),
+            note=(
+                f"field manager {self._manager} writes {', '.join(writers)} and no "
+                "admission guard is active: its whole-object updates undo shared-svc's "
+                "(ConflictingWriter follows) and its deletes remove Services other CRs "
+                "need. Install the chart's admission guard (docs/install.md)."
+            ),
+            key=f"{MISSING_REASON}/{self._ns}",
         )
 
+    # --- the Runnable (shared_svc.runtime.runnable): lists as a standby too; only the
+    # leader sends its Warnings ---
+    name = "admission-guard"
+    needs_leader = False
+
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.check()
-            except Exception as exc:  # never ends the service: /status shows the error
-                log.warning("admission guard check failed", extra={"error": str(exc)})
-            await sleep_or_stop(stop, self._interval)
+        await repeat(stop, self._check_logged, lambda: self._interval, name=self.name)
+
+    async def _check_logged(self) -> None:
+        try:
+            await self.check()
+        except Exception as exc:  # never ends the service: /status shows the error
+            log.warning("admission guard check failed", extra={"error": str(exc)})
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def leadership_changed(self, leader: bool) -> None:
+        pass
 
     def status(self) -> dict[str, Any]:
         return {
@@ -160,6 +249,8 @@ class GuardMonitor:
             "deleteGuard": bool(self.found.get("delete")),
             "objects": {k: v for k, v in self.found.items() if v},
             "webhookServing": self._webhook_serving(),
+            "served": self.served,
+            "webhooks": list(self.webhooks),
             "checkedAt": self.checked_at,
             "errors": dict(self.errors),
         }
@@ -174,16 +265,16 @@ class AdmissionGuard:
         api: ApiClient,
         config: Any,
         *,
-        recorder: EventRecorder,
+        recorder: EventPublisher,
         controller: Any,
         is_leader: Callable[[], bool],
     ) -> None:
         self._config = config
         self._controller = controller
-        self._runner: Any = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.webhook_port: int | None = None
+        self._server: HttpServer | None = None  # the webhook server, with a certificate
+        self._stop = asyncio.Event()  # start()/stop() only
+        self._manager: Manager | None = None
+        self._task: asyncio.Future[list[BaseException]] | None = None
         self.certs: Any = None  # server.CertReloader while the webhook serves
         self.monitor = GuardMonitor(
             api,
@@ -207,15 +298,16 @@ class AdmissionGuard:
         plan = self._controller.last_plan if self._controller is not None else None
         return needed_by_of(plan.status) if plan is not None else None
 
-    async def start(self) -> None:
+    def runnables(self) -> list[Runnable]:
+        """The webhook server (when a certificate is configured), its certificate reload,
+        and the monitor, in start order (Runnables of the service's Manager)."""
         cfg = self._config
+        out: list[Runnable] = []
         if cfg.webhook_cert_file and cfg.webhook_key_file:
-            from aiohttp import web
-
             from shared_svc.admission.server import CertReloader, make_webhook_app
-            from shared_svc.http import bound_port, make_runner
+            from shared_svc.http import HttpServer
 
-            self.certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
+            self.certs = certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
             app = make_webhook_app(
                 namespace=cfg.namespace,
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
@@ -223,32 +315,40 @@ class AdmissionGuard:
             )
             # The same server settings as the probes': a malformed request is one INFO line,
             # a client that never completes a request is closed.
-            self._runner = make_runner(app)
-            await self._runner.setup()
-            site = web.TCPSite(
-                self._runner, cfg.bind_address, cfg.webhook_port, ssl_context=self.certs.context
+            self._server = HttpServer(
+                "admission-webhook",
+                app,
+                cfg.bind_address,
+                cfg.webhook_port,
+                ssl_context=certs.context,
             )
-            await site.start()
-            self.webhook_port = bound_port(self._runner)
-            log.info("serving the admission webhook", extra={"port": self.webhook_port})
-        self._task = asyncio.ensure_future(self._run())
+            out.append(self._server)
+            out.append(
+                Periodic(
+                    "webhook-certificate",
+                    certs.reload_if_changed,
+                    lambda: self._config.discovery_seconds,
+                )
+            )
+        out.append(self.monitor)
+        return out
 
-    async def _run(self) -> None:
-        monitor = asyncio.ensure_future(self.monitor.run(self._stop))
-        while not self._stop.is_set():
-            if self.certs is not None:
-                self.certs.reload_if_changed()
-            await sleep_or_stop(self._stop, self._config.discovery_seconds)
-        await monitor
+    @property
+    def webhook_port(self) -> int | None:
+        return self._server.port if self._server is not None else None
+
+    async def start(self) -> None:
+        """Runs :meth:`runnables` on a Manager of its own (without the service's)."""
+        self._manager = Manager(self.runnables(), lambda: False)
+        self._task = asyncio.ensure_future(self._manager.run(self._stop))
+        started = asyncio.ensure_future(self._manager.started.wait())
+        await asyncio.wait([started, self._task], return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
 
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        self.webhook_port = None
 
     def status(self) -> dict[str, Any]:
         out = self.monitor.status()

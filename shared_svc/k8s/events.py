@@ -6,6 +6,8 @@ most :data:`NOTE_LIMIT` bytes: :func:`note` cuts longer ones at a character boun
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,3 +67,24 @@ class Report:
     # Set on Normal reports that announce a write: (kind, name) of that action. The shell
     # emits them only after that write succeeded.
     after_write: tuple[str, str] | None = None
+
+
+def unsent(sent: AbstractSet[str], reports: Iterable[Report]) -> tuple[Report, ...]:
+    """The reports whose key is not sent already (the first of each key)."""
+    seen = set(sent)
+    out = []
+    for report in reports:
+        if report.key not in seen:
+            seen.add(report.key)
+            out.append(report)
+    return tuple(out)
+
+
+def still_sent(
+    sent: AbstractSet[str], reports: Iterable[Report], written: AbstractSet[str]
+) -> frozenset[str]:
+    """The keys sent after this round of a level-triggered scope: those of ``reports``
+    (what is true now) already sent, or written now. A report whose Event could not be
+    written stays out (sent again next time); one no longer true drops out (sent again
+    when it comes back, as a series)."""
+    return frozenset(r.key for r in reports if r.key in sent or r.key in written)

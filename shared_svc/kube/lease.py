@@ -26,9 +26,9 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.aio import sleep_or_stop
 from shared_svc.kube.cache import describe_error
 from shared_svc.kube.writer import object_path, raw_request
+from shared_svc.runtime.runnable import repeat
 
 log = logging.getLogger(__name__)
 
@@ -188,40 +188,56 @@ class LeaseElector:
         self.transitions = transitions
         return True
 
+    # --- the Runnable (shared_svc.runtime.runnable): started first, stopped last ---
+    name = "lease"
+    needs_leader = False
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def leadership_changed(self, leader: bool) -> None:
+        pass
+
     async def run(self, stop: asyncio.Event) -> None:
         """Campaigns and renews until ``stop``; then releases the Lease if held."""
-        loop = asyncio.get_running_loop()
         try:
-            while not stop.is_set():
-                # A leader has until its renew deadline; a candidate gets as long per attempt.
-                budget = (
-                    self._last_renew + self._renew_deadline - loop.time()
-                    if self.is_leader
-                    else self._renew_deadline
-                )
-                ok = False
-                if budget > 0:
-                    try:
-                        ok = await asyncio.wait_for(self.try_acquire_or_renew(budget), budget)
-                        self._record(None)
-                    except asyncio.CancelledError:
-                        raise
-                    except TimeoutError:  # a request hung past the deadline: cut, not awaited
-                        self._record(f"TimeoutError: no answer within {self._renew_deadline:g}s")
-                    except Exception as exc:  # API trouble: keep trying until the deadline
-                        self._record(describe_error(exc))
-                if ok:
-                    self._set_leader(True)
-                elif self.is_leader:
-                    if self.holder not in (None, self.identity):
-                        self._lose(f"the Lease is held by {self.holder}")
-                    elif budget <= 0 or loop.time() >= self._last_renew + self._renew_deadline:
-                        self._lose(
-                            f"not renewed within the renew deadline ({self._renew_deadline:g}s)"
-                        )
-                await sleep_or_stop(stop, self._retry)
+            await repeat(stop, self.step, lambda: self._retry, name="lease")
         finally:
             await self.release()
+
+    async def step(self) -> None:
+        """One attempt to acquire or renew, and what it means for leadership."""
+        loop = asyncio.get_running_loop()
+        # A leader has until its renew deadline; a candidate gets as long per attempt.
+        budget = (
+            self._last_renew + self._renew_deadline - loop.time()
+            if self.is_leader
+            else self._renew_deadline
+        )
+        ok = False
+        if budget > 0:
+            try:
+                ok = await asyncio.wait_for(self.try_acquire_or_renew(budget), budget)
+                self._record(None)
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError:  # a request hung past the deadline: cut, not awaited
+                self._record(f"TimeoutError: no answer within {self._renew_deadline:g}s")
+            except Exception as exc:  # API trouble: keep trying until the deadline
+                self._record(describe_error(exc))
+        if ok:
+            self._set_leader(True)
+        elif self.is_leader:
+            if self.holder not in (None, self.identity):
+                self._lose(f"the Lease is held by {self.holder}")
+            elif budget <= 0 or loop.time() >= self._last_renew + self._renew_deadline:
+                self._lose(f"not renewed within the renew deadline ({self._renew_deadline:g}s)")
 
     async def release(self) -> None:
         if not self.is_leader:

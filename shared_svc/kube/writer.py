@@ -117,6 +117,47 @@ def namespace_gone(exc: BaseException) -> bool:
     )
 
 
+async def delete_with_preconditions(
+    api: ApiClient,
+    path: str,
+    preconditions: dict[str, str],
+    *,
+    successor_is_gone: bool = False,
+) -> bool:
+    """DELETE ``path`` if its object still matches ``preconditions``; True when deleted,
+    False when it is gone already (404: what the delete wanted). With
+    ``successor_is_gone``, a 409 (an object of the same name but another uid: a
+    successor, not ours) is gone too; else it is raised (``concurrent_change``: plan
+    again)."""
+    body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
+    try:
+        await raw_request(api, "DELETE", path, body=body)
+    except ApiException as exc:
+        if exc.status == 404 or (successor_is_gone and exc.status == 409):
+            return False
+        raise
+    return True
+
+
+def concurrent_change(exc: BaseException) -> bool:
+    """Whether a write met a concurrent change of its object: 409 Conflict (a precondition
+    or a JSON patch's test no longer holds), or 404 NotFound naming the object (someone
+    else deleted it). The API's normal answer, not a failure: plan again on the fresh
+    cache. A 404 without a Status naming an object (the API itself not served) or one
+    naming the namespace (``namespace_gone``) is not one."""
+    if not isinstance(exc, ApiException):
+        return False
+    if exc.status == 409:
+        return True
+    details = status_of(exc).get("details")
+    return (
+        exc.status == 404
+        and isinstance(details, dict)
+        and bool(details.get("name"))
+        and details.get("kind") not in (None, "namespaces")
+    )
+
+
 class Writer:
     def __init__(self, api: ApiClient, *, rate: float = 10.0, burst: int = 100) -> None:
         self._api = api
@@ -154,9 +195,8 @@ class Writer:
     async def delete(
         self, kind: str, namespace: str, name: str, preconditions: dict[str, str]
     ) -> None:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": dict(preconditions)}
-        try:
-            await self._write("delete", "DELETE", object_path(kind, namespace, name), body=body)
-        except ApiException as exc:
-            if exc.status != 404:  # already gone is what we wanted
-                raise
+        await self._bucket.take()
+        self.writes["delete"] += 1
+        await delete_with_preconditions(
+            self._api, object_path(kind, namespace, name), preconditions
+        )

@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.k8s.events import ObjectRef, Report, note, still_sent, unsent
 
 FieldKey = tuple[str, str, str]  # (kind, name, dotted field)
 
@@ -91,6 +91,56 @@ def fight_verdict(
     return FightHistory(strikes), FightVerdict(kind, name, contested, worst)
 
 
+@dataclass(frozen=True)
+class Contest:
+    """An object shared-svc leaves alone after a fight over ``field``, until ``until``
+    (the shell's monotonic seconds); ``since`` is when it was found (UTC, for /status)."""
+
+    object: str
+    field: str
+    managers: tuple[str, ...]
+    writers: tuple[str, ...]  # "manager / Operation"
+    until: float
+    since: str
+
+    def as_status(self, now: float) -> dict[str, Any]:
+        return {
+            "object": self.object,
+            "field": self.field,
+            "managers": list(self.managers),
+            "writers": list(self.writers),
+            "since": self.since,
+            "secondsLeft": max(0, round(self.until - now)),
+        }
+
+
+def contest_of(
+    verdict: FightVerdict,
+    owners: Sequence[str],
+    writers: Sequence[str],
+    *,
+    now: float,
+    backoff: float,
+    since: str,
+) -> Contest:
+    """The contest a verdict opens: the field's owners, or (a whole-object PUT removed the
+    field, so nobody owns it) the managers of the latest writers, for ``backoff`` seconds."""
+    managers = tuple(owners) or tuple(w.split(" / ")[0] for w in writers)
+    return Contest(
+        object=f"{verdict.kind}/{verdict.name}",
+        field=verdict.field,
+        managers=managers,
+        writers=tuple(writers),
+        until=now + backoff,
+        since=since,
+    )
+
+
+def left_alone(contest: Contest | None, now: float) -> bool:
+    """Whether an action on the object waits out its contest (the backoff after a fight)."""
+    return contest is not None and contest.until > now
+
+
 def fight_report(
     verdict: FightVerdict,
     live: Mapping[str, Any],
@@ -121,11 +171,16 @@ def fight_report(
     )
 
 
+def occurrences(reports: Iterable[Report]) -> tuple[Report, ...]:
+    """The reports not tied to a write: true while the plan has them (level-triggered)."""
+    return tuple(r for r in reports if r.after_write is None)
+
+
 def warnings_to_emit(
     active_keys: AbstractSet[str], reports: Iterable[Report]
 ) -> tuple[Report, ...]:
     """The occurrences (reports not tied to a write) of a plan that are not active already."""
-    return tuple(r for r in reports if r.after_write is None and r.key not in active_keys)
+    return unsent(active_keys, occurrences(reports))
 
 
 def next_active(
@@ -135,9 +190,7 @@ def next_active(
 
     An occurrence whose Event could not be written stays out, so it is emitted again next
     time; one the plan no longer has drops out, so it is emitted again when it comes back.
+    (The Event publisher, ``kube.events.EventPublisher.level``, applies the same rule,
+    ``k8s.events.unsent`` / ``still_sent``, to every level-triggered scope.)
     """
-    return frozenset(
-        r.key
-        for r in reports
-        if r.after_write is None and (r.key in active_keys or r.key in written)
-    )
+    return still_sent(active_keys, occurrences(reports), written)

@@ -205,88 +205,217 @@ class Controller(Generic[K]):
             self.queue.done(key, dirty_after=dirty_after)
 
 
+async def repeat(
+    stop: asyncio.Event,
+    step: Callable[[], Any],
+    seconds: Callable[[], float],
+    *,
+    name: str,
+    wake: asyncio.Event | None = None,
+    at_once: bool = True,
+) -> None:
+    """The one loop of every long-running part: calls ``step`` (at once, or first after a
+    wait) and then again every ``seconds()``, or as soon as ``wake`` is set, until
+    ``stop``. A failure of ``step`` is logged, not fatal: the next call comes on time."""
+    if not at_once and not await _wait(stop, wake, seconds()):
+        return
+    while not stop.is_set():
+        try:
+            result = step()
+            if asyncio.iscoroutine(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("periodic task failed", extra={"task": name})
+        if not await _wait(stop, wake, seconds()):
+            return
+
+
+async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> bool:
+    """Waits ``seconds`` or until ``wake`` (cleared) or ``stop``; False once stopped."""
+    waiters = [asyncio.ensure_future(stop.wait())]
+    if wake is not None:
+        waiters.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    if wake is not None:
+        wake.clear()
+    return not stop.is_set()
+
+
 async def every(
     stop: asyncio.Event, seconds: Callable[[], float], fn: Callable[[], Any], *, name: str
 ) -> None:
-    """Calls ``fn`` every ``seconds()`` until ``stop``; a failure is logged, not fatal."""
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds())
-        if stop.is_set():
-            return
+    """Calls ``fn`` every ``seconds()`` until ``stop`` (the first call after one period)."""
+    await repeat(stop, fn, seconds, name=name, at_once=False)
+
+
+class Periodic:
+    """A :class:`Runnable` that calls ``step`` at once and then every ``seconds()`` (or when
+    ``wake`` is set) until stopped, then awaits ``on_stop``. For the parts that only look
+    again from time to time: the Lease, the guard monitor, the certificate reload,
+    ServiceMonitor discovery."""
+
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], Any],
+        seconds: Callable[[], float],
+        *,
+        wake: asyncio.Event | None = None,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        status: Callable[[], dict[str, Any]] | None = None,
+        needs_leader: bool = False,
+    ) -> None:
+        self.name = name
+        self.needs_leader = needs_leader
+        self._step = step
+        self._seconds = seconds
+        self._wake = wake
+        self._on_stop = on_stop
+        self._status = status
+        self.steps = 0
+        self.stopped = False
+        self._in_step_since: float | None = None  # monotonic start of the step running now
+
+    async def _counted(self) -> None:
+        self.steps += 1
+        self._in_step_since = time.monotonic()
         try:
-            result = fn()
+            result = self._step()
             if asyncio.iscoroutine(result):
                 await result
-        except Exception:
-            log.exception("periodic task failed", extra={"task": name})
+        finally:
+            self._in_step_since = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await repeat(stop, self._counted, self._seconds, name=self.name, wake=self._wake)
+        finally:
+            if self._on_stop is not None:
+                await self._on_stop()
+            self.stopped = True
+
+    def ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        """Not stuck in one step for longer than ``STALL_SECONDS`` (/livez)."""
+        since = self._in_step_since
+        return since is None or time.monotonic() - since < STALL_SECONDS
+
+    def status(self) -> dict[str, Any]:
+        return self._status() if self._status is not None else {}
+
+    def leadership_changed(self, leader: bool) -> None:
+        pass
+
+
+def _started_event(runnable: Runnable) -> asyncio.Event | None:
+    """A runnable that needs a moment to start (a server binding its port) has ``started``."""
+    started = getattr(runnable, "started", None)
+    return started if isinstance(started, asyncio.Event) else None
 
 
 class Manager:
-    """Runs the runnables: those that need the leader only while this replica leads."""
+    """Runs the runnables: those that need the leader only while this replica leads.
+
+    They start in the order given, each one that has a ``started`` event only after the
+    one before it has started (the HTTP server listens before the Lease is campaigned
+    for), and stop in the reverse order, each after the one after it has finished (the
+    controllers finish their reconcile in flight, then the Lease is released, then the
+    servers close). ``started`` is set once every runnable has started.
+    """
 
     def __init__(self, runnables: Sequence[Runnable], is_leader: Callable[[], bool]) -> None:
         self.runnables = list(runnables)
         self._is_leader = is_leader
         self._leadership = asyncio.Event()
+        self.started = asyncio.Event()
+        self.stopped: list[str] = []  # names, in the order they stopped
 
     def leadership_changed(self, leader: bool) -> None:
         for runnable in self.runnables:
             runnable.leadership_changed(leader)
         self._leadership.set()
 
+    def alive(self) -> bool:
+        return all(r.alive() for r in self.runnables)
+
+    def ready(self) -> bool:
+        return all(r.ready() for r in self.runnables)
+
     async def run(self, stop: asyncio.Event) -> list[BaseException]:
         """Until ``stop`` or until a runnable ends unexpectedly; then stops every runnable
-        (each finishes its work in flight). Returns what the runnables that ended
-        unexpectedly raised."""
-        work_stop = asyncio.Event()
-        always = [
-            asyncio.ensure_future(r.run(work_stop)) for r in self.runnables if not r.needs_leader
-        ]
-        gated = [r for r in self.runnables if r.needs_leader]
-        leading: dict[int, tuple[asyncio.Event, asyncio.Future[None]]] = {}
+        in reverse order (each finishes its work in flight). Returns what the runnables
+        that ended unexpectedly raised."""
+        tasks: dict[int, tuple[asyncio.Event, asyncio.Future[None]]] = {}
         stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         try:
+            for runnable in self.runnables:
+                if runnable.needs_leader:
+                    continue
+                tasks[id(runnable)] = entry = self._start(runnable)
+                started = _started_event(runnable)
+                if started is not None:
+                    waiter: asyncio.Future[Any] = asyncio.ensure_future(started.wait())
+                    await asyncio.wait(
+                        [waiter, entry[1], stopper], return_when=asyncio.FIRST_COMPLETED
+                    )
+                    waiter.cancel()
+                    if entry[1].done() or stopper.done():
+                        return await self._stop_all(tasks)
+            self.started.set()
             while True:
-                if gated:
-                    await self._gate(gated, leading)
+                await self._gate(tasks)
                 self._leadership.clear()
                 changed: asyncio.Future[Any] = asyncio.ensure_future(self._leadership.wait())
-                running = [*always, *(task for _, task in leading.values())]
-                waited: list[asyncio.Future[Any]] = [stopper, changed, *running]
-                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+                running = [task for _, task in tasks.values()]
+                await asyncio.wait(
+                    [stopper, changed, *running], return_when=asyncio.FIRST_COMPLETED
+                )
                 changed.cancel()
                 if stopper.done() or any(t.done() for t in running):
-                    break
+                    return await self._stop_all(tasks)
         finally:
             stopper.cancel()
-            crashed = [
-                exc
-                for t in [*always, *(task for _, task in leading.values())]
-                if t.done() and not t.cancelled() and (exc := t.exception()) is not None
-            ]
-            for exc in crashed:
-                log.error("controller ended unexpectedly", exc_info=exc)
-            work_stop.set()
-            for own_stop, _ in leading.values():
-                own_stop.set()
-            await asyncio.gather(
-                *always, *(task for _, task in leading.values()), return_exceptions=True
-            )
+
+    def _start(self, runnable: Runnable) -> tuple[asyncio.Event, asyncio.Future[None]]:
+        own_stop = asyncio.Event()
+        return own_stop, asyncio.ensure_future(runnable.run(own_stop))
+
+    async def _stop_all(
+        self, tasks: dict[int, tuple[asyncio.Event, asyncio.Future[None]]]
+    ) -> list[BaseException]:
+        crashed = [
+            exc
+            for _, t in tasks.values()
+            if t.done() and not t.cancelled() and (exc := t.exception()) is not None
+        ]
+        for exc in crashed:
+            log.error("controller ended unexpectedly", exc_info=exc)
+        for runnable in reversed(self.runnables):
+            entry = tasks.pop(id(runnable), None)
+            if entry is None:
+                continue
+            entry[0].set()
+            await asyncio.gather(entry[1], return_exceptions=True)
+            self.stopped.append(runnable.name)
         return crashed
 
-    async def _gate(
-        self,
-        gated: list[Runnable],
-        leading: dict[int, tuple[asyncio.Event, asyncio.Future[None]]],
-    ) -> None:
+    async def _gate(self, tasks: dict[int, tuple[asyncio.Event, asyncio.Future[None]]]) -> None:
         lead = self._is_leader()
-        for runnable in gated:
-            entry = leading.get(id(runnable))
+        for runnable in self.runnables:
+            if not runnable.needs_leader:
+                continue
+            entry = tasks.get(id(runnable))
             if lead and entry is None:
-                own_stop = asyncio.Event()
-                leading[id(runnable)] = (own_stop, asyncio.ensure_future(runnable.run(own_stop)))
+                tasks[id(runnable)] = self._start(runnable)
             elif not lead and entry is not None:
                 entry[0].set()
                 await asyncio.gather(entry[1], return_exceptions=True)
-                del leading[id(runnable)]
+                del tasks[id(runnable)]

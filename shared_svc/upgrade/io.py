@@ -25,7 +25,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.cache import Cache, EventHandler, Informers, gather_until
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
-from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request
 from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
@@ -263,14 +263,8 @@ class KubeUpgradeIO:
         return "evicted"
 
     async def delete_pod(self, action: PodAction) -> EvictOutcome:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": action.uid}}
         await self._writes.take()
-        try:
-            await raw_request(
-                self._api, "DELETE", PODS.item(action.name, action.namespace), body=body
-            )
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return "gone"
-            raise
-        return "evicted"
+        path = PODS.item(action.name, action.namespace)
+        uid = {"uid": action.uid}  # a successor of the same name is not ours: gone too
+        deleted = await delete_with_preconditions(self._api, path, uid, successor_is_gone=True)
+        return "evicted" if deleted else "gone"

@@ -1,0 +1,182 @@
+"""The Services controller's executor: a plan's actions, in order, as writes, each followed
+by the Events that announce it; the ConflictingWriter backoff (``reconcile.fight``).
+
+The first failure stops the plan (the order keeps coverage). A write that meets a
+concurrent change of its object raises :class:`ObjectChanged`: the controller plans
+again from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from shared_svc.admission.rules import name_writers
+from shared_svc.config import Config
+from shared_svc.k8s.events import Report
+from shared_svc.k8s.managed_fields import managers_of_field
+from shared_svc.kube.cache import describe_error
+from shared_svc.kube.events import EventPublisher
+from shared_svc.kube.writer import Writer, concurrent_change
+from shared_svc.metrics import Metrics
+from shared_svc.reconcile.fight import (
+    Contest,
+    FightHistory,
+    contest_of,
+    fight_report,
+    fight_verdict,
+    left_alone,
+)
+from shared_svc.reconcile.model import Action, Plan, World
+
+log = logging.getLogger("shared_svc.controller")
+
+WRITES = ("create", "update", "delete")
+
+
+class ObjectChanged(Exception):
+    """A write met a concurrent change of its object (``kube.writer.concurrent_change``)."""
+
+    def __init__(self, kind: str, name: str, cause: BaseException) -> None:
+        self.object = f"{kind}/{name}"
+        self.error = describe_error(cause)
+        super().__init__(f"{self.object}: {self.error}")
+
+
+def _utc() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def announcements_of(plan: Plan) -> dict[tuple[str, str], list[Report]]:
+    """Each write's announcing reports, by the (kind, name) of its action."""
+    out: dict[tuple[str, str], list[Report]] = {}
+    for report in plan.reports:
+        if report.after_write is not None:
+            out.setdefault(report.after_write, []).append(report)
+    return out
+
+
+class Executor:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        writer: Writer,
+        events: EventPublisher,
+        metrics: Metrics,
+        is_leader: Callable[[], bool],
+        rediscover: asyncio.Event,
+    ) -> None:
+        self._config = config
+        self._writer = writer
+        self._events = events
+        self._metrics = metrics
+        self._is_leader = is_leader
+        self._rediscover = rediscover  # a 404 on the ServiceMonitor path: look now
+        # ConflictingWriter: what we applied last, and how often the same drift came back.
+        self._applied: dict[tuple[str, str], dict[str, Any]] = {}
+        self._corrections = FightHistory()
+        self.contested: dict[tuple[str, str], Contest] = {}
+
+    async def execute(self, plan: Plan, world: World) -> int:
+        """Runs the plan's writes in order; returns how many requests were sent."""
+        live = {
+            (o["kind"], o["metadata"]["name"]): o
+            for o in (*world.services, *world.service_monitors)
+        }
+        announcements = announcements_of(plan)
+        now = time.monotonic()
+        writes = 0
+        for action in plan.actions:
+            key = (action.kind, action.name)
+            if action.action not in WRITES:
+                continue
+            if left_alone(self.contested.get(key), now):
+                continue  # reported as ConflictingWriter: leave it alone for a while
+            self.contested.pop(key, None)
+            if action.action == "update" and await self._is_fight(action, live.get(key)):
+                continue
+            if not self._is_leader():
+                raise RuntimeError("lost leadership during reconcile")
+            writes += await self._write(action)
+            log.info(
+                "wrote",
+                extra={
+                    "action": action.action,
+                    "kind": action.kind,
+                    "object": action.name,
+                    "reason": action.reason,
+                },
+            )
+            # Announced right after its own write: a later failure must not lose it (the
+            # next plan will not repeat a write that already happened).
+            for report in announcements.pop(key, ()):
+                await self._events.emit(report)
+        return writes
+
+    async def _write(self, action: Action) -> int:
+        """The requests of one action: a delete, or a JSON patch and/or an apply."""
+        ns, key, sent = self._config.namespace, (action.kind, action.name), 0
+        try:
+            if action.action == "delete":
+                preconditions = dict(action.preconditions or {})
+                await self._writer.delete(action.kind, ns, action.name, preconditions)
+                self._metrics.writes.labels("delete", action.kind).inc()
+                self._applied.pop(key, None)
+                return 1
+            if action.json_patch:
+                await self._writer.json_patch(action.kind, ns, action.name, list(action.json_patch))
+                self._metrics.writes.labels("patch", action.kind).inc()
+                sent += 1
+            if action.apply is not None:
+                await self._writer.apply(action.apply)
+                self._metrics.writes.labels("apply", action.kind).inc()
+                sent += 1
+                self._applied[key] = action.apply
+        except ApiException as exc:
+            if concurrent_change(exc):
+                raise ObjectChanged(action.kind, action.name, exc) from exc
+            if exc.status == 404 and action.kind == "ServiceMonitor":
+                # "404 page not found": the ServiceMonitor API may be gone. Look now,
+                # not at the next discovery pass.
+                self._rediscover.set()
+            raise
+        return sent
+
+    async def _is_fight(self, action: Action, live: dict[str, Any] | None) -> bool:
+        """True when another writer keeps undoing the same intent: report once, back off
+        (the verdict and the contest are ``reconcile.fight``'s)."""
+        cfg, key, now = self._config, (action.kind, action.name), time.monotonic()
+        self._corrections, verdict = fight_verdict(
+            self._corrections,
+            action.kind,
+            action.name,
+            apply_body=action.apply,
+            last_applied=self._applied.get(key),
+            live_present=live is not None,
+            changed_fields=action.changed_fields,
+            now=now,
+            threshold=cfg.conflicting_writer_threshold,
+            window=cfg.conflicting_writer_window_seconds,
+        )
+        if verdict is None or live is None:
+            return False
+        owners = managers_of_field(live, verdict.field)
+        writers = name_writers(live, owners)  # e.g. "gpu-operator / Update"
+        backoff = cfg.conflicting_writer_backoff_seconds
+        self.contested[key] = contest_of(
+            verdict, owners, writers, now=now, backoff=backoff, since=_utc()
+        )
+        self._metrics.conflicting_writer.inc()
+        await self._events.emit(fight_report(verdict, live, writers, backoff))
+        return True
+
+    def contested_status(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [c.as_status(now) for c in self.contested.values()]

@@ -1,0 +1,126 @@
+"""What the Services controller says about each reconcile: the plan's metrics, its
+occurrences as Events (the one publisher), dry-run's lines, and failures in few lines:
+a write that met a concurrent change at INFO (a WARNING only once the same object keeps
+meeting changes), the missing operator namespace once per episode."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from shared_svc.config import Config
+from shared_svc.executor import ObjectChanged
+from shared_svc.kube.events import EventPublisher
+from shared_svc.metrics import CONTROLLER, Metrics
+from shared_svc.reconcile.failures import namespace_missing_reports
+from shared_svc.reconcile.fight import occurrences
+from shared_svc.reconcile.model import Plan, World
+
+log = logging.getLogger("shared_svc.controller")
+
+# Event publisher scopes (shared_svc.kube.events.EventPublisher)
+OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
+NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
+DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"
+# A write meeting a concurrent change of the same object this many reconciles in a row is
+# no longer a race (said at INFO) but a problem (a WARNING).
+CHANGED_WARN_AFTER = 5
+
+
+class Outcomes:
+    def __init__(self, config: Config, *, events: EventPublisher, metrics: Metrics) -> None:
+        self._config = config
+        self._events = events
+        self._metrics = metrics
+        self._pending_reasons: set[str] = set()  # every pending reason reported (gauge labels)
+        self._changed: Counter[str] = Counter()  # object -> reconciles in a row it changed
+        self._namespace_said = False  # the missing operator namespace was logged (episode)
+
+    def record_plan_metrics(self, plan: Plan) -> None:
+        m = self._metrics
+        for kind in ("Service", "ServiceMonitor"):
+            m.managed_objects.labels(kind).set(
+                sum(1 for o in plan.objects if o.get("kind") == kind)
+            )
+        m.conflicts.set(len(plan.conflicts))
+        reasons = Counter(p.reason for p in plan.pending)
+        # Reasons that went away are set to 0, not left at their last value.
+        self._pending_reasons |= set(reasons)
+        for reason in self._pending_reasons:
+            m.pending.labels(reason).set(reasons[reason])
+        m.spec_errors.set(len(plan.errors))
+
+    async def occurrences(self, plan: Plan) -> None:
+        """The plan's occurrences (conflicts, pending, errors): each sent once while it
+        lasts; one whose Event could not be written is retried next reconcile
+        (``reconcile.fight.warnings_to_emit`` / ``next_active``, in the publisher)."""
+        await self._events.level(OCCURRENCES_SCOPE, occurrences(plan.reports))
+
+    async def show(self, plan: Plan) -> None:
+        """Dry-run: each write logged; each Event logged once by the publisher, not sent."""
+        await self.occurrences(plan)
+        for report in plan.reports:
+            if report.after_write is not None:
+                await self._events.once(DRY_RUN_SCOPE, report)
+        for a in plan.writes:
+            log.info(
+                "dry-run: would write",
+                extra={"action": a.action, "kind": a.kind, "object": a.name, "reason": a.reason},
+            )
+
+    async def succeeded(self) -> None:
+        """An episode of failures is over."""
+        await self._events.level(NAMESPACE_SCOPE, ())
+        self._changed.clear()
+        self._namespace_said = False
+
+    def changed(self, exc: ObjectChanged) -> None:
+        """One short line: INFO while it is a race, WARNING once the same object keeps
+        meeting changes (``CHANGED_WARN_AFTER`` reconciles in a row)."""
+        self._changed[exc.object] += 1
+        times = self._changed[exc.object]
+        level = logging.WARNING if times >= CHANGED_WARN_AFTER else logging.INFO
+        log.log(
+            level,
+            "%s changed meanwhile (%s): planning again from the cache",
+            exc.object,
+            exc.error.split(":", 1)[0],
+            extra={"object": exc.object, "times": times},
+        )
+
+    async def namespace_missing(self, error: str, world: World) -> None:
+        """One WARNING and one set of Events per episode (until a reconcile succeeds); the
+        retries at DEBUG."""
+        level = logging.DEBUG if self._namespace_said else logging.WARNING
+        log.log(
+            level,
+            "operator namespace %s is missing or terminating: retrying with backoff",
+            self._config.namespace,
+            extra={"error": error},
+        )
+        self._namespace_said = True
+        reports = namespace_missing_reports(world, self._config.namespace)
+        await self._events.level(NAMESPACE_SCOPE, reports)
+
+    def finished(
+        self, rid: str, result: str, error: str | None, writes: int, duration: float
+    ) -> dict[str, Any]:
+        """The reconcile's ``lastReconcile`` (for /status), logged unless a standby's."""
+        if result not in ("error", "conflict"):
+            self._metrics.last_success.set(time.time())
+        if result != "standby":
+            log.info(
+                "reconciled",
+                extra={"result": result, "writes": writes, "durationSeconds": round(duration, 4)},
+            )
+        return {
+            "id": rid,
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "result": result,
+            "error": error,
+            "writes": writes,
+            "durationSeconds": round(duration, 4),
+        }

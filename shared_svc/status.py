@@ -1,0 +1,45 @@
+"""The one JSON serializer of ``/status`` (the Services controller's part): dataclasses
+as objects whose field names are camelCased as Kubernetes spells JSON
+(``k8s.objects.camel_keys``), tuples as lists; the keys of plain dicts (labels,
+selectors) are data and stay as they are."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shared_svc.k8s.objects import camel_keys
+from shared_svc.reconcile.model import Plan
+
+
+def as_json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return camel_keys(fields)
+    if isinstance(value, (list, tuple)):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    return value
+
+
+def plan_status(plan: Plan | None) -> dict[str, Any]:
+    """What ``/status`` shows of the last plan: each managed object (with the last action
+    planned for it), the conflicts, pending items, spec errors and notes."""
+    if plan is None:
+        return {"objects": [], "conflicts": [], "pending": [], "errors": [], "notes": []}
+    actions = {(a.kind, a.name): a for a in plan.actions}
+    objects = []
+    for s in plan.status:
+        entry = as_json(s)
+        act = actions.get((s.kind, s.name))
+        if act:
+            entry["lastAction"] = {"action": act.action, "reason": act.reason}
+        objects.append(entry)
+    return {
+        "objects": objects,
+        "conflicts": as_json(plan.conflicts),
+        "pending": as_json(plan.pending),
+        "errors": as_json(plan.errors),
+        "notes": list(plan.notes),
+    }
