@@ -271,7 +271,7 @@ def report(
     print()
     print(
         f"shared-svc run (own process, shipped defaults, both controllers on), real "
-        f"kube-apiserver; {started_at}; {machine()}"
+        f"kube-apiserver; started {started_at}; {machine()}"
     )
     if args.scale != 1:
         print(f"scale {args.scale:g}: the budgets are for the full-size world")
