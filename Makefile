@@ -53,3 +53,4 @@ bench: venv testenv
 	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_memory.py --before fce0ce2
 	$(BIN)/python benchmarks/bench_upgrade.py
+	$(BIN)/python benchmarks/bench_fleet.py --world both

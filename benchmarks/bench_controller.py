@@ -146,35 +146,12 @@ async def main(changes: int, burst: int, pause: float) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"shared-svc run did not become ready; log: {log_name}")
             await asyncio.sleep(0.1)
-        watcher = ServiceWatch(kube)
-        watch_task = asyncio.ensure_future(watcher.run())
-        while (await kube.service(NAME)) is None:  # noqa: ASYNC110 - the first reconcile
-            await asyncio.sleep(0.1)
-        await _apply(core, kube.ns, "Cluster")
-        await asyncio.sleep(2)
+        watcher, watch_task = await watch_services(kube, core)
         idle = memory(proc.pid)
         _, text = http_get(port, "/metrics")
         writes_before = counter(text, "shared_svc_writes_total")
 
-        controller_ms: list[float] = []
-        bare_ms: list[float] = []
-        policy = "Cluster"
-        for _ in range(changes):
-            policy = "Local" if policy == "Cluster" else "Cluster"
-            await asyncio.sleep(pause)
-            start = time.perf_counter()
-            await kube.patch_cr(
-                "ClusterPolicy",
-                "cluster-policy",
-                {"spec": {"dcgmExporter": {"service": {"internalTrafficPolicy": policy}}}},
-            )
-            seen = await asyncio.wait_for(watcher.wait_for(NAME, policy), 30)
-            controller_ms.append((seen - start) * 1000)
-            await asyncio.sleep(pause)
-            start = time.perf_counter()
-            await _apply(core, kube.ns, policy)
-            seen = await asyncio.wait_for(watcher.wait_for(BARE, policy), 30)
-            bare_ms.append((seen - start) * 1000)
+        controller_ms, bare_ms, policy = await lone_changes(kube, core, watcher, changes, pause)
         await asyncio.sleep(pause)
         _, text = http_get(port, "/metrics")
         writes = counter(text, "shared_svc_writes_total") - writes_before
@@ -205,20 +182,67 @@ async def main(changes: int, burst: int, pause: float) -> None:
                 proc.kill()
         cp.stop()
 
-    med_c, p99_c = statistics.median(controller_ms), pct(controller_ms, 0.99)
-    med_b, p99_b = statistics.median(bare_ms), pct(bare_ms, 0.99)
     print(f"shared-svc run (separate process, shipped defaults); n = {changes} changes each,")
     print(f"interleaved with the bare write, each after a {pause:g} s pause")
-    print(f"{'':34}{'median ms':>11}{'p99 ms':>11}")
-    print(f"{'CR change -> Service converged':34}{med_c:11.1f}{p99_c:11.1f}")
-    print(f"{'bare Service apply -> seen':34}{med_b:11.1f}{p99_b:11.1f}")
-    print(f"{'ratio (controller / bare)':34}{med_c / med_b:11.2f}{p99_c / p99_b:11.2f}")
+    print_changes(controller_ms, bare_ms)
     print(f"writes per change: {writes / changes:.2f} (the bare change needs 1)")
     print(f"burst: {burst} CR changes back to back -> {burst_reconciles:.0f} reconciles")
     print(
         f"memory: idle VmRSS {idle['VmRSS']:.1f} MiB, VmHWM {idle['VmHWM']:.1f} MiB; "
         f"at the end VmRSS {end['VmRSS']:.1f} MiB, VmHWM {end['VmHWM']:.1f} MiB"
     )
+
+
+async def watch_services(
+    kube: Kube, core: client.CoreV1Api
+) -> tuple[ServiceWatch, asyncio.Future[None]]:
+    """A ``ServiceWatch`` started once shared-svc's first reconcile wrote the exporter
+    Service, and the bare Service created (policy ``Cluster``, as the CR's)."""
+    watcher = ServiceWatch(kube)
+    watch_task = asyncio.ensure_future(watcher.run())
+    while (await kube.service(NAME)) is None:  # noqa: ASYNC110 - the first reconcile
+        await asyncio.sleep(0.1)
+    await _apply(core, kube.ns, "Cluster")
+    await asyncio.sleep(2)
+    return watcher, watch_task
+
+
+async def lone_changes(
+    kube: Kube, core: client.CoreV1Api, watcher: ServiceWatch, changes: int, pause: float
+) -> tuple[list[float], list[float], str]:
+    """``changes`` lone CR changes interleaved with as many bare writes, each after
+    ``pause`` seconds: the milliseconds of each (controller, bare) and the last policy."""
+    controller_ms: list[float] = []
+    bare_ms: list[float] = []
+    policy = "Cluster"
+    for _ in range(changes):
+        policy = "Local" if policy == "Cluster" else "Cluster"
+        await asyncio.sleep(pause)
+        start = time.perf_counter()
+        await kube.patch_cr(
+            "ClusterPolicy",
+            "cluster-policy",
+            {"spec": {"dcgmExporter": {"service": {"internalTrafficPolicy": policy}}}},
+        )
+        seen = await asyncio.wait_for(watcher.wait_for(NAME, policy), 30)
+        controller_ms.append((seen - start) * 1000)
+        await asyncio.sleep(pause)
+        start = time.perf_counter()
+        await _apply(core, kube.ns, policy)
+        seen = await asyncio.wait_for(watcher.wait_for(BARE, policy), 30)
+        bare_ms.append((seen - start) * 1000)
+    return controller_ms, bare_ms, policy
+
+
+def print_changes(controller_ms: list[float], bare_ms: list[float]) -> tuple[float, float]:
+    """Prints median and p99 of both and their ratios; returns the ratios (median, p99)."""
+    med_c, p99_c = statistics.median(controller_ms), pct(controller_ms, 0.99)
+    med_b, p99_b = statistics.median(bare_ms), pct(bare_ms, 0.99)
+    print(f"{'':34}{'median ms':>11}{'p99 ms':>11}")
+    print(f"{'CR change -> Service converged':34}{med_c:11.1f}{p99_c:11.1f}")
+    print(f"{'bare Service apply -> seen':34}{med_b:11.1f}{p99_b:11.1f}")
+    print(f"{'ratio (controller / bare)':34}{med_c / med_b:11.2f}{p99_c / p99_b:11.2f}")
+    return med_c / med_b, p99_c / p99_b
 
 
 def _leading(port: int) -> bool:

@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +328,10 @@ async def measure_big(
     pythonpath: str | None,
     window: float,
     profile: str | None = None,
+    then: Callable[[Run], Awaitable[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
+    """Starts ``run``, measures as the module says; then, if given, ``then(run)`` in the
+    same process (its figures join the result)."""
     run = Run(cp, ns, pythonpath, profile)
     try:
         started = time.monotonic()
@@ -352,7 +356,7 @@ async def measure_big(
             for r in writes1
             if writes1.get(r, 0) != writes0.get(r, 0)
         }
-        return {
+        out = {
             "synced_in": synced_in,
             "rss_after_sync": after["VmRSS"],
             "hwm": end["VmHWM"],
@@ -361,6 +365,9 @@ async def measure_big(
             "other_writes": writes,
             "cpu": 100 * (cpu1 - cpu0) / (t1 - t0),
         }
+        if then is not None:
+            out.update(await then(run))
+        return out
     finally:
         run.stop()
 

@@ -233,17 +233,23 @@ def consumer_pods(run: int, nodes: int, per_node: int) -> dict[str, str]:
 
 
 async def create_consumers(api: ApiClient, pods: dict[str, str]) -> None:
-    bodies = []
-    for name, node in pods.items():
-        pod = api_pod("gpu-job", name, node, common=False)
-        pod["metadata"]["namespace"] = CONSUMERS_NS
-        pod["metadata"]["labels"] = {"app": "gpu-job", CONSUMER: "true"}
-        pod["metadata"].pop("ownerReferences", None)
-        # A workload, not an operand: no nvidia.com/gpu.deploy.* nodeSelector (gpu-operator's
-        # own pods, never ours to evict); the nvidia RuntimeClass stays (a GPU consumer).
-        pod["spec"].pop("nodeSelector", None)
-        bodies.append(pod)
+    bodies = [
+        workload_pod(name, node, CONSUMERS_NS, {"app": "gpu-job", CONSUMER: "true"})
+        for name, node in pods.items()
+    ]
     await _many([_pod(api, p) for p in bodies])
+
+
+def workload_pod(name: str, node: str, ns: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A GPU workload's pod (``tests/realistic.api_pod``) on ``node``: ``labels`` only, no
+    owner, and no nvidia.com/gpu.deploy.* nodeSelector (that is gpu-operator's own pods,
+    never ours to evict); the nvidia RuntimeClass stays (a GPU consumer)."""
+    pod = api_pod("gpu-job", name, node, common=False)
+    pod["metadata"]["namespace"] = ns
+    pod["metadata"]["labels"] = labels
+    pod["metadata"].pop("ownerReferences", None)
+    pod["spec"].pop("nodeSelector", None)
+    return pod
 
 
 async def bare_wave(api: ApiClient, nodes: int, by_node: dict[str, list[str]]) -> None:
@@ -390,6 +396,154 @@ def upgrade_counters(run: Run) -> dict[str, float]:
     return counts
 
 
+async def bare_runs(
+    api: ApiClient,
+    cp: testenv.ControlPlane,
+    watcher: Watcher,
+    nodes: int,
+    per_node: int,
+    runs: int,
+    timeout: float,
+) -> tuple[list[float], dict[str, float]]:
+    """``runs`` bare waves (``bare_wave``) over the first ``nodes`` nodes, without shared-svc:
+    each one's makespan, and the CPU seconds of the control plane and the benchmark summed."""
+    bare_pids = {name: proc.pid for name, proc in cp.processes.items()}
+    bare_pids["benchmark"] = os.getpid()
+    bare_cpu: dict[str, float] = {}
+    bare: list[float] = []
+    for rep in range(runs):
+        pods = consumer_pods(1000 + rep, nodes, per_node)
+        await create_consumers(api, pods)
+        await asyncio.sleep(2)
+        watcher.reset()
+        by_node = by_node_of(pods, nodes)
+        cpu_before = cpu_of(bare_pids)
+        t0 = time.monotonic()
+        await bare_wave(api, nodes, by_node)
+        await wait_for(
+            lambda: all(node_done(watcher, by_node, n) is not None for n in by_node),  # noqa: B023
+            timeout,
+            "evictions (bare)",
+            None,
+        )
+        cpu_wave = cpu_of(bare_pids)
+        bare.append(max(node_done(watcher, by_node, n) or 0.0 for n in by_node) - t0)
+        cpu = {k: cpu_wave[k] - cpu_before.get(k, 0.0) for k in cpu_wave}
+        for k, v in cpu.items():
+            bare_cpu[k] = bare_cpu.get(k, 0.0) + v
+        print(
+            f"bare run {rep + 1}: makespan {bare[-1]:.2f} s; CPU seconds: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+        await set_state(api, nodes, "upgrade-done")
+        await clear_bare(api, nodes)
+        await set_state(api, nodes, "upgrade-required")
+    return bare, bare_cpu
+
+
+async def shared_runs(
+    api: ApiClient,
+    cp: testenv.ControlPlane,
+    run: Run,
+    watcher: Watcher,
+    nodes: int,
+    per_node: int,
+    runs: int,
+    timeout: float,
+    profile: str | None = None,
+    apiserver_profile: str | None = None,
+) -> tuple[list[float], list[float], list[float], dict[str, float]]:
+    """``runs`` waves over the first ``nodes`` nodes with ``run`` (shared-svc) doing the work:
+    the makespans, the freed times, the per-node times and the CPU seconds summed."""
+    pids = {name: proc.pid for name, proc in cp.processes.items()}
+    pids |= {"shared-svc": run.proc.pid, "benchmark": os.getpid()}
+    cpu_totals: dict[str, float] = {}
+    makespans: list[float] = []
+    freed: list[float] = []
+    per_node_done: list[float] = []
+    landed: list[float] = []
+    for rep in range(runs):
+        pods = consumer_pods(rep, nodes, per_node)
+        await create_consumers(api, pods)
+        await asyncio.sleep(2)  # quiet: shared-svc has seen the pods come (it does nothing)
+        watcher.reset()
+        before = upgrade_counters(run)
+        if profile and rep == runs - 1:
+            run.proc.send_signal(signal.SIGUSR1)
+        server_profile = None
+        if apiserver_profile and rep == runs - 1:
+            server_profile = asyncio.get_running_loop().run_in_executor(
+                None, fetch_apiserver_profile, cp, apiserver_profile
+            )
+            await asyncio.sleep(0.2)  # the profile has started
+        requests_before = request_counts(cp)
+        cpu_before = cpu_of(pids)
+        t0 = time.monotonic()
+        await set_state(api, nodes, "cordon-required")
+        landed.append(time.monotonic() - t0)
+        names = [node_name(i) for i in range(nodes)]
+        by_node = by_node_of(pods, nodes)
+
+        await wait_for(
+            lambda: all(node_done(watcher, by_node, n) is not None for n in by_node),  # noqa: B023
+            timeout,
+            "evictions",
+            run,
+        )
+        cpu_wave, cpu_wave_at = cpu_of(pids), time.monotonic()
+        requests_wave = request_counts(cp)
+        done = [node_done(watcher, by_node, n) or 0.0 for n in names]
+        makespans.append(max(done) - t0)
+        per_node_done.extend(d - t0 for d in done)
+        await wait_for(
+            lambda: len(watcher.freed_at) >= nodes,
+            timeout,
+            "freedAt on every node",
+            run,
+        )
+        freed.append(max(watcher.freed_at.values()) - t0)
+        if profile and rep == runs - 1:
+            run.proc.send_signal(signal.SIGUSR2)
+        after = upgrade_counters(run)
+        cpu = {k: cpu_wave[k] - cpu_before.get(k, 0.0) for k in cpu_wave}
+        for k, v in cpu.items():
+            cpu_totals[k] = cpu_totals.get(k, 0.0) + v
+        print(
+            f"run {rep + 1}: makespan {makespans[-1]:.2f} s (the {nodes} state patches "
+            f"landed by {landed[-1]:.2f} s), freed {freed[-1]:.2f} s; counters: "
+            + ", ".join(
+                f"{k} +{after[k] - before.get(k, 0):g}"
+                for k in sorted(after)
+                if after[k] != before.get(k, 0)
+            ),
+            flush=True,
+        )
+        print(
+            "  CPU seconds until the makespan's end: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+            + f" (machine: {os.cpu_count()} CPUs x {cpu_wave_at - t0:.2f} s = "
+            f"{(os.cpu_count() or 1) * (cpu_wave_at - t0):.2f})",
+            flush=True,
+        )
+        if server_profile is not None:
+            await server_profile
+        print(
+            "  API requests until the makespan's end (watches apart): "
+            + ", ".join(
+                f"{verb} {what} {requests_wave[verb, what] - requests_before.get((verb, what), 0)}"
+                for verb, what in sorted(requests_wave)
+                if requests_wave[verb, what] != requests_before.get((verb, what), 0)
+                and verb not in ("WATCH", "WATCHLIST")
+            ),
+            flush=True,
+        )
+        await set_state(api, nodes, "upgrade-done")
+        await records_gone(api, nodes)
+        await set_state(api, nodes, "upgrade-required")
+    return makespans, freed, per_node_done, cpu_totals
+
+
 async def main(
     nodes: int,
     per_node: int,
@@ -425,125 +579,12 @@ async def main(
         )
         watcher = Watcher(api, kubelet_delay)
         await watcher.start()
-        bare_pids = {name: proc.pid for name, proc in cp.processes.items()}
-        bare_pids["benchmark"] = os.getpid()
-        bare_cpu: dict[str, float] = {}
-        bare: list[float] = []
-        for rep in range(runs):
-            pods = consumer_pods(1000 + rep, nodes, per_node)
-            await create_consumers(api, pods)
-            await asyncio.sleep(2)
-            watcher.reset()
-            by_node = by_node_of(pods, nodes)
-            cpu_before = cpu_of(bare_pids)
-            t0 = time.monotonic()
-            await bare_wave(api, nodes, by_node)
-            await wait_for(
-                lambda: all(node_done(watcher, by_node, n) is not None for n in by_node),  # noqa: B023
-                timeout,
-                "evictions (bare)",
-                None,
-            )
-            cpu_wave = cpu_of(bare_pids)
-            bare.append(max(node_done(watcher, by_node, n) or 0.0 for n in by_node) - t0)
-            cpu = {k: cpu_wave[k] - cpu_before.get(k, 0.0) for k in cpu_wave}
-            for k, v in cpu.items():
-                bare_cpu[k] = bare_cpu.get(k, 0.0) + v
-            print(
-                f"bare run {rep + 1}: makespan {bare[-1]:.2f} s; CPU seconds: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
-                flush=True,
-            )
-            await set_state(api, nodes, "upgrade-done")
-            await clear_bare(api, nodes)
-            await set_state(api, nodes, "upgrade-required")
+        bare, bare_cpu = await bare_runs(api, cp, watcher, nodes, per_node, runs, timeout)
         run = Run(cp, OPERATOR_NS, tree, profile)
         await run.ready()
-        pids = {name: proc.pid for name, proc in cp.processes.items()}
-        pids |= {"shared-svc": run.proc.pid, "benchmark": os.getpid()}
-        cpu_totals: dict[str, float] = {}
-        makespans: list[float] = []
-        freed: list[float] = []
-        per_node_done: list[float] = []
-        landed: list[float] = []
-        for rep in range(runs):
-            pods = consumer_pods(rep, nodes, per_node)
-            await create_consumers(api, pods)
-            await asyncio.sleep(2)  # quiet: shared-svc has seen the pods come (it does nothing)
-            watcher.reset()
-            before = upgrade_counters(run)
-            if profile and rep == runs - 1:
-                run.proc.send_signal(signal.SIGUSR1)
-            server_profile = None
-            if apiserver_profile and rep == runs - 1:
-                server_profile = asyncio.get_running_loop().run_in_executor(
-                    None, fetch_apiserver_profile, cp, apiserver_profile
-                )
-                await asyncio.sleep(0.2)  # the profile has started
-            requests_before = request_counts(cp)
-            cpu_before = cpu_of(pids)
-            t0 = time.monotonic()
-            await set_state(api, nodes, "cordon-required")
-            landed.append(time.monotonic() - t0)
-            names = [node_name(i) for i in range(nodes)]
-            by_node = by_node_of(pods, nodes)
-
-            await wait_for(
-                lambda: all(node_done(watcher, by_node, n) is not None for n in by_node),  # noqa: B023
-                timeout,
-                "evictions",
-                run,
-            )
-            cpu_wave, cpu_wave_at = cpu_of(pids), time.monotonic()
-            requests_wave = request_counts(cp)
-            done = [node_done(watcher, by_node, n) or 0.0 for n in names]
-            makespans.append(max(done) - t0)
-            per_node_done.extend(d - t0 for d in done)
-            await wait_for(
-                lambda: len(watcher.freed_at) >= nodes,
-                timeout,
-                "freedAt on every node",
-                run,
-            )
-            freed.append(max(watcher.freed_at.values()) - t0)
-            if profile and rep == runs - 1:
-                run.proc.send_signal(signal.SIGUSR2)
-            after = upgrade_counters(run)
-            cpu = {k: cpu_wave[k] - cpu_before.get(k, 0.0) for k in cpu_wave}
-            for k, v in cpu.items():
-                cpu_totals[k] = cpu_totals.get(k, 0.0) + v
-            print(
-                f"run {rep + 1}: makespan {makespans[-1]:.2f} s (the {nodes} state patches "
-                f"landed by {landed[-1]:.2f} s), freed {freed[-1]:.2f} s; counters: "
-                + ", ".join(
-                    f"{k} +{after[k] - before.get(k, 0):g}"
-                    for k in sorted(after)
-                    if after[k] != before.get(k, 0)
-                ),
-                flush=True,
-            )
-            print(
-                "  CPU seconds until the makespan's end: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
-                + f" (machine: {os.cpu_count()} CPUs x {cpu_wave_at - t0:.2f} s = "
-                f"{(os.cpu_count() or 1) * (cpu_wave_at - t0):.2f})",
-                flush=True,
-            )
-            if server_profile is not None:
-                await server_profile
-            print(
-                "  API requests until the makespan's end (watches apart): "
-                + ", ".join(
-                    f"{verb} {what} {requests_wave[verb, what] - requests_before.get((verb, what), 0)}"
-                    for verb, what in sorted(requests_wave)
-                    if requests_wave[verb, what] != requests_before.get((verb, what), 0)
-                    and verb not in ("WATCH", "WATCHLIST")
-                ),
-                flush=True,
-            )
-            await set_state(api, nodes, "upgrade-done")
-            await records_gone(api, nodes)
-            await set_state(api, nodes, "upgrade-required")
+        makespans, freed, per_node_done, cpu_totals = await shared_runs(
+            api, cp, run, watcher, nodes, per_node, runs, timeout, profile, apiserver_profile
+        )
         if profile:
             await asyncio.sleep(2)
             stats = pstats.Stats(profile)
