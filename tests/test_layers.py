@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
 
 # The modules of upgrade/ that do I/O or hold the controller: the rest of upgrade/ is pure.
-UPGRADE_SHELL = {"controller", "io", "metrics"}
+UPGRADE_SHELL = {"announce", "controller", "executor", "io", "metrics"}
 
 IO_MODULES = (
     "shared_svc.kube",

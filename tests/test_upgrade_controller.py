@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
+from shared_svc.kube.events import EventPublisher
 from shared_svc.runtime.source import Event, NewestVersions
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
@@ -36,8 +37,11 @@ def make(
 ) -> tuple[UpgradeController, Recorder]:
     recorder = Recorder()
     cfg = Config(upgrade_controller=True, **config)  # type: ignore[arg-type]
+    # A publisher that writes: ``recorder`` holds every Event the controller hands the
+    # publisher, dry-run too (the service's publisher, dry-run, logs them instead).
+    events = EventPublisher(recorder)
     controller = UpgradeController(
-        None, cfg, recorder, is_leader=lambda: leader, io=io, clock=lambda: 1000.0
+        None, cfg, events, is_leader=lambda: leader, io=io, clock=lambda: 1000.0
     )
     io.on_change = controller.trigger
     return controller, recorder
@@ -75,6 +79,25 @@ async def test_follower_and_dry_run_write_nothing() -> None:
             ]  # once, not per pass
         else:
             assert recorder.reports == []
+
+
+async def test_dry_run_writes_no_event_and_logs_each_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """dry_run means the same for both controllers (docs/operations.md "Dry-run")."""
+    io = ex.FakeUpgradeIO(
+        [ex.node(state="cordon-required")],
+        [ex.declared_pod("a"), ex.pod("v", runtime_class="nvidia")],
+    )
+    recorder = Recorder()  # a bare recorder: the controller puts it in a dry-run publisher
+    cfg = Config(upgrade_controller=True, dry_run=True)
+    controller = UpgradeController(None, cfg, recorder, io=io, clock=lambda: 1000.0)
+    with caplog.at_level(logging.INFO, logger="shared_svc.kube.events"):
+        for _ in range(3):
+            await controller.reconcile("node-1")
+    assert recorder.reports == [] and io.writes == []
+    would = [r for r in caplog.records if r.getMessage() == "dry-run: would emit event"]
+    assert [r.__dict__["reason"] for r in would] == ["GPUConsumersDetected"]
 
 
 async def test_node_gone_forgets_status() -> None:
@@ -371,3 +394,20 @@ def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
         passed = [newest(Event("add", None, obj)) for obj in (first, second, new, old)]
         # The newer copy counts once, whichever cache brings it first; an older one never.
         assert passed == ([True, True, False, False] if first is old else [True] + [False] * 3)
+
+
+def test_no_class_of_the_upgrade_code_is_over_300_lines_nor_a_function_over_80() -> None:
+    """Issue 21: the controller split by concern (executor, announcements, status)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "shared_svc"
+    too_long = []
+    for path in [*sorted((package / "upgrade").glob("*.py")), package / "commands" / "upgrade.py"]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            limit = 300 if isinstance(node, ast.ClassDef) else 80
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > limit:
+                    too_long.append(f"{path.name}:{node.name} ({length} lines)")
+    assert too_long == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -373,3 +374,29 @@ async def test_follower_logs_but_does_not_send_the_gate_warning() -> None:
     )
     await controller._review_gate()
     assert recorder.reports == [] and controller.status()["gate"]["state"] == "missing"
+
+
+async def test_every_replica_logs_the_gate_warning_once_per_finding(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
+    controller = UpgradeController(
+        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+    )
+
+    def warned() -> int:
+        return sum(
+            r.levelno == logging.WARNING and "GPUConsumerGateMissing" in r.getMessage()
+            for r in caplog.records
+        )
+
+    with caplog.at_level(logging.WARNING, logger="shared_svc.upgrade.controller"):
+        await controller._review_gate()
+        await controller._review_gate()
+        assert warned() == 1
+        io.policies = (ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600),)
+        await controller._review_gate()
+        io.policies = (ex.cluster_policy(),)  # broken again: said again
+        await controller._review_gate()
+        await controller._review_gate()
+    assert warned() == 2

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that co
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.k8s.selectors import Selector
+    from shared_svc.upgrade.planner import NodeStatus
 
 T = TypeVar("T")
 
@@ -366,6 +367,7 @@ async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.upgrade.gate import check_gate
+    from shared_svc.upgrade.status import gate_json
 
     try:
         policies = await _list_cluster_policies(api)
@@ -377,10 +379,10 @@ async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
             "message": "cannot list ClusterPolicies (403): gate not checked",
         }
     check, _ = check_gate(policies, _consumer_selector(config))
-    return check.as_dict()
+    return gate_json(check)
 
 
-async def gather_status(api: ApiClient, config: Config) -> list[dict[str, Any]]:
+async def gather_status(api: ApiClient, config: Config) -> list[NodeStatus]:
     """The status of every node that is upgrading or still parked, from the service's record.
 
     Only the driver name (the label keys) comes from local configuration: the eviction
@@ -396,12 +398,12 @@ async def gather_status(api: ApiClient, config: Config) -> list[dict[str, Any]]:
         for node in await upgrade_io.list_nodes(api, resource.label_selector):
             nodes[node["metadata"]["name"]] = node
     daemonsets = await upgrade_io.list_daemonsets(api)
-    out: list[dict[str, Any]] = []
+    out: list[NodeStatus] = []
     for name in sorted(nodes):
         if not listed(recorded_status(nodes[name], (), (), driver)):
             continue  # an idle node (upgrade-done, upgrade-required): no pods to read
         pods = await upgrade_io.pods_on_node(api, name)
-        out.append(recorded_status(nodes[name], pods, daemonsets, driver).as_dict())
+        out.append(recorded_status(nodes[name], pods, daemonsets, driver))
     return out
 
 
@@ -410,11 +412,11 @@ def _gate_line(gate: dict[str, Any]) -> str:
     return f"gate: {'WARNING: ' if warns else ''}{gate['message']}\n"
 
 
-def _text(statuses: list[dict[str, Any]]) -> str:
+def _text(statuses: list[NodeStatus]) -> str:
     if not statuses:
         return "no node is upgrading or parked\n"
     lines = []
-    for s in statuses:
+    for s in (status.as_dict() for status in statuses):
         lines.append(
             f"{s['node']}: {s['state'] if s['state'] is not None else '(no state label)'} -> {s['phase']}"
         )
@@ -461,14 +463,14 @@ def _text(statuses: list[dict[str, Any]]) -> str:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    async def body(api: ApiClient, config: Config) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def body(api: ApiClient, config: Config) -> tuple[dict[str, Any], list[NodeStatus]]:
         return await gather_gate(api, config), await gather_status(api, config)
 
     gate, statuses = _run(args, body)
     if args.output == "json":
-        from shared_svc.k8s.objects import camel_keys  # the keys of /status, for the same things
+        from shared_svc.upgrade.status import node_json  # the serializer of /status
 
-        shown = {"gate": camel_keys(gate), "nodes": [camel_keys(s) for s in statuses]}
+        shown = {"gate": gate, "nodes": [node_json(s) for s in statuses]}
         sys.stdout.write(json.dumps(shown, indent=2) + "\n")
     else:
         sys.stdout.write(_gate_line(gate) + _text(statuses))

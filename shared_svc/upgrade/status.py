@@ -1,0 +1,24 @@
+"""The one JSON serializer of the upgrade controller's status: ``/status`` (its
+``upgrade`` part) and ``shared-svc upgrade status -o json`` spell a node's status and the
+gate with the same keys, camelCased as Kubernetes spells JSON (``k8s.objects.camel_keys``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared_svc.k8s.objects import camel_keys
+from shared_svc.upgrade.gate import GateCheck
+from shared_svc.upgrade.planner import NodeStatus
+
+
+def node_json(status: NodeStatus) -> dict[str, Any]:
+    return camel_keys(status.as_dict())
+
+
+def gate_json(gate: GateCheck) -> dict[str, Any]:
+    return camel_keys(gate.as_dict())
+
+
+def nodes_json(statuses: Mapping[str, NodeStatus]) -> dict[str, dict[str, Any]]:
+    return {name: node_json(statuses[name]) for name in sorted(statuses)}
