@@ -533,7 +533,7 @@ async def test_dry_run_computes_and_reports_but_writes_nothing(
 async def test_informer_relists_after_410_gone() -> None:
     """Own control plane: etcd is compacted and the API server restarted (its watch cache
     rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
-    from shared_svc.kube.cache import Informer, Resource
+    from shared_svc.kube.reflector import Informer, Resource
 
     cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
     try:
@@ -576,7 +576,7 @@ async def test_informer_relists_after_410_gone() -> None:
 async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
     """A warming-up API server answers 404 for custom resources whose CRD exists: that must
     never read as "no ClusterPolicy exists" (it would delete Services)."""
-    from shared_svc.kube.cache import Informer, NotServedYet, Resource
+    from shared_svc.kube.reflector import Informer, NotServedYet, Resource
 
     # The path 404s while the CRD exists: what a restarting API server looks like.
     warming = Informer(

@@ -55,7 +55,8 @@ from shared_svc.upgrade.settings import UpgradeSettings
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
-    from shared_svc.kube.cache import EventHandler, Informers
+    from shared_svc.kube.registry import Informers
+    from shared_svc.kube.store import EventHandler
     from shared_svc.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)

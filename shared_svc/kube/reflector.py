@@ -1,4 +1,4 @@
-"""List-then-watch caches of raw objects (JSON dicts, as the core wants them).
+"""List-then-watch caches of raw objects (JSON dicts, as the core wants them): the reflector.
 
 One :class:`Informer` per resource: it lists, then watches from the list's
 resourceVersion with bookmarks; a watch the server ends at its timeout is resumed from
@@ -59,15 +59,11 @@ not served is listed again every :data:`NOT_SERVED_RECHECK_SECONDS` (a CRD insta
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
-import re
-import sys
-from collections.abc import Awaitable, Callable
-from itertools import accumulate
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -78,7 +74,10 @@ from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.resources import JSON, METADATA, METADATA_LIST
 from shared_svc.kube.resources import Resource as Resource
-from shared_svc.kube.writer import body_text, status_of
+from shared_svc.kube.store import EventHandler as EventHandler
+from shared_svc.kube.store import Key, SharedValues, Store, key_of
+from shared_svc.kube.untrusted import MAX_DEPTH, has_pruned, loads
+from shared_svc.kube.writer import describe_error, request, retry_after
 from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger(__name__)
@@ -86,158 +85,6 @@ log = logging.getLogger(__name__)
 BACKOFF_BASE_SECONDS = 0.2  # the first reconnect waits 2x this (times jitter)
 WATCH = "watch"  # the one key of a cache's backoff
 NOT_SERVED_RECHECK_SECONDS = 30.0  # a resource not served is listed again this often
-
-# --- robust JSON: fields nobody here judges must not stop the cache ---
-
-MAX_DEPTH = 100
-"""Nesting levels kept in one object; a deeper subtree is replaced by :data:`PRUNED`.
-
-Kubernetes objects nest about 15 levels deep; CRDs with preserved unknown fields accept
-any depth. Python's parser and every recursive function after it (copies, comparisons,
-digests) fail near 1,000, so a hostile 1,200-level field would otherwise stop the cache."""
-PRUNED = f"<pruned by shared-svc: nested deeper than {MAX_DEPTH} levels>"
-
-_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
-_STEP = [0] * 256
-for _b in b"[{":
-    _STEP[_b] = 1
-for _b in b"]}":
-    _STEP[_b] = -1
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in a JSON text (no recursion).
-
-    Escaped backslashes, then escaped quotes, are dropped (JSON pairs backslashes from
-    the left, as ``replace`` does), so every remaining quote opens or closes a string;
-    of the quotes and brackets left, the brackets outside strings count. Bytes-level
-    C operations only, but the final sum: it runs on every page of a re-list.
-    """
-    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
-    brackets = b"".join(bare.split(b'"')[::2])
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
-
-
-def _prune(raw: bytes, limit: int) -> bytes:
-    """``raw`` with every array or object below ``limit`` levels replaced by PRUNED."""
-    out: list[bytes] = []
-    depth, cut_from, copied = 0, -1, 0
-    for match in _TOKEN.finditer(raw):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth == limit + 1:
-                cut_from = match.start()
-        elif token in (b"]", b"}"):
-            depth -= 1
-            if depth == limit and cut_from >= 0:
-                out += [raw[copied:cut_from], json.dumps(PRUNED).encode()]
-                copied, cut_from = match.end(), -1
-    out.append(raw[copied:])
-    return b"".join(out)
-
-
-def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
-    """``json.loads``, but an object nested deeper than MAX_DEPTH keeps its shallower
-    fields and gets PRUNED in place of the too-deep subtrees (``envelope``: container
-    levels around the objects, 1 for a watch event, 2 for a list). Returns the value and
-    whether anything was pruned."""
-    limit = MAX_DEPTH + envelope
-    if raw.count(b"{") + raw.count(b"[") <= limit or json_depth(raw) <= limit:
-        return json.loads(raw), False
-    return json.loads(_prune(raw, limit)), True
-
-
-SHARED_VALUES_MAX = 65_536  # distinct shared subtrees remembered (then the table starts over)
-
-
-class SharedValues:
-    """One copy of each repeated subtree of the kept objects (label sets, condition lists:
-    the pods of one DaemonSet revision carry the same ones), strings interned.
-
-    Below the object itself and its ``metadata`` (which holds its name, so it is unique),
-    a dict or list equal to one seen before is replaced by that one: thousands of pods
-    hold one label set, one ``status`` per distinct conditions and one ``spec`` per node. The cached objects are
-    read-only (two controllers share them; the planners are pure), so sharing is safe.
-    Equal everywhere to what it replaces (the property tests plan over both). The table
-    is bounded: past :data:`SHARED_VALUES_MAX` distinct subtrees it starts over (what is
-    shared stays shared)."""
-
-    def __init__(self, limit: int = SHARED_VALUES_MAX) -> None:
-        self._limit = limit
-        self._table: dict[Any, Any] = {}
-
-    def __call__(self, value: Any) -> Any:
-        return self._share(value, 0, unique=True)[0]
-
-    def _share(self, value: Any, depth: int, *, unique: bool = False) -> tuple[Any, Any]:
-        """The shared value and its content key (hashable, type-exact: 1, 1.0 and True
-        differ)."""
-        if isinstance(value, str):
-            value = sys.intern(value)
-            return value, value
-        if isinstance(value, dict):
-            out: dict[Any, Any] = {}
-            parts = []
-            for k, v in value.items():
-                k = sys.intern(k) if isinstance(k, str) else k
-                out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
-                parts.append((k, key))
-            return self._canonical(out, ("d", tuple(parts)), unique)
-        if isinstance(value, list):
-            shared = [self._share(v, depth + 1) for v in value]
-            return self._canonical(
-                [v for v, _ in shared], ("l", tuple(k for _, k in shared)), unique
-            )
-        return value, (type(value), value)
-
-    def _canonical(self, value: Any, key: Any, unique: bool) -> tuple[Any, Any]:
-        if unique:
-            return value, key
-        known = self._table.get(key)
-        if known is not None:
-            return known, key
-        if len(self._table) >= self._limit:
-            self._table.clear()
-        self._table[key] = value
-        return value, key
-
-
-def has_pruned(value: Any) -> bool:
-    """Does ``value`` (a parsed object) hold a PRUNED subtree? Iterative, as it is only
-    asked of objects that were parsed with ``loads``."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if item == PRUNED:
-            return True
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def describe_error(exc: BaseException) -> str:
-    """One stable line for an API error (the same trouble reads the same on every retry)."""
-    if isinstance(exc, ApiException):
-        status = status_of(exc)
-        message = str(status.get("message") or "") if status else body_text(exc)
-        return f"{exc.status} {exc.reason or ''}: {message}".strip(" :")[:300]
-    if isinstance(exc, TimeoutError):
-        return "TimeoutError: no answer in time"
-    return f"{type(exc).__name__}: {exc}"[:300]
-
-
-def retry_after(exc: ApiException, default: float = 1.0) -> float:
-    """Seconds the server asked us to wait (Retry-After), else ``default``."""
-    headers: Any = exc.headers or {}
-    value = headers.get("Retry-After")
-    try:
-        return max(0.0, float(value)) if value is not None else default
-    except ValueError:
-        return default
 
 
 def accept_header(resource: Resource, *, watch: bool) -> str:
@@ -255,23 +102,8 @@ class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
 
 
-class EventHandler(Protocol):
-    """What a cache tells a handler (client-go's ``OnAdd``/``OnUpdate``/``OnDelete``): the
-    objects as kept. ``on_delete`` gets the last state known (the watch event's object, or
-    the cached one when a re-list no longer finds it)."""
-
-    def on_add(self, new: K8sObject) -> None: ...
-    def on_update(self, old: K8sObject, new: K8sObject) -> None: ...
-    def on_delete(self, old: K8sObject) -> None: ...
-
-
-def _key(obj: K8sObject) -> tuple[str, str]:
-    meta = obj.get("metadata", {})
-    return meta.get("namespace", ""), meta.get("name", "")
-
-
-class Informer:
-    """A list-then-watch cache of one resource."""
+class Informer(Store):
+    """A list-then-watch cache of one resource (client-go's reflector over its store)."""
 
     def __init__(
         self,
@@ -288,88 +120,26 @@ class Informer:
         self._api = api
         self._page_size = page_size
         self.resource = resource
-        # Several readers may share one cache (:class:`Informers`): each has its triggers.
-        self._change_listeners = [on_change]
-        self._handlers: list[EventHandler] = []
-        self._synced_listeners = [on_synced] if on_synced else []
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
         self._idle_timeout = (
             idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
         )
         self._shared = SharedValues()  # repeated subtrees of the kept objects, once
-        self._items: dict[tuple[str, str], K8sObject] = {}
-        self._versions: dict[tuple[str, str], str] = {}  # key -> resourceVersion
-        self.synced = asyncio.Event()
         self.served = True
         self.resource_version = ""
         self.relists = 0
         self.idle_watches = 0  # watches closed for silence (no event, no bookmark)
         self.throttled = 0  # 429 answers: waited for, cache kept
         self.last_error: str | None = None
-        self.pruned: set[tuple[str, str]] = set()  # objects kept with a too-deep subtree cut
+        self.pruned: set[Key] = set()  # objects kept with a too-deep subtree cut
         # Reconnects: 0.4 s, 0.8 s, ... up to backoff_max_seconds, with jitter (the runtime's limiter).
         self._backoff = ItemExponentialFailureRateLimiter(
             BACKOFF_BASE_SECONDS, backoff_max_seconds, max_exponent=10, jitter=0.5
         )
-        if on_synced:
-            on_synced(False)
+        super().__init__(on_change, on_synced)
 
-    def add_listener(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        """Another reader of this cache: told of every change (and of ``synced``) too."""
-        self._change_listeners.append(on_change)
-        if on_synced:
-            self._synced_listeners.append(on_synced)
-            on_synced(self.synced.is_set())
-
-    def add_handler(self, handler: EventHandler) -> None:
-        """``handler`` is told of every add, update and delete from now on; a synced cache
-        first hands it an add of each object it holds (as client-go does)."""
-        self._handlers.append(handler)
-        if self.synced.is_set():
-            for obj in self._items.values():
-                handler.on_add(obj)
-
-    def _on_change(self) -> None:
-        for listener in self._change_listeners:
-            listener()
-
-    def _added(self, new: K8sObject) -> None:
-        for handler in self._handlers:
-            handler.on_add(new)
-
-    def _updated(self, old: K8sObject, new: K8sObject) -> None:
-        for handler in self._handlers:
-            handler.on_update(old, new)
-
-    def _deleted(self, old: K8sObject) -> None:
-        for handler in self._handlers:
-            handler.on_delete(old)
-
-    def get(self, name: str, namespace: str = "") -> K8sObject | None:
-        """The cached object, if any (no request)."""
-        return self._items.get((namespace, name))
-
-    def items(self) -> tuple[K8sObject, ...]:
-        return tuple(self._items[k] for k in sorted(self._items))
-
-    def cached_keys(self) -> list[tuple[str, str]]:
-        """The (namespace, name) of every cached object."""
-        return list(self._items)
-
-    def _set_synced(self, value: bool) -> None:
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        for listener in self._synced_listeners:
-            listener(value)
-
-    def _query(self, params: dict[str, str]) -> list[tuple[str, str]]:
+    def _query(self, params: dict[str, str]) -> list[Key]:
         query = list(params.items())
         if self.resource.label_selector:
             query.append(("labelSelector", self.resource.label_selector))
@@ -378,27 +148,15 @@ class Informer:
         return query
 
     async def _get(self, params: dict[str, str], *, timeout: float | aiohttp.ClientTimeout) -> Any:
-        """The response, unread; a non-2xx answer raises ApiException with its headers
-        (Retry-After) and body."""
-        resp = await self._api.call_api(
-            self.resource.path,
+        """The response, unread (``writer.request``, the one HTTP path)."""
+        return await request(
+            self._api,
             "GET",
-            query_params=self._query(params),
-            header_params={
-                "Accept": accept_header(self.resource, watch=params.get("watch") == "true")
-            },
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout,
+            self.resource.path,
+            query=self._query(params),
+            accept=accept_header(self.resource, watch=params.get("watch") == "true"),
+            timeout=timeout,
         )
-        if not 200 <= resp.status <= 299:
-            body = await resp.read()
-            resp.release()
-            exc = ApiException(status=resp.status, reason=resp.reason)
-            exc.body = body.decode(errors="replace")[:2000]
-            exc.headers = resp.headers
-            raise exc
-        return resp
 
     async def _open_watch(self, params: dict[str, str], *, timeout: float) -> Any:
         """The watch stream, unread. Besides the total ``timeout``, a stream that sends
@@ -445,13 +203,13 @@ class Informer:
 
     async def _list_pages(
         self,
-    ) -> tuple[dict[tuple[str, str], K8sObject], dict[tuple[str, str], str], str, set[Any]] | None:
+    ) -> tuple[dict[Key, K8sObject], dict[Key, str], str, set[Any]] | None:
         """Every page of the list, each object projected as its page is read (None: the
         resource is not served)."""
         keep = self._keep
-        items: dict[tuple[str, str], K8sObject] = {}
-        versions: dict[tuple[str, str], str] = {}
-        pruned_keys: set[tuple[str, str]] = set()
+        items: dict[Key, K8sObject] = {}
+        versions: dict[Key, str] = {}
+        pruned_keys: set[Key] = set()
         token = ""
         resource_version = ""
         while True:
@@ -480,7 +238,7 @@ class Informer:
             meta = data.get("metadata") or {}
             resource_version = meta.get("resourceVersion", "") or resource_version
             for item in data.get("items") or []:
-                key = _key(item)
+                key = key_of(item)
                 if pruned and has_pruned(item):
                     pruned_keys.add(key)
                 version = item.get("metadata", {}).get("resourceVersion", "")
@@ -509,8 +267,8 @@ class Informer:
 
     def _replace(
         self,
-        items: dict[tuple[str, str], K8sObject],
-        versions: dict[tuple[str, str], str],
+        items: dict[Key, K8sObject],
+        versions: dict[Key, str],
         *,
         served: bool,
         resource_version: str,
@@ -529,22 +287,7 @@ class Informer:
         if changed:
             self._on_change()
 
-    def _hand_out_difference(
-        self, old_items: dict[tuple[str, str], K8sObject], old_versions: dict[tuple[str, str], str]
-    ) -> None:
-        """The events of a re-list: what it added, changed (another resourceVersion) and no
-        longer found. Once per re-list, never per watch event."""
-        for key, version in self._versions.items():
-            old = old_items.get(key)
-            if old is None:
-                self._added(self._items[key])
-            elif old_versions.get(key) != version:
-                self._updated(old, self._items[key])
-        for key, old in old_items.items():
-            if key not in self._items:
-                self._deleted(old)
-
-    def _note_pruned(self, keys: set[tuple[str, str]]) -> None:
+    def _note_pruned(self, keys: set[Key]) -> None:
         """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
         if keys == self.pruned:
             return
@@ -598,7 +341,7 @@ class Informer:
                     self.resource_version = rv
                 if etype == "BOOKMARK":
                     continue
-                key = _key(obj)
+                key = key_of(obj)
                 if pruned and etype != "DELETED":
                     self._note_pruned(self.pruned | {key})
                 elif key in self.pruned:
@@ -699,172 +442,3 @@ class Informer:
         # Events may have been missed: no reconcile until a complete re-list.
         self._set_synced(False)
         await sleep_or_stop(stop, delay)
-
-
-class UnionInformer:
-    """One cache of the union of several label selectors (``Resource.any_of``): a
-    list+watch per selector (each an :class:`Informer`, with its own resourceVersion,
-    re-lists and backoff), read as one store. Requirements of one selector are ANDed, so
-    a union takes several watches; with disjoint selectors each object is held once (an
-    object that moves from one to another is, for a moment, in both: the newer copy is
-    read). Synced when every part is."""
-
-    def __init__(
-        self,
-        api: ApiClient,
-        resource: Resource,
-        *,
-        on_change: Callable[[], None],
-        on_synced: Callable[[bool], None] | None = None,
-        backoff_max_seconds: float = 30.0,
-        **options: Any,
-    ) -> None:
-        self.resource = resource
-        self.synced = asyncio.Event()
-        self._change_listeners = [on_change]
-        self._synced_listeners = [on_synced] if on_synced else []
-        self.parts: tuple[Informer, ...] = ()
-        self.parts = tuple(
-            Informer(
-                api,
-                dataclasses.replace(resource, any_of=(), label_selector=selector),
-                on_change=self._on_change,
-                on_synced=self._part_synced,
-                backoff_max_seconds=backoff_max_seconds,
-                **options,
-            )
-            for selector in resource.any_of
-        )
-        if on_synced:
-            on_synced(False)
-
-    def add_listener(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        self._change_listeners.append(on_change)
-        if on_synced:
-            self._synced_listeners.append(on_synced)
-            on_synced(self.synced.is_set())
-
-    def add_handler(self, handler: EventHandler) -> None:
-        for part in self.parts:
-            part.add_handler(handler)
-
-    def _on_change(self) -> None:
-        for listener in self._change_listeners:
-            listener()
-
-    def _part_synced(self, _: bool) -> None:
-        value = bool(self.parts) and all(part.synced.is_set() for part in self.parts)
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        for listener in self._synced_listeners:
-            listener(value)
-
-    def _store(self) -> dict[tuple[str, str], K8sObject]:
-        store: dict[tuple[str, str], K8sObject] = {}
-        newest: dict[tuple[str, str], int] = {}
-        for part in self.parts:
-            for key, obj in part._items.items():
-                version = part._versions.get(key, "")
-                rank = int(version) if version.isdigit() else 0
-                if key not in store or rank > newest[key]:
-                    store[key], newest[key] = obj, rank
-        return store
-
-    def get(self, name: str, namespace: str = "") -> K8sObject | None:
-        return self._store().get((namespace, name))
-
-    def items(self) -> tuple[K8sObject, ...]:
-        store = self._store()
-        return tuple(store[k] for k in sorted(store))
-
-    def cached_keys(self) -> list[tuple[str, str]]:
-        return list(self._store())
-
-    @property
-    def served(self) -> bool:
-        return all(part.served for part in self.parts)
-
-    @property
-    def relists(self) -> int:
-        return sum(part.relists for part in self.parts)
-
-    @property
-    def last_error(self) -> str | None:
-        return next((p.last_error for p in self.parts if p.last_error is not None), None)
-
-    @property
-    def pruned(self) -> set[tuple[str, str]]:
-        return set().union(*(part.pruned for part in self.parts))
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Every part's list+watch, until ``stop``."""
-        await asyncio.gather(*(part.run(stop) for part in self.parts))
-
-
-Cache = Informer | UnionInformer
-
-
-class Informers:
-    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.caches``),
-    shared by the controllers that read it (the Services and driver-upgrade controllers
-    both read DaemonSets and ClusterPolicies): one list, one watch and one copy in memory,
-    each reader keeping its own triggers and handlers."""
-
-    def __init__(self, api: ApiClient, *, backoff_max_seconds: float = 30.0) -> None:
-        self._api = api
-        self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
-        self._informers: dict[Resource, Cache] = {}
-        self._running: set[int] = set()
-
-    def informer(
-        self,
-        resource: Resource,
-        *,
-        on_change: Callable[[], None],
-        on_synced: Callable[[bool], None] | None = None,
-    ) -> Cache:
-        """The cache of ``resource``, made on first ask; ``on_change`` is called on its
-        changes. Its options are the declaration's (``resource``) and the registry's, so
-        it does not matter which reader asks first."""
-        informer = self._informers.get(resource)
-        if informer is None:
-            informer = (UnionInformer if resource.any_of else Informer)(
-                self._api,
-                resource,
-                on_change=on_change,
-                on_synced=on_synced,
-                backoff_max_seconds=self._backoff_max,
-            )
-            self._informers[resource] = informer
-        else:
-            informer.add_listener(on_change, on_synced)
-        return informer
-
-    async def run(self, informer: Cache, stop: asyncio.Event) -> None:
-        """Runs ``informer`` until ``stop``: the first reader's call runs it, the others
-        only wait for ``stop``."""
-        if id(informer) in self._running:
-            await stop.wait()
-            return
-        self._running.add(id(informer))
-        try:
-            await informer.run(stop)
-        finally:
-            self._running.discard(id(informer))
-
-
-async def gather_until(stop: asyncio.Event, coros: list[Awaitable[None]]) -> None:
-    """Runs tasks until ``stop``; cancels them after."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        await stop.wait()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
