@@ -40,9 +40,9 @@ from shared_svc.outcomes import Outcomes
 from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, Runnable, every
 from shared_svc.status import plan_status
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger(__name__)
 

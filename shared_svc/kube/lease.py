@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.kube.writer import describe_error, object_path, raw_request
-from shared_svc.runtime.runnable import repeat
+from shared_svc.wait.loop import repeat
 
 log = logging.getLogger(__name__)
 

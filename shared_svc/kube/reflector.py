@@ -70,7 +70,6 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.aio import sleep_or_stop
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.resources import JSON, METADATA, METADATA_LIST
 from shared_svc.kube.resources import Resource as Resource
@@ -78,7 +77,8 @@ from shared_svc.kube.store import EventHandler as EventHandler
 from shared_svc.kube.store import Key, SharedValues, Store, key_of
 from shared_svc.kube.untrusted import MAX_DEPTH, has_pruned, loads
 from shared_svc.kube.writer import describe_error, request, retry_after
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
+from shared_svc.wait.loop import repeat
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ class Informer(Store):
         self.idle_watches = 0  # watches closed for silence (no event, no bookmark)
         self.throttled = 0  # 429 answers: waited for, cache kept
         self.last_error: str | None = None
+        self._need_list = True  # the next round lists first
+        self._pause = 0.0  # the wait before the next round
         self.pruned: set[Key] = set()  # objects kept with a too-deep subtree cut
         # Reconnects: 0.4 s, 0.8 s, ... up to backoff_max_seconds, with jitter (the runtime's limiter).
         self._backoff = ItemExponentialFailureRateLimiter(
@@ -371,64 +373,75 @@ class Informer(Store):
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries.
 
         Lists once, then watches; re-lists only when the watch cannot resume (see the
-        module docstring), never on a timer."""
-        need_list = True
-        while not stop.is_set():
-            try:
-                if need_list:
-                    await self.relist()
-                    need_list = False
-                    self._backoff.forget(WATCH)
-                    self.last_error = None
-                watch = asyncio.ensure_future(self.watch_once())
-                stopper = asyncio.ensure_future(stop.wait())
-                done, _ = await asyncio.wait({watch, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                for task in (watch, stopper):
-                    if task not in done:
-                        task.cancel()
-                if watch in done:
-                    outcome = watch.result()
-                    if outcome == "gone":
-                        need_list = True
-                    elif outcome == "idle":
-                        # A silent stream is a dead one (a half-open connection, a server
-                        # that stopped delivering): the cache may be behind. Re-list.
-                        self.idle_watches += 1
-                        log.warning(
-                            "watch silent for too long; re-listing",
-                            extra={
-                                "resource": self.resource.describe(),
-                                "idle_seconds": self._idle_timeout,
-                            },
-                        )
-                        need_list = True
-                    elif not self.served:
-                        # Not served: look again soon (a CRD installed later).
-                        await sleep_or_stop(stop, NOT_SERVED_RECHECK_SECONDS)
-                        need_list = True
-            except asyncio.CancelledError:
-                raise
-            except ApiException as exc:
-                if exc.status != 429:
-                    await self._failed(stop, exc)
-                    need_list = True
-                    continue
-                # "Slow down", not "the cache is wrong": no event was missed (the watch
-                # resumes from our resourceVersion), so keep the cache, synced, and wait.
-                self.throttled += 1
-                delay = retry_after(exc) * (1 + random.random() / 4)
-                if self.last_error is None or not self.last_error.startswith("429"):
-                    log.info(
-                        "API server asks to slow down; cache kept",
-                        extra={"resource": self.resource.describe(), "retry_in": round(delay, 2)},
-                    )
-                self.last_error = describe_error(exc)
-                await sleep_or_stop(stop, delay)
-            except Exception as exc:
-                await self._failed(stop, exc)
-                need_list = True
+        module docstring), never on a timer. One :meth:`_round` after another on the one
+        loop helper (``wait.loop.repeat``), each followed by the pause it asks for."""
+        self._need_list = True
+        self._pause = 0.0
+        await repeat(
+            stop,
+            lambda: self._round(stop),
+            lambda: self._pause,
+            name=f"cache {self.resource.describe()}",
+        )
 
-    async def _failed(self, stop: asyncio.Event, exc: Exception) -> None:
+    async def _round(self, stop: asyncio.Event) -> None:
+        """A list if one is needed, then one watch until it ends (or ``stop``); sets
+        ``_pause``, the wait before the next round."""
+        self._pause = 0.0
+        try:
+            if self._need_list:
+                await self.relist()
+                self._need_list = False
+                self._backoff.forget(WATCH)
+                self.last_error = None
+            watch = asyncio.ensure_future(self.watch_once())
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({watch, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (watch, stopper):
+                if task not in done:
+                    task.cancel()
+            if watch in done:
+                outcome = watch.result()
+                if outcome == "gone":
+                    self._need_list = True
+                elif outcome == "idle":
+                    # A silent stream is a dead one (a half-open connection, a server
+                    # that stopped delivering): the cache may be behind. Re-list.
+                    self.idle_watches += 1
+                    log.warning(
+                        "watch silent for too long; re-listing",
+                        extra={
+                            "resource": self.resource.describe(),
+                            "idle_seconds": self._idle_timeout,
+                        },
+                    )
+                    self._need_list = True
+                elif not self.served:
+                    # Not served: look again soon (a CRD installed later).
+                    self._pause = NOT_SERVED_RECHECK_SECONDS
+                    self._need_list = True
+        except asyncio.CancelledError:
+            raise
+        except ApiException as exc:
+            if exc.status != 429:
+                self._failed(exc)
+                return
+            # "Slow down", not "the cache is wrong": no event was missed (the watch
+            # resumes from our resourceVersion), so keep the cache, synced, and wait.
+            self.throttled += 1
+            delay = retry_after(exc) * (1 + random.random() / 4)
+            if self.last_error is None or not self.last_error.startswith("429"):
+                log.info(
+                    "API server asks to slow down; cache kept",
+                    extra={"resource": self.resource.describe(), "retry_in": round(delay, 2)},
+                )
+            self.last_error = describe_error(exc)
+            self._pause = delay
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """A failed list or watch: re-list after the backoff (``_pause``)."""
         self.last_error = describe_error(exc)
         delay = self._backoff.when(WATCH)
         log.warning(
@@ -441,4 +454,5 @@ class Informer(Store):
         )
         # Events may have been missed: no reconcile until a complete re-list.
         self._set_synced(False)
-        await sleep_or_stop(stop, delay)
+        self._need_list = True
+        self._pause = delay

@@ -18,7 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.k8s.managed_fields import FIELD_MANAGER as FIELD_MANAGER
 from shared_svc.kube.resources import GVR, JSON, LEASES, SERVICE_MONITORS, SERVICES
-from shared_svc.runtime.ratelimit import BucketRateLimiter
+from shared_svc.wait.ratelimit import BucketRateLimiter
 
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"

@@ -35,7 +35,6 @@ from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject, camel_keys, name_of
 from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, every
 from shared_svc.runtime.source import Enqueue, NewestVersions, OwnWrites
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
@@ -51,6 +50,7 @@ from shared_svc.upgrade.planner import (
     plan_node,
 )
 from shared_svc.upgrade.settings import UpgradeSettings
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient

@@ -27,10 +27,10 @@ from shared_svc.kube.registry import Cache, Informers, gather_until
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.store import EventHandler
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request
-from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
+from shared_svc.wait.ratelimit import BucketRateLimiter
 
 EvictOutcome = Literal["evicted", "blocked", "gone"]
 FIELD_MANAGER = "shared-svc-upgrade"
