@@ -13,13 +13,11 @@ import re
 from itertools import accumulate
 from typing import Any
 
-MAX_DEPTH = 100
-"""Nesting levels kept in one object; a deeper subtree is replaced by :data:`PRUNED`.
+from shared_svc.k8s.limits import MAX_DEPTH as MAX_DEPTH
+from shared_svc.k8s.limits import TOO_DEEP
 
-Kubernetes objects nest about 15 levels deep; CRDs with preserved unknown fields accept
-any depth. Python's parser and every recursive function after it (copies, comparisons,
-digests) fail near 1,000, so a hostile 1,200-level field would otherwise stop the cache."""
-PRUNED = f"<pruned by shared-svc: nested deeper than {MAX_DEPTH} levels>"
+PRUNED = f"<pruned by shared-svc: {TOO_DEEP}>"
+"""What replaces a subtree nested deeper than :data:`MAX_DEPTH` (``k8s.limits``)."""
 
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
