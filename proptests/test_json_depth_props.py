@@ -1,4 +1,4 @@
-"""``kube.cache.json_depth`` (bytes operations only, on every page of a re-list) is the
+"""``kube.untrusted.json_depth`` (bytes operations only, on every page of a re-list) is the
 nesting depth of the JSON value, whatever its strings hold: quotes, backslashes, brackets,
 escapes of any of them (issue 12: a re-list of 8,000 pods spent a quarter of its CPU in
 this check)."""
@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared_svc.kube.cache import json_depth
+from shared_svc.kube.untrusted import json_depth
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")

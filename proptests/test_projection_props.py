@@ -18,7 +18,7 @@ from shared_svc.caches import dcgm_pod_selectors
 from shared_svc.k8s.objects import labels_of
 from shared_svc.k8s.projections import daemonset_fields
 from shared_svc.k8s.selectors import parse_selector
-from shared_svc.kube.cache import SharedValues
+from shared_svc.kube.store import SharedValues
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.names import DRA_APP, LEGACY_APP, SERVICE_NAMES
 from shared_svc.reconcile.planner import plan
@@ -205,7 +205,7 @@ def test_each_pod_is_selected_by_at_most_one_dcgm_selector(labels: dict[str, str
     assert sum(s.matches(labels) for s in DCGM_SELECTORS) <= 1
 
 
-# --- issue 22: the compact store (kube.cache.SharedValues) ---
+# --- issue 22: the compact store (kube.store.SharedValues) ---
 
 
 @given(st.lists(json_values, max_size=6))

@@ -5,7 +5,7 @@ Every resource a controller caches is declared here, with what is watched of it
 only): ``kube/`` knows how to cache a :class:`~shared_svc.kube.resources.Resource`, this
 module knows which ones shared-svc needs. The controllers ask for the declaration of what
 they read; two controllers that read one resource get the same declaration, hence one
-cache in the shared registry (``kube.cache.Informers`` keys its caches by declaration),
+cache in the shared registry (``kube.registry.Informers`` keys its caches by declaration),
 whichever asks first, and neither knows of the other. The registry's own options (the
 reconnect backoff) are set once, from the configuration (:func:`registry`).
 
@@ -20,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.config import Config
 from shared_svc.k8s.projections import daemonset_fields
-from shared_svc.kube.cache import Informers
+from shared_svc.kube.registry import Informers
 from shared_svc.kube.resources import Resource
 from shared_svc.reconcile.names import APP_LABEL, COMMON_LABEL, DRA_APP, LEGACY_APP
 from shared_svc.reconcile.selectors import pod_fields

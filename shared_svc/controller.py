@@ -30,8 +30,9 @@ from shared_svc import caches
 from shared_svc.config import Config
 from shared_svc.discovery import ServiceMonitorDiscovery
 from shared_svc.executor import Executor, ObjectChanged
-from shared_svc.kube.cache import Cache, Informer, Informers, Resource
 from shared_svc.kube.events import Emitter, EventPublisher
+from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.writer import Writer, namespace_gone
 from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
@@ -39,9 +40,9 @@ from shared_svc.outcomes import Outcomes
 from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan, World
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from shared_svc.runtime.runnable import Controller, Result, Runnable, every
 from shared_svc.status import plan_status
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc import caches
 from shared_svc.config import Config
-from shared_svc.kube.cache import Cache, Resource
+from shared_svc.kube.reflector import Resource
+from shared_svc.kube.registry import Cache
 from shared_svc.kube.resources import SERVICE_MONITORS
 from shared_svc.kube.writer import raw_request
 from shared_svc.runtime.runnable import Periodic

@@ -21,9 +21,8 @@ from shared_svc.admission.rules import name_writers
 from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.kube.cache import describe_error
 from shared_svc.kube.events import EventPublisher
-from shared_svc.kube.writer import Writer, concurrent_change
+from shared_svc.kube.writer import Writer, concurrent_change, describe_error
 from shared_svc.metrics import Metrics
 from shared_svc.reconcile.fight import (
     Contest,

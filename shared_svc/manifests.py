@@ -25,8 +25,10 @@ from typing import Any, NoReturn
 
 import yaml
 
+from shared_svc.k8s.limits import MAX_DEPTH as MAX_DEPTH
+from shared_svc.k8s.limits import TOO_DEEP
+
 MAX_BYTES = 64 * 1024 * 1024  # one input file
-MAX_DEPTH = 100  # nested mappings and sequences; real objects stay below 20
 MAX_ALIAS_NODES = 100_000  # nodes that YAML aliases may add to one file
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1  # Kubernetes JSON integers are int64
 _INT_TEXT = 100  # longest integer text converted at all (0b + 64 digits fits)
@@ -110,7 +112,7 @@ def _tree(value: Any, depth: int) -> Any:
         return value
     if isinstance(value, dict | list):
         if depth >= MAX_DEPTH:
-            raise _Bad(f"nested deeper than {MAX_DEPTH} levels")
+            raise _Bad(TOO_DEEP)
         if isinstance(value, list):
             return [_child(item, index, depth) for index, item in enumerate(value)]
         out = {}
@@ -186,7 +188,7 @@ class _Bounds(yaml.composer.Composer, yaml.constructor.SafeConstructor):
                 _fail(f"YAML aliases expand to more than {MAX_ALIAS_NODES} nodes", event)
             return node
         if self._depth >= MAX_DEPTH and not isinstance(event, yaml.ScalarEvent):
-            _fail(f"nested deeper than {MAX_DEPTH} levels", event)
+            _fail(TOO_DEEP, event)
         anchor = event.anchor
         if anchor is not None:
             self._open.add(anchor)
@@ -285,7 +287,7 @@ if getattr(yaml, "__with_libyaml__", False):
                 return node.value
             if tag in (_MAP, _SEQ):
                 if depth >= MAX_DEPTH:
-                    _fail(f"nested deeper than {MAX_DEPTH} levels", node)
+                    _fail(TOO_DEEP, node)
                 if tag == _SEQ:
                     return [self._value(child, depth + 1) for child in node.value]
                 out = {}
@@ -347,7 +349,7 @@ def _load(text: str, keep: Callable[[Any], Any] | None = None) -> list[Any]:
         try:
             value = json.loads(text, parse_int=_json_int, parse_constant=_json_constant)
         except RecursionError:
-            raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+            raise InputError(TOO_DEEP) from None
         except json.JSONDecodeError:
             pass  # not JSON after all (a YAML flow mapping, several documents): read as YAML
         else:
@@ -371,7 +373,7 @@ def _load(text: str, keep: Callable[[Any], Any] | None = None) -> list[Any]:
     except yaml.YAMLError as exc:
         raise _yaml_error(exc) from None
     except RecursionError:  # not expected past the depth bound; never a traceback
-        raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+        raise InputError(TOO_DEEP) from None
     finally:
         loader.dispose()
     return documents
@@ -382,7 +384,7 @@ def _yaml_error(exc: yaml.YAMLError) -> InputError:
     at = f" at line {where.line + 1}" if where is not None else ""
     problem = getattr(exc, "problem", None) or type(exc).__name__
     if "maximum nesting depth" in problem:  # libyaml's own bound, far above ours
-        return InputError(f"nested deeper than {MAX_DEPTH} levels{at}")
+        return InputError(f"{TOO_DEEP}{at}")
     return InputError(f"invalid YAML{at}: {problem}")
 
 
@@ -609,7 +611,7 @@ class _Chunks:
                     raise InputError(f"a value larger than {size_text(MAX_BYTES)}") from None
                 continue
             except RecursionError:
-                raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+                raise InputError(TOO_DEEP) from None
             if end == len(self.buf) and isinstance(value, int | float) and self._more(0):
                 continue  # a number may go on in the next chunk
             self.pos = end
@@ -951,7 +953,7 @@ def _bounded_item(text: str, line: int, alias_nodes: int) -> tuple[Any, int]:
     except yaml.YAMLError as exc:
         raise _yaml_error(exc) from None
     except RecursionError:
-        raise InputError(f"nested deeper than {MAX_DEPTH} levels") from None
+        raise InputError(TOO_DEEP) from None
     finally:
         loader.dispose()
     return value, loader._alias_nodes

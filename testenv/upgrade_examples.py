@@ -270,7 +270,7 @@ class FakeUpgradeIO:
         self.blocked = blocked
         self.writes: list[NodePatch | PodAction] = []
         self.on_change: Callable[[], None] | None = None
-        self.node_handlers: list[Any] = []  # kube.cache.EventHandler: told of set_node
+        self.node_handlers: list[Any] = []  # kube.store.EventHandler: told of set_node
         self.fail_next: list[Exception] = []
 
     async def run(self, stop: asyncio.Event) -> None:

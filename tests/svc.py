@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from typing import Any
 
@@ -98,11 +99,15 @@ class Kube:
 
     async def events_for(self, reason: str, namespace: str | None = None) -> list[dict[str, Any]]:
         ns = namespace or self.ns
-        items = (await self.events.list_namespaced_event(ns)).items
+        # Read as JSON, not as the client's model: an Event another component wrote through
+        # core/v1 (kube-controller-manager's, in ``default``) has no eventTime, which the
+        # events.k8s.io/v1 model refuses.
+        res = await self.events.list_namespaced_event(ns, _preload_content=False)
+        items = json.loads(await res.read())["items"]
         return [
-            self.api.sanitize_for_serialization(e)
+            e
             for e in items
-            if e.reason == reason and e.reporting_controller == "nvidia.com/shared-svc"
+            if e.get("reason") == reason and e.get("reportingController") == "nvidia.com/shared-svc"
         ]
 
     async def daemonset(self, app: str, *, common: bool, desired: int = 1, **status: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.reflector import Informer, Resource
 from shared_svc.reconcile.selectors import pod_fields
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.reflector import Informer, Resource
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.selectors import pod_fields
 from testenv import ControlPlane

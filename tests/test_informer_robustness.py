@@ -1,4 +1,4 @@
-"""The caches (``kube.cache.Informer``) on the real API server under hostile input and
+"""The caches (``kube.reflector.Informer``) on the real API server under hostile input and
 faults: a CR nested deeper than Python's parser goes, a watch that goes silent, API
 server restarts, and sustained 429 answers."""
 
@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 import testenv
-from shared_svc.kube.cache import MAX_DEPTH, PRUNED, Informer, Resource, json_depth, loads
+from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.untrusted import MAX_DEPTH, PRUNED, json_depth, loads
 from testenv import ControlPlane
 from tests.apiproxy import TcpProxy, ThrottlingProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace
 from tests.svc import Kube, cp_body, running, service_config, settle
 
-CACHE_LOGGER = "shared_svc.kube.cache"
+CACHE_LOGGER = "shared_svc.kube.reflector"
 
 
 def nested_json(levels: int) -> str:

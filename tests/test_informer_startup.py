@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from shared_svc.kube.cache import Informer, Resource
+from shared_svc.kube.reflector import Informer, Resource
 from shared_svc.reconcile.selectors import pod_fields
 from testenv import ControlPlane
 from tests.svc import Kube

@@ -14,7 +14,7 @@ import pytest
 
 from shared_svc import caches
 from shared_svc.config import Config
-from shared_svc.kube.cache import UnionInformer
+from shared_svc.kube.union import UnionInformer
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan

@@ -5,7 +5,10 @@
 - the pure cores, ``reconcile/`` and every module of ``upgrade/`` but its shell
   (:data:`UPGRADE_SHELL`), import no I/O: neither ``kube``, ``runtime``, ``service``,
   ``controller``, the upgrade shell, nor aiohttp, kubernetes_asyncio or prometheus_client;
-- ``kube/`` (generic API I/O) imports neither core;
+- ``wait/`` (the loop helper and the rate limiters: apimachinery's ``util/wait``) imports
+  nothing of ``shared_svc`` but itself;
+- ``kube/`` (generic API I/O) imports neither core nor ``runtime/`` (it sits below the
+  runtime, on ``wait/`` and ``k8s/``, as client-go's ``tools/cache`` on apimachinery);
 - both controllers run on the one runtime (``shared_svc.runtime``).
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
@@ -26,6 +29,7 @@ UPGRADE_SHELL = {"announce", "controller", "executor", "io", "metrics"}
 IO_MODULES = (
     "shared_svc.kube",
     "shared_svc.runtime",
+    "shared_svc.wait",
     "shared_svc.service",
     "shared_svc.controller",
     *(f"shared_svc.upgrade.{m}" for m in sorted(UPGRADE_SHELL)),
@@ -81,7 +85,16 @@ def test_the_layers_are_found() -> None:
     """The test reads real modules (a moved package would otherwise pass unnoticed)."""
     assert {p.stem for p in modules_under("k8s")} >= {"objects", "selectors", "events"}
     assert {p.stem for p in pure_core_modules()} >= {"planner", "selectors", "gate", "consumers"}
-    assert {p.stem for p in modules_under("kube")} >= {"cache", "writer", "events", "resources"}
+    assert {p.stem for p in modules_under("wait")} >= {"loop", "ratelimit"}
+    assert {p.stem for p in modules_under("kube")} >= {
+        "reflector",
+        "store",
+        "registry",
+        "untrusted",
+        "writer",
+        "events",
+        "resources",
+    }
     assert (PACKAGE / "upgrade" / "io.py").is_file()
 
 
@@ -97,6 +110,20 @@ def test_k8s_helpers_import_nothing_of_shared_svc_but_themselves(path: Path) -> 
 def test_pure_cores_import_no_io(path: Path) -> None:
     io = sorted(m for m in imports_of(path) if any(within(m, p) for p in IO_MODULES))
     assert not io, f"{module_name(path)} (a pure core) imports {io}"
+
+
+@pytest.mark.parametrize("path", modules_under("wait"), ids=module_name)
+def test_wait_helpers_import_nothing_of_shared_svc_but_themselves(path: Path) -> None:
+    outside = sorted(
+        m for m in imports_of(path) if within(m, "shared_svc") and not within(m, "shared_svc.wait")
+    )
+    assert not outside, f"{module_name(path)} imports {outside}"
+
+
+@pytest.mark.parametrize("path", modules_under("kube"), ids=module_name)
+def test_kube_imports_no_runtime(path: Path) -> None:
+    above = sorted(m for m in imports_of(path) if within(m, "shared_svc.runtime"))
+    assert not above, f"{module_name(path)} (below the runtime) imports {above}"
 
 
 @pytest.mark.parametrize("path", modules_under("kube"), ids=module_name)

@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
-from shared_svc.kube.cache import Informer
+from shared_svc.kube.reflector import Informer
 from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key

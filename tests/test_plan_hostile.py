@@ -6,6 +6,7 @@ proptests/test_plan_hostile_props.py covers a wrong type in any one field.
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,21 @@ def test_nesting_up_to_the_bound_is_accepted() -> None:
     assert load_documents(text)
     with pytest.raises(InputError, match="nested deeper"):
         load_documents("a: " + "[" * manifests.MAX_DEPTH + "]" * manifests.MAX_DEPTH)
+
+
+def test_the_nesting_limit_is_written_once_for_manifests_and_caches() -> None:
+    """``plan -f`` and the caches bound one depth: ``k8s.limits.MAX_DEPTH``, assigned
+    nowhere else (a second literal could drift from it)."""
+    package = Path(manifests.__file__).parent
+    assigned = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and any(isinstance(t, ast.Name) and t.id == "MAX_DEPTH" for t in node.targets)
+    )
+    assert assigned == ["k8s/limits.py"]
 
 
 def test_a_recursive_alias(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,9 +34,9 @@ from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.kube.events import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.io import pods_on_node
+from shared_svc.wait.ratelimit import BucketRateLimiter
 from testenv import upgrade_examples as ex
 from tests.apiproxy import ThrottlingProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace, unique

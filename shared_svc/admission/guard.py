@@ -29,7 +29,8 @@ from shared_svc.kube.resources import (
     VALIDATING_WEBHOOKS,
 )
 from shared_svc.kube.writer import raw_request
-from shared_svc.runtime.runnable import Manager, Periodic, Runnable, repeat
+from shared_svc.runtime.runnable import Manager, Periodic, Runnable
+from shared_svc.wait.loop import repeat
 
 if TYPE_CHECKING:
     from shared_svc.http import HttpServer

@@ -26,9 +26,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.kube.cache import describe_error
-from shared_svc.kube.writer import object_path, raw_request
-from shared_svc.runtime.runnable import repeat
+from shared_svc.kube.writer import describe_error, object_path, raw_request
+from shared_svc.wait.loop import repeat
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.k8s.managed_fields import FIELD_MANAGER as FIELD_MANAGER
 from shared_svc.kube.resources import GVR, JSON, LEASES, SERVICE_MONITORS, SERVICES
-from shared_svc.runtime.ratelimit import BucketRateLimiter
+from shared_svc.wait.ratelimit import BucketRateLimiter
 
 APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
@@ -39,7 +40,7 @@ def object_path(kind: str, namespace: str, name: str | None = None) -> str:
     return gvr.item(name, namespace) if name else gvr.collection(namespace)
 
 
-async def raw_request(
+async def request(
     api: ApiClient,
     method: str,
     path: str,
@@ -47,10 +48,12 @@ async def raw_request(
     body: Any = None,
     content_type: str = JSON,
     query: list[tuple[str, str]] | None = None,
-    timeout: float = 30.0,
+    timeout: float | aiohttp.ClientTimeout = 30.0,
     accept: str = JSON,
 ) -> Any:
-    """One request; returns parsed JSON; raises ApiException on a non-2xx answer.
+    """The one HTTP path of shared-svc to the API server: one request, its response
+    unread (the caller reads and releases it: a watch streams it); a non-2xx answer
+    raises ApiException with its body and headers (``Retry-After``).
 
     ``accept``: the answer's media type, e.g. ``resources.METADATA`` when only the
     answer's metadata is read (the API server encodes, and this parses, much less)."""
@@ -67,12 +70,43 @@ async def raw_request(
         _preload_content=False,
         _request_timeout=timeout,
     )
+    if not 200 <= resp.status <= 299:
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        exc = ApiException(status=resp.status, reason=resp.reason)
+        exc.body = raw.decode(errors="replace")
+        exc.headers = resp.headers
+        raise exc
+    return resp
+
+
+async def raw_request(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    content_type: str = JSON,
+    query: list[tuple[str, str]] | None = None,
+    timeout: float = 30.0,
+    accept: str = JSON,
+) -> Any:
+    """One :func:`request`, read; returns parsed JSON; raises ApiException on a non-2xx
+    answer."""
+    resp = await request(
+        api,
+        method,
+        path,
+        body=body,
+        content_type=content_type,
+        query=query,
+        timeout=timeout,
+        accept=accept,
+    )
     try:
         raw = await resp.read()
-        if not 200 <= resp.status <= 299:
-            exc = ApiException(status=resp.status, reason=resp.reason)
-            exc.body = raw.decode(errors="replace")
-            raise exc
     finally:
         resp.release()
     return json.loads(raw) if raw else None
@@ -95,6 +129,27 @@ def status_of(exc: BaseException) -> dict[str, Any]:
     except ValueError:
         return {}
     return status if isinstance(status, dict) else {}
+
+
+def describe_error(exc: BaseException) -> str:
+    """One stable line for an API error (the same trouble reads the same on every retry)."""
+    if isinstance(exc, ApiException):
+        status = status_of(exc)
+        message = str(status.get("message") or "") if status else body_text(exc)
+        return f"{exc.status} {exc.reason or ''}: {message}".strip(" :")[:300]
+    if isinstance(exc, TimeoutError):
+        return "TimeoutError: no answer in time"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def retry_after(exc: ApiException, default: float = 1.0) -> float:
+    """Seconds the server asked us to wait (Retry-After), else ``default``."""
+    headers: Any = exc.headers or {}
+    value = headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else default
+    except ValueError:
+        return default
 
 
 def namespace_gone(exc: BaseException) -> bool:

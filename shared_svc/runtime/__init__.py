@@ -1,8 +1,7 @@
 """One small controller runtime under both controllers (client-go's workqueue and
-controller-runtime's Manager, cut to what shared-svc needs).
+controller-runtime's Manager, cut to what shared-svc needs), on ``shared_svc.wait`` (the
+loop helper and the rate limiters, which ``kube/`` uses too).
 
-- :mod:`.ratelimit`: one family of retry delays (per-item exponential failure limiter,
-  overall token bucket);
 - :mod:`.workqueue`: a de-duplicating work queue with in-flight tracking, delayed adds,
   rate-limited adds and a bounded drain on shutdown;
 - :mod:`.runnable`: the runnable protocol (run, ready, alive, status, leader gating), the

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.ratelimit import RateLimiter
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
+from shared_svc.wait.loop import repeat
+from shared_svc.wait.ratelimit import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -203,48 +204,6 @@ class Controller(Generic[K]):
         finally:
             self._started.pop(key, None)
             self.queue.done(key, dirty_after=dirty_after)
-
-
-async def repeat(
-    stop: asyncio.Event,
-    step: Callable[[], Any],
-    seconds: Callable[[], float],
-    *,
-    name: str,
-    wake: asyncio.Event | None = None,
-    at_once: bool = True,
-) -> None:
-    """The one loop of every long-running part: calls ``step`` (at once, or first after a
-    wait) and then again every ``seconds()``, or as soon as ``wake`` is set, until
-    ``stop``. A failure of ``step`` is logged, not fatal: the next call comes on time."""
-    if not at_once and not await _wait(stop, wake, seconds()):
-        return
-    while not stop.is_set():
-        try:
-            result = step()
-            if asyncio.iscoroutine(result):
-                await result
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("periodic task failed", extra={"task": name})
-        if not await _wait(stop, wake, seconds()):
-            return
-
-
-async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> bool:
-    """Waits ``seconds`` or until ``wake`` (cleared) or ``stop``; False once stopped."""
-    waiters = [asyncio.ensure_future(stop.wait())]
-    if wake is not None:
-        waiters.append(asyncio.ensure_future(wake.wait()))
-    try:
-        await asyncio.wait(waiters, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-    if wake is not None:
-        wake.clear()
-    return not stop.is_set()
 
 
 async def every(

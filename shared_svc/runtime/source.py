@@ -1,8 +1,8 @@
 """Event sources: from a cache's add/update/delete to the keys of a work queue.
 
 controller-runtime's ``source.Kind`` + ``predicate`` + ``handler.EnqueueRequestsFromMapFunc``,
-cut to what shared-svc needs. A cache (``kube.cache.Informer``) hands an
-:class:`~shared_svc.kube.cache.EventHandler` each change with the old and the new object;
+cut to what shared-svc needs. A cache (``kube.reflector.Informer``) hands an
+:class:`~shared_svc.kube.store.EventHandler` each change with the old and the new object;
 :class:`Enqueue` is such a handler: it builds an :class:`Event`, lets it through only if
 every predicate agrees, maps it to a key and enqueues that key. Nothing here reads a
 cache: the cost of an event does not depend on how many objects are cached.
@@ -110,7 +110,7 @@ class OwnWrites(Generic[K]):
 
 
 class Enqueue(Generic[K]):
-    """An event handler (``kube.cache.EventHandler``) that enqueues ``key_of`` the event's
+    """An event handler (``kube.store.EventHandler``) that enqueues ``key_of`` the event's
     object when every predicate lets the event through (in order: a predicate that
     remembers, like :class:`NewestVersions`, sees only what the earlier ones passed)."""
 

@@ -20,7 +20,7 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
 K = TypeVar("K", bound=Hashable)
 

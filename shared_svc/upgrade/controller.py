@@ -34,8 +34,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.kube.events import Emitter, EventPublisher
 from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from shared_svc.runtime.runnable import Controller, Result, repeat
+from shared_svc.runtime.runnable import Controller, Result
 from shared_svc.runtime.source import Enqueue, NewestVersions, OwnWrites
 from shared_svc.upgrade.announce import Announcer
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
@@ -51,11 +50,14 @@ from shared_svc.upgrade.planner import (
 )
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.upgrade.status import gate_json, nodes_json
+from shared_svc.wait.loop import repeat
+from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
-    from shared_svc.kube.cache import EventHandler, Informers
+    from shared_svc.kube.registry import Informers
+    from shared_svc.kube.store import EventHandler
     from shared_svc.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)

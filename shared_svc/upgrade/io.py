@@ -2,7 +2,7 @@
 
 The only code of ``shared_svc.upgrade`` that talks to the API server: caches of the
 upgrading nodes (metadata only), of DaemonSets and of ClusterPolicies
-(``kube.cache.Informer``), pods of one node by field selector, evictions
+(``kube.reflector.Informer``), pods of one node by field selector, evictions
 (``policy/v1``), deletes with a uid precondition, and node merge patches that touch only
 our own label and annotation keys, guarded by resourceVersion. The controller's writes
 (node patches, evictions, deletes) each wait for a token of one bucket
@@ -23,13 +23,14 @@ from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
 from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.cache import Cache, EventHandler, Informers, gather_until
+from shared_svc.kube.registry import Cache, Informers, gather_until
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
+from shared_svc.kube.store import EventHandler
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request
-from shared_svc.runtime.ratelimit import BucketRateLimiter
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
+from shared_svc.wait.ratelimit import BucketRateLimiter
 
 EvictOutcome = Literal["evicted", "blocked", "gone"]
 FIELD_MANAGER = "shared-svc-upgrade"

@@ -1,0 +1,175 @@
+"""The store of one cache (client-go's ``tools/cache`` store and its handler fan-out).
+
+Objects by ``(namespace, name)`` with their resourceVersions, read by the controllers
+(``get``, ``items``, ``cached_keys``); ``synced`` and the readers told of it;
+every :class:`EventHandler` handed each add, update and delete with the kept objects, and
+the ``on_change`` listeners told once per change. What is kept is shared across objects
+(:class:`SharedValues`). Filling the store is the reflector's (``kube.reflector``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shared_svc.k8s.objects import K8sObject
+
+Key = tuple[str, str]  # (namespace, name)
+
+SHARED_VALUES_MAX = 65_536  # distinct shared subtrees remembered (then the table starts over)
+
+
+class SharedValues:
+    """One copy of each repeated subtree of the kept objects (label sets, condition lists:
+    the pods of one DaemonSet revision carry the same ones), strings interned.
+
+    Below the object itself and its ``metadata`` (which holds its name, so it is unique),
+    a dict or list equal to one seen before is replaced by that one: thousands of pods
+    hold one label set, one ``status`` per distinct conditions and one ``spec`` per node. The cached objects are
+    read-only (two controllers share them; the planners are pure), so sharing is safe.
+    Equal everywhere to what it replaces (the property tests plan over both). The table
+    is bounded: past :data:`SHARED_VALUES_MAX` distinct subtrees it starts over (what is
+    shared stays shared)."""
+
+    def __init__(self, limit: int = SHARED_VALUES_MAX) -> None:
+        self._limit = limit
+        self._table: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        return self._share(value, 0, unique=True)[0]
+
+    def _share(self, value: Any, depth: int, *, unique: bool = False) -> tuple[Any, Any]:
+        """The shared value and its content key (hashable, type-exact: 1, 1.0 and True
+        differ)."""
+        if isinstance(value, str):
+            value = sys.intern(value)
+            return value, value
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            parts = []
+            for k, v in value.items():
+                k = sys.intern(k) if isinstance(k, str) else k
+                out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
+                parts.append((k, key))
+            return self._canonical(out, ("d", tuple(parts)), unique)
+        if isinstance(value, list):
+            shared = [self._share(v, depth + 1) for v in value]
+            return self._canonical(
+                [v for v, _ in shared], ("l", tuple(k for _, k in shared)), unique
+            )
+        return value, (type(value), value)
+
+    def _canonical(self, value: Any, key: Any, unique: bool) -> tuple[Any, Any]:
+        if unique:
+            return value, key
+        known = self._table.get(key)
+        if known is not None:
+            return known, key
+        if len(self._table) >= self._limit:
+            self._table.clear()
+        self._table[key] = value
+        return value, key
+
+
+class EventHandler(Protocol):
+    """What a cache tells a handler (client-go's ``OnAdd``/``OnUpdate``/``OnDelete``): the
+    objects as kept. ``on_delete`` gets the last state known (the watch event's object, or
+    the cached one when a re-list no longer finds it)."""
+
+    def on_add(self, new: K8sObject) -> None: ...
+    def on_update(self, old: K8sObject, new: K8sObject) -> None: ...
+    def on_delete(self, old: K8sObject) -> None: ...
+
+
+def key_of(obj: K8sObject) -> tuple[str, str]:
+    meta = obj.get("metadata", {})
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+class Store:
+    """The objects of one cache, the readers told of its changes and of ``synced``."""
+
+    def __init__(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        # Several readers may share one cache (``kube.registry.Informers``): each has its
+        # triggers.
+        self._change_listeners = [on_change]
+        self._handlers: list[EventHandler] = []
+        self._synced_listeners = [on_synced] if on_synced else []
+        self._items: dict[Key, K8sObject] = {}
+        self._versions: dict[Key, str] = {}  # key -> resourceVersion
+        self.synced = asyncio.Event()
+        if on_synced:
+            on_synced(False)
+
+    def add_listener(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        """Another reader of this cache: told of every change (and of ``synced``) too."""
+        self._change_listeners.append(on_change)
+        if on_synced:
+            self._synced_listeners.append(on_synced)
+            on_synced(self.synced.is_set())
+
+    def add_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every add, update and delete from now on; a synced cache
+        first hands it an add of each object it holds (as client-go does)."""
+        self._handlers.append(handler)
+        if self.synced.is_set():
+            for obj in self._items.values():
+                handler.on_add(obj)
+
+    def _on_change(self) -> None:
+        for listener in self._change_listeners:
+            listener()
+
+    def _added(self, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_add(new)
+
+    def _updated(self, old: K8sObject, new: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_update(old, new)
+
+    def _deleted(self, old: K8sObject) -> None:
+        for handler in self._handlers:
+            handler.on_delete(old)
+
+    def get(self, name: str, namespace: str = "") -> K8sObject | None:
+        """The cached object, if any (no request)."""
+        return self._items.get((namespace, name))
+
+    def items(self) -> tuple[K8sObject, ...]:
+        return tuple(self._items[k] for k in sorted(self._items))
+
+    def cached_keys(self) -> list[Key]:
+        """The (namespace, name) of every cached object."""
+        return list(self._items)
+
+    def _set_synced(self, value: bool) -> None:
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        for listener in self._synced_listeners:
+            listener(value)
+
+    def _hand_out_difference(
+        self, old_items: dict[Key, K8sObject], old_versions: dict[Key, str]
+    ) -> None:
+        """The events of a re-list: what it added, changed (another resourceVersion) and no
+        longer found. Once per re-list, never per watch event."""
+        for key, version in self._versions.items():
+            old = old_items.get(key)
+            if old is None:
+                self._added(self._items[key])
+            elif old_versions.get(key) != version:
+                self._updated(old, self._items[key])
+        for key, old in old_items.items():
+            if key not in self._items:
+                self._deleted(old)

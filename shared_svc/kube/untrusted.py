@@ -1,0 +1,86 @@
+"""The guard in front of the caches: the API server's JSON, nested to any depth.
+
+Fields nobody here judges must not stop a cache. An object nested deeper than
+:data:`MAX_DEPTH` (an unknown field a CRD preserves) is kept with the too-deep subtrees
+replaced by :data:`PRUNED`, so its known fields still count; dropping a ClusterPolicy
+would read as "deleted" (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+from typing import Any
+
+from shared_svc.k8s.limits import MAX_DEPTH as MAX_DEPTH
+from shared_svc.k8s.limits import TOO_DEEP
+
+PRUNED = f"<pruned by shared-svc: {TOO_DEEP}>"
+"""What replaces a subtree nested deeper than :data:`MAX_DEPTH` (``k8s.limits``)."""
+
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+_STEP = [0] * 256
+for _b in b"[{":
+    _STEP[_b] = 1
+for _b in b"]}":
+    _STEP[_b] = -1
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text (no recursion).
+
+    Escaped backslashes, then escaped quotes, are dropped (JSON pairs backslashes from
+    the left, as ``replace`` does), so every remaining quote opens or closes a string;
+    of the quotes and brackets left, the brackets outside strings count. Bytes-level
+    C operations only, but the final sum: it runs on every page of a re-list.
+    """
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
+    brackets = b"".join(bare.split(b'"')[::2])
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def _prune(raw: bytes, limit: int) -> bytes:
+    """``raw`` with every array or object below ``limit`` levels replaced by PRUNED."""
+    out: list[bytes] = []
+    depth, cut_from, copied = 0, -1, 0
+    for match in _TOKEN.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth == limit + 1:
+                cut_from = match.start()
+        elif token in (b"]", b"}"):
+            depth -= 1
+            if depth == limit and cut_from >= 0:
+                out += [raw[copied:cut_from], json.dumps(PRUNED).encode()]
+                copied, cut_from = match.end(), -1
+    out.append(raw[copied:])
+    return b"".join(out)
+
+
+def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
+    """``json.loads``, but an object nested deeper than MAX_DEPTH keeps its shallower
+    fields and gets PRUNED in place of the too-deep subtrees (``envelope``: container
+    levels around the objects, 1 for a watch event, 2 for a list). Returns the value and
+    whether anything was pruned."""
+    limit = MAX_DEPTH + envelope
+    if raw.count(b"{") + raw.count(b"[") <= limit or json_depth(raw) <= limit:
+        return json.loads(raw), False
+    return json.loads(_prune(raw, limit)), True
+
+
+def has_pruned(value: Any) -> bool:
+    """Does ``value`` (a parsed object) hold a PRUNED subtree? Iterative, as it is only
+    asked of objects that were parsed with ``loads``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item == PRUNED:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
