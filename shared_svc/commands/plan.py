@@ -33,17 +33,16 @@ from shared_svc.manifests import (
     load_yaml_stream,
     size_text,
 )
-from shared_svc.reconcile.model import Plan, Settings, World
+from shared_svc.reconcile.model import (
+    CLUSTER_SCOPED_KINDS,
+    WORLD_KINDS,
+    Plan,
+    Settings,
+    World,
+    world_of,
+)
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import pod_fields
-
-_CLUSTER_SCOPED = {"ClusterPolicy": "cluster_policies", "GPUCluster": "gpu_clusters"}
-_NAMESPACED = {
-    "DaemonSet": "daemonsets",
-    "Pod": "pods",
-    "Service": "services",
-    "ServiceMonitor": "service_monitors",
-}
 
 
 def register(subparsers: Any) -> None:
@@ -141,22 +140,20 @@ def load_world(
 ) -> World:
     """The objects plan reads; ``ignored`` counts the others by (kind, namespace): the
     namespace None for a kind plan does not read, else a namespace not the operator's."""
-    buckets: dict[str, list[K8sObject]] = {
-        f: [] for f in (*_CLUSTER_SCOPED.values(), *_NAMESPACED.values())
-    }
+    buckets: dict[str, list[K8sObject]] = {kind: [] for kind in WORLD_KINDS}
     skipped: Counter[tuple[str, str | None]] = Counter() if ignored is None else ignored
     for name in files:
         for obj in _objects(name):
             kind = obj["kind"]
-            if kind in _CLUSTER_SCOPED:
-                buckets[_CLUSTER_SCOPED[kind]].append(obj)
-            elif kind not in _NAMESPACED:
+            if kind not in WORLD_KINDS:
                 skipped[kind, None] += 1
+            elif kind in CLUSTER_SCOPED_KINDS:
+                buckets[kind].append(obj)
             elif (where := obj["metadata"].get("namespace", namespace)) != namespace:
                 skipped[kind, str(where)] += 1
             else:
-                buckets[_NAMESPACED[kind]].append(pod_fields(obj) if kind == "Pod" else obj)
-    return World(**{k: tuple(v) for k, v in buckets.items()})
+                buckets[kind].append(pod_fields(obj) if kind == "Pod" else obj)
+    return world_of(buckets)
 
 
 def ignored_lines(ignored: Counter[tuple[str, str | None]], namespace: str) -> list[str]:
