@@ -13,14 +13,13 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
 
 from shared_svc.errors import UsageError
-from shared_svc.k8s.objects import K8sObject
+from shared_svc.k8s.objects import K8sObject, camel_keys
 from shared_svc.manifests import (
     ALL,
     MAX_BYTES,
@@ -43,6 +42,7 @@ from shared_svc.reconcile.model import (
 )
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.status import as_json
 
 
 def register(subparsers: Any) -> None:
@@ -102,7 +102,8 @@ def render(output: dict[str, Any], fmt: str) -> str:
 
 
 def plan_output(result: Plan) -> dict[str, Any]:
-    """The output contract of ``plan`` (docs/plan.md)."""
+    """The output contract of ``plan`` (docs/plan.md): field names camelCased by the
+    serializer of ``/status`` (``status.as_json``); the objects are data, as they are."""
     actions = []
     for action in result.actions:
         entry: dict[str, Any] = {
@@ -115,21 +116,13 @@ def plan_output(result: Plan) -> dict[str, Any]:
             entry["preconditions"] = dict(action.preconditions)
         if action.action == "update":
             entry["changed_fields"] = list(action.changed_fields)
-        actions.append(entry)
+        actions.append(camel_keys(entry))
     return {
         "objects": [dict(o) for o in result.objects],
         "actions": actions,
-        "conflicts": [
-            {
-                "object": c.object,
-                "field": c.field,
-                "winner": asdict(c.winner),
-                "losers": [asdict(v) for v in c.losers],
-            }
-            for c in result.conflicts
-        ],
-        "pending": [asdict(p) for p in result.pending],
-        "errors": [asdict(e) for e in result.errors],
+        "conflicts": as_json(result.conflicts),
+        "pending": as_json(result.pending),
+        "errors": as_json(result.errors),
     }
 
 
