@@ -354,7 +354,7 @@ def test_a_contest_names_the_owners_or_else_the_writers_and_leaves_the_object_al
     assert contest.object == f"{KIND}/{NAME}" and contest.field == "spec.selector"
     assert left_alone(contest, now + later) == (now + backoff > now + later)
     assert not left_alone(None, now)
-    assert contest.as_status(now + later)["secondsLeft"] >= 0
+    assert contest.seconds_left(now + later) >= 0
 
 
 # --- the other writers (managedFields) and the rule whole ---

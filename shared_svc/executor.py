@@ -25,6 +25,7 @@ from shared_svc.kube.writer import Writer, concurrent_change
 from shared_svc.metrics import Metrics
 from shared_svc.reconcile.fight import Contest, FightHistory, conflicting_writer, left_alone
 from shared_svc.reconcile.model import Action, Plan
+from shared_svc.status import contest_status
 
 log = logging.getLogger("shared_svc.controller")
 
@@ -154,4 +155,4 @@ class Executor:
 
     def contested_status(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return [c.as_status(now) for c in self.contested.values()]
+        return [contest_status(c, now) for c in self.contested.values()]

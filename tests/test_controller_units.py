@@ -408,3 +408,26 @@ def test_run_and_plan_build_one_world_from_the_same_objects(tmp_path: Any) -> No
     assert world == load_world([str(path)], ns)
     assert [o["metadata"]["name"] for o in world.services] == ["nvidia-dcgm", "other"]
     assert len(world.service_monitors) == 1
+
+
+def test_a_contested_object_shows_its_seconds_left_and_not_its_monotonic_deadline() -> None:
+    from shared_svc.reconcile.fight import Contest
+    from shared_svc.status import contest_status
+
+    contest = Contest(
+        "Service/nvidia-dcgm",
+        "spec.selector",
+        ("gpu-operator",),
+        ("gpu-operator / Update",),
+        until=1_000.0,
+        since="2026-12-01T10:00:00+00:00",
+    )
+    assert contest_status(contest, 700.4) == {
+        "object": "Service/nvidia-dcgm",
+        "field": "spec.selector",
+        "managers": ["gpu-operator"],
+        "writers": ["gpu-operator / Update"],
+        "since": "2026-12-01T10:00:00+00:00",
+        "secondsLeft": 300,
+    }
+    assert contest_status(contest, 2_000.0)["secondsLeft"] == 0

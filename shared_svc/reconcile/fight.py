@@ -154,15 +154,9 @@ class Contest:
     until: float
     since: str
 
-    def as_status(self, now: float) -> dict[str, Any]:
-        return {
-            "object": self.object,
-            "field": self.field,
-            "managers": list(self.managers),
-            "writers": list(self.writers),
-            "since": self.since,
-            "secondsLeft": max(0, round(self.until - now)),
-        }
+    def seconds_left(self, now: float) -> int:
+        """Whole seconds until the object is no longer left alone (never below 0)."""
+        return max(0, round(self.until - now))
 
 
 def contest_of(
