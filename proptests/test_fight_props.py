@@ -402,6 +402,33 @@ def test_the_other_writers_are_the_owners_with_their_operations_or_the_latest_up
     assert all(w.label == f"{w.manager} / Update" for w in writers)
 
 
+def correct(
+    history: FightHistory,
+    live: dict[str, Any] | None,
+    now: float,
+    *,
+    last_applied: Any = INTENT,
+    threshold: int,
+    window: float,
+    backoff: float,
+) -> tuple[FightHistory, Any]:
+    """One more re-apply of ``INTENT`` to ``spec.selector`` (the rule whole)."""
+    return conflicting_writer(
+        history,
+        KIND,
+        NAME,
+        apply_body=INTENT,
+        last_applied=last_applied,
+        live=live,
+        changed_fields=("spec.selector",),
+        now=now,
+        since="t",
+        threshold=threshold,
+        window=window,
+        backoff=backoff,
+    )
+
+
 @given(
     thresholds,
     st.lists(entries, max_size=6),
@@ -414,19 +441,8 @@ def test_the_rule_whole_backs_off_from_the_fields_writers_and_warns_naming_them(
     live = live_with(fields)
     history, fights = FightHistory(), []
     for i in range(threshold):
-        history, fight = conflicting_writer(
-            history,
-            KIND,
-            NAME,
-            apply_body=INTENT,
-            last_applied=INTENT,
-            live=live,
-            changed_fields=("spec.selector",),
-            now=start + i,
-            since="t",
-            threshold=threshold,
-            window=float(threshold + 1),
-            backoff=backoff,
+        history, fight = correct(
+            history, live, start + i, threshold=threshold, window=threshold + 1.0, backoff=backoff
         )
         fights.append(fight)
     assert fights[:-1] == [None] * (threshold - 1), "a fight only at the threshold"
@@ -442,16 +458,11 @@ def test_the_rule_whole_backs_off_from_the_fields_writers_and_warns_naming_them(
     assert not left_alone(fight.contest, start + threshold - 1 + backoff)
     # Gone, or our intent changed: never a fight.
     for live_now, applied in ((None, INTENT), (live, OTHER_INTENT)):
-        _, none = conflicting_writer(
+        _, none = correct(
             history,
-            KIND,
-            NAME,
-            apply_body=INTENT,
+            live_now,
+            start + threshold,
             last_applied=applied,
-            live=live_now,
-            changed_fields=("spec.selector",),
-            now=start + threshold,
-            since="t",
             threshold=1,
             window=1.0,
             backoff=backoff,
