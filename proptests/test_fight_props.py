@@ -12,14 +12,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.k8s.events import ObjectRef, Report
+from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.reconcile.fight import (
+    IGNORED_MANAGERS,
+    FieldWriter,
     FightHistory,
     FightVerdict,
+    conflicting_writer,
     contest_of,
     fight_report,
     fight_verdict,
     left_alone,
     next_active,
+    other_writers,
     warnings_to_emit,
 )
 
@@ -343,10 +348,123 @@ def test_a_contest_names_the_owners_or_else_the_writers_and_leaves_the_object_al
     later: float,
 ) -> None:
     verdict = FightVerdict(KIND, NAME, "spec.selector", 3)
-    named = [f"{m} / {op}" for m, op in writers]
+    named = [FieldWriter(m, (op,)) for m, op in writers]
     contest = contest_of(verdict, owners, named, now=now, backoff=backoff, since="t")
     assert contest.managers == (tuple(owners) or tuple(m for m, _ in writers))
     assert contest.object == f"{KIND}/{NAME}" and contest.field == "spec.selector"
     assert left_alone(contest, now + later) == (now + backoff > now + later)
     assert not left_alone(None, now)
-    assert contest.as_status(now + later)["secondsLeft"] >= 0
+    assert contest.seconds_left(now + later) >= 0
+
+
+# --- the other writers (managedFields) and the rule whole ---
+
+SELECTOR_FIELDS = {"f:spec": {"f:selector": {}}}
+entries = st.fixed_dictionaries(
+    {
+        "manager": st.sampled_from(["gpu-operator", "helm", "kubectl", *IGNORED_MANAGERS]),
+        "operation": st.sampled_from(["Update", "Apply"]),
+        "time": st.sampled_from(["2026-11-30T10:00:00Z", "2026-11-30T10:00:09Z"]),
+        "fieldsV1": st.sampled_from([SELECTOR_FIELDS, {"f:metadata": {"f:labels": {}}}]),
+    }
+)
+
+
+def live_with(fields: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": KIND,
+        "metadata": {"name": NAME, "namespace": "gpu", "uid": "u1", "managedFields": fields},
+    }
+
+
+@given(st.lists(entries, max_size=6), st.lists(managers, max_size=2, unique=True))
+def test_the_other_writers_are_the_owners_with_their_operations_or_the_latest_updaters(
+    fields: list[dict[str, Any]], owners: list[str]
+) -> None:
+    writers = other_writers(live_with(fields), owners)
+    assert writers, "someone is always named, if only 'unknown'"
+    assert not {w.manager for w in writers} & set(IGNORED_MANAGERS)
+    theirs = [e for e in fields if e["manager"] not in IGNORED_MANAGERS]
+    if owners:
+        assert [w.manager for w in writers] == owners
+        for w in writers:
+            assert set(w.operations) == {
+                e["operation"] for e in theirs if e["manager"] == w.manager
+            }
+        return
+    updates = [e for e in theirs if e["operation"] == "Update"]
+    if not updates:
+        assert [w.label for w in writers] == ["unknown"]
+        return
+    latest = max(e["time"] for e in updates)
+    assert {w.manager for w in writers} == {e["manager"] for e in updates if e["time"] == latest}
+    assert all(w.label == f"{w.manager} / Update" for w in writers)
+
+
+def correct(
+    history: FightHistory,
+    live: dict[str, Any] | None,
+    now: float,
+    *,
+    last_applied: Any = INTENT,
+    threshold: int,
+    window: float,
+    backoff: float,
+) -> tuple[FightHistory, Any]:
+    """One more re-apply of ``INTENT`` to ``spec.selector`` (the rule whole)."""
+    return conflicting_writer(
+        history,
+        KIND,
+        NAME,
+        apply_body=INTENT,
+        last_applied=last_applied,
+        live=live,
+        changed_fields=("spec.selector",),
+        now=now,
+        since="t",
+        threshold=threshold,
+        window=window,
+        backoff=backoff,
+    )
+
+
+@given(
+    thresholds,
+    st.lists(entries, max_size=6),
+    st.floats(0, 1e6),
+    st.floats(1, 1e4),
+)
+def test_the_rule_whole_backs_off_from_the_fields_writers_and_warns_naming_them(
+    threshold: int, fields: list[dict[str, Any]], start: float, backoff: float
+) -> None:
+    live = live_with(fields)
+    history, fights = FightHistory(), []
+    for i in range(threshold):
+        history, fight = correct(
+            history, live, start + i, threshold=threshold, window=threshold + 1.0, backoff=backoff
+        )
+        fights.append(fight)
+    assert fights[:-1] == [None] * (threshold - 1), "a fight only at the threshold"
+    fight = fights[-1]
+    assert fight is not None
+    owners = managers_of_field(live, "spec.selector")  # k8s.managed_fields' own properties
+    writers = other_writers(live, owners)
+    assert fight.contest.managers == (tuple(owners) or tuple(w.manager for w in writers))
+    assert fight.contest.writers == tuple(w.label for w in writers)
+    assert all(label in fight.report.note for label in fight.contest.writers)
+    assert fight.report.reason == "ConflictingWriter"
+    assert left_alone(fight.contest, start + threshold - 1 + backoff / 2)
+    assert not left_alone(fight.contest, start + threshold - 1 + backoff)
+    # Gone, or our intent changed: never a fight.
+    for live_now, applied in ((None, INTENT), (live, OTHER_INTENT)):
+        _, none = correct(
+            history,
+            live_now,
+            start + threshold,
+            last_applied=applied,
+            threshold=1,
+            window=1.0,
+            backoff=backoff,
+        )
+        assert none is None

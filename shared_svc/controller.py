@@ -38,7 +38,7 @@ from shared_svc.logs import reconcile_id
 from shared_svc.metrics import CONTROLLER, Metrics
 from shared_svc.outcomes import Outcomes
 from shared_svc.reconcile.fight import Contest
-from shared_svc.reconcile.model import Plan, World
+from shared_svc.reconcile.model import Plan, World, world_of
 from shared_svc.reconcile.planner import plan as make_plan
 from shared_svc.runtime.runnable import Controller, Result, Runnable, every
 from shared_svc.status import plan_status
@@ -282,17 +282,12 @@ class ServicesController:
         return Result("error", retry=True)
 
     def snapshot(self) -> World:
-        i = self._informers
-        return World(
-            cluster_policies=i["clusterpolicies"].items(),
-            gpu_clusters=i["gpuclusters"].items(),
-            daemonsets=i["daemonsets"].items(),
-            pods=i["pods"].items(),
-            services=i["services"].items(),
-            service_monitors=self._sm_informer.items()
-            if self._sm_informer and self.service_monitor_served
-            else (),
-        )
+        """What the caches hold now, as the planner reads it (``model.world_of``)."""
+        kinds = {plural: resource.kind for plural, resource in self._resources().items()}
+        by_kind = {kinds[plural]: cache.items() for plural, cache in self._informers.items()}
+        if self._sm_informer and self.service_monitor_served:
+            by_kind["ServiceMonitor"] = self._sm_informer.items()
+        return world_of(by_kind)
 
     async def reconcile_once(self) -> bool:
         """One reconcile from the caches; True unless it failed (an error, or a write that
@@ -336,16 +331,16 @@ class ServicesController:
         if self._config.dry_run:
             await self._outcomes.show(plan)
             return "dry-run", 0
-        writes = await self._execute(plan, world)
+        writes = await self._execute(plan)
         await self._emit_occurrences(plan)
         return "success", writes
 
     def _record_plan_metrics(self, plan: Plan) -> None:
         self._outcomes.record_plan_metrics(plan)
 
-    async def _execute(self, plan: Plan, world: World) -> int:
+    async def _execute(self, plan: Plan) -> int:
         """The plan's writes, each followed by its announcements (``executor.Executor``)."""
-        return await self._executor.execute(plan, world)
+        return await self._executor.execute(plan)
 
     @property
     def contested(self) -> dict[tuple[str, str], Contest]:

@@ -1,5 +1,6 @@
 """The Services controller's executor: a plan's actions, in order, as writes, each followed
-by the Events that announce it; the ConflictingWriter backoff (``reconcile.fight``).
+by the Events it carries (``Action.announces``: sent once the write succeeded, never
+without it); the ConflictingWriter backoff (``reconcile.fight``).
 
 The first failure stops the plan (the order keeps coverage). A write that meets a
 concurrent change of its object raises :class:`ObjectChanged`: the controller plans
@@ -17,22 +18,13 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.admission.rules import name_writers
 from shared_svc.config import Config
-from shared_svc.k8s.events import Report
-from shared_svc.k8s.managed_fields import managers_of_field
 from shared_svc.kube.events import EventPublisher
 from shared_svc.kube.writer import Writer, concurrent_change, describe_error
 from shared_svc.metrics import Metrics
-from shared_svc.reconcile.fight import (
-    Contest,
-    FightHistory,
-    contest_of,
-    fight_report,
-    fight_verdict,
-    left_alone,
-)
-from shared_svc.reconcile.model import Action, Plan, World
+from shared_svc.reconcile.fight import Contest, FightHistory, conflicting_writer, left_alone
+from shared_svc.reconcile.model import Action, Plan
+from shared_svc.status import contest_status
 
 log = logging.getLogger("shared_svc.controller")
 
@@ -50,15 +42,6 @@ class ObjectChanged(Exception):
 
 def _utc() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def announcements_of(plan: Plan) -> dict[tuple[str, str], list[Report]]:
-    """Each write's announcing reports, by the (kind, name) of its action."""
-    out: dict[tuple[str, str], list[Report]] = {}
-    for report in plan.reports:
-        if report.after_write is not None:
-            out.setdefault(report.after_write, []).append(report)
-    return out
 
 
 class Executor:
@@ -83,13 +66,8 @@ class Executor:
         self._corrections = FightHistory()
         self.contested: dict[tuple[str, str], Contest] = {}
 
-    async def execute(self, plan: Plan, world: World) -> int:
+    async def execute(self, plan: Plan) -> int:
         """Runs the plan's writes in order; returns how many requests were sent."""
-        live = {
-            (o["kind"], o["metadata"]["name"]): o
-            for o in (*world.services, *world.service_monitors)
-        }
-        announcements = announcements_of(plan)
         now = time.monotonic()
         writes = 0
         for action in plan.actions:
@@ -99,7 +77,7 @@ class Executor:
             if left_alone(self.contested.get(key), now):
                 continue  # reported as ConflictingWriter: leave it alone for a while
             self.contested.pop(key, None)
-            if action.action == "update" and await self._is_fight(action, live.get(key)):
+            if action.action == "update" and await self._is_fight(action):
                 continue
             if not self._is_leader():
                 raise RuntimeError("lost leadership during reconcile")
@@ -114,8 +92,9 @@ class Executor:
                 },
             )
             # Announced right after its own write: a later failure must not lose it (the
-            # next plan will not repeat a write that already happened).
-            for report in announcements.pop(key, ()):
+            # next plan will not repeat a write that already happened). A failed write
+            # raised above: its announcements wait for the write of the next plan.
+            for report in action.announces:
                 await self._events.emit(report)
         return writes
 
@@ -148,34 +127,31 @@ class Executor:
             raise
         return sent
 
-    async def _is_fight(self, action: Action, live: dict[str, Any] | None) -> bool:
+    async def _is_fight(self, action: Action) -> bool:
         """True when another writer keeps undoing the same intent: report once, back off
-        (the verdict and the contest are ``reconcile.fight``'s)."""
-        cfg, key, now = self._config, (action.kind, action.name), time.monotonic()
-        self._corrections, verdict = fight_verdict(
+        (the rule whole is ``reconcile.fight.conflicting_writer``)."""
+        cfg, key = self._config, (action.kind, action.name)
+        self._corrections, fight = conflicting_writer(
             self._corrections,
             action.kind,
             action.name,
             apply_body=action.apply,
             last_applied=self._applied.get(key),
-            live_present=live is not None,
+            live=action.live,
             changed_fields=action.changed_fields,
-            now=now,
+            now=time.monotonic(),
+            since=_utc(),
             threshold=cfg.conflicting_writer_threshold,
             window=cfg.conflicting_writer_window_seconds,
+            backoff=cfg.conflicting_writer_backoff_seconds,
         )
-        if verdict is None or live is None:
+        if fight is None:
             return False
-        owners = managers_of_field(live, verdict.field)
-        writers = name_writers(live, owners)  # e.g. "gpu-operator / Update"
-        backoff = cfg.conflicting_writer_backoff_seconds
-        self.contested[key] = contest_of(
-            verdict, owners, writers, now=now, backoff=backoff, since=_utc()
-        )
+        self.contested[key] = fight.contest
         self._metrics.conflicting_writer.inc()
-        await self._events.emit(fight_report(verdict, live, writers, backoff))
+        await self._events.emit(fight.report)
         return True
 
     def contested_status(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return [c.as_status(now) for c in self.contested.values()]
+        return [contest_status(c, now) for c in self.contested.values()]

@@ -62,8 +62,8 @@ class Outcomes:
     async def show(self, plan: Plan) -> None:
         """Dry-run: each write logged; each Event logged once by the publisher, not sent."""
         await self.occurrences(plan)
-        for report in plan.reports:
-            if report.after_write is not None:
+        for a in plan.writes:
+            for report in a.announces:
                 await self._events.once(DRY_RUN_SCOPE, report)
         for a in plan.writes:
             log.info(

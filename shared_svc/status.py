@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from shared_svc.k8s.objects import camel_keys
+from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan
 
 
@@ -43,3 +44,12 @@ def plan_status(plan: Plan | None) -> dict[str, Any]:
         "errors": as_json(plan.errors),
         "notes": list(plan.notes),
     }
+
+
+def contest_status(contest: Contest, now: float) -> dict[str, Any]:
+    """A contested object for ``/status``: the contest's fields but its monotonic
+    deadline, which is ``secondsLeft`` from ``now``."""
+    out = as_json(contest)
+    del out["until"]
+    out["secondsLeft"] = contest.seconds_left(now)
+    return dict(out)

@@ -15,11 +15,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from shared_svc.admission.guard import guard_mode
-from shared_svc.admission.rules import name_writers, operator_username, operator_writes
+from shared_svc.admission.rules import operator_username, operator_writes
 from shared_svc.admission.server import make_webhook_app, tls_context
 from shared_svc.commands.admission import secret_ref
 from shared_svc.commands.run import load_config
 from shared_svc.errors import UsageError
+from shared_svc.reconcile.fight import name_writers
 
 NS = "gpu-operator"
 OPERATOR = operator_username(NS, "gpu-operator")

@@ -18,7 +18,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.kube.writer import raw_request
 from shared_svc.metrics import Metrics
-from shared_svc.reconcile.model import Action, Plan, World
+from shared_svc.reconcile.model import Action, Plan
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.refusals import ServiceWritesRefused
@@ -164,12 +164,12 @@ async def test_a_404_on_a_service_monitor_write_rediscovers_at_once() -> None:
     body = {"kind": "ServiceMonitor", "metadata": {"name": "nvidia-dcgm-exporter"}}
     create = Action("create", "ServiceMonitor", "nvidia-dcgm-exporter", "Created", apply=body)
     with pytest.raises(ApiException):
-        await ctrl._execute(Plan(actions=(create,)), World())
+        await ctrl._execute(Plan(actions=(create,)))
     assert ctrl._rediscover.is_set()
     service = Action(
         "create", "Service", "nvidia-dcgm", "Created", apply={**body, "kind": "Service"}
     )
     ctrl._rediscover.clear()
     with pytest.raises(ApiException):
-        await ctrl._execute(Plan(actions=(service,)), World())
+        await ctrl._execute(Plan(actions=(service,)))
     assert not ctrl._rediscover.is_set(), "only the ServiceMonitor path says the API may be gone"

@@ -170,12 +170,17 @@ class FailSecondWriter:
 
 
 async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
-    from shared_svc.reconcile.model import Action, World
+    from shared_svc.reconcile.model import Action
 
     def create(name: str) -> Action:
         body = {"kind": "Service", "metadata": {"name": name}}
         return Action(
-            action="create", kind="Service", name=name, reason="ServiceCreated", apply=body
+            action="create",
+            kind="Service",
+            name=name,
+            reason="ServiceCreated",
+            apply=body,
+            announces=(created(name),),
         )
 
     def created(name: str) -> Report:
@@ -201,7 +206,7 @@ async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
     )
     plan = Plan(actions=(create("a"), create("b")), reports=(created("a"), created("b")))
     with pytest.raises(RuntimeError, match="409"):
-        await ctrl._execute(plan, World())
+        await ctrl._execute(plan)
     assert recorder.reasons == ["ServiceCreated/a"]
 
 
@@ -350,3 +355,79 @@ def test_a_write_meeting_changes_is_info_until_the_same_object_keeps_meeting_the
     assert caplog.records[0].getMessage() == (
         "Service/nvidia-dcgm changed meanwhile (409 Conflict): planning again from the cache"
     )
+
+
+class HeldCache:
+    """A cache that holds some objects (what a snapshot reads of it)."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = tuple(objects)
+
+    def items(self) -> tuple[dict[str, Any], ...]:
+        return self.objects
+
+
+def test_run_and_plan_build_one_world_from_the_same_objects(tmp_path: Any) -> None:
+    import json
+
+    from shared_svc.commands.plan import load_world
+
+    ns = "gpu-operator"
+
+    def obj(kind: str, name: str, namespaced: bool = True) -> dict[str, Any]:
+        meta = {"name": name, "namespace": ns} if namespaced else {"name": name}
+        return {"apiVersion": "v1", "kind": kind, "metadata": meta}
+
+    by_plural = {
+        "clusterpolicies": [obj("ClusterPolicy", "cluster-policy", namespaced=False)],
+        "gpuclusters": [obj("GPUCluster", "gpu-cluster", namespaced=False)],
+        "daemonsets": [obj("DaemonSet", "nvidia-dcgm-exporter")],
+        "pods": [{**obj("Pod", "p"), "spec": {"nodeName": "n"}, "status": {"conditions": []}}],
+        "services": [obj("Service", "nvidia-dcgm"), obj("Service", "other")],
+        "servicemonitors": [obj("ServiceMonitor", "nvidia-dcgm-exporter")],
+    }
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]
+        Config(namespace=ns),
+        recorder=None,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        is_leader=lambda: True,
+    )
+    ctrl._informers = {  # type: ignore[assignment]
+        plural: HeldCache(objects)
+        for plural, objects in by_plural.items()
+        if plural != "servicemonitors"
+    }
+    ctrl.discovery.served = True
+    ctrl.discovery.informer = HeldCache(by_plural["servicemonitors"])  # type: ignore[assignment]
+    path = tmp_path / "all.json"
+    items = [o for objects in by_plural.values() for o in objects]
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    world = ctrl.snapshot()
+    assert world == load_world([str(path)], ns)
+    assert [o["metadata"]["name"] for o in world.services] == ["nvidia-dcgm", "other"]
+    assert len(world.service_monitors) == 1
+
+
+def test_a_contested_object_shows_its_seconds_left_and_not_its_monotonic_deadline() -> None:
+    from shared_svc.reconcile.fight import Contest
+    from shared_svc.status import contest_status
+
+    contest = Contest(
+        "Service/nvidia-dcgm",
+        "spec.selector",
+        ("gpu-operator",),
+        ("gpu-operator / Update",),
+        until=1_000.0,
+        since="2026-12-01T10:00:00+00:00",
+    )
+    assert contest_status(contest, 700.4) == {
+        "object": "Service/nvidia-dcgm",
+        "field": "spec.selector",
+        "managers": ["gpu-operator"],
+        "writers": ["gpu-operator / Update"],
+        "since": "2026-12-01T10:00:00+00:00",
+        "secondsLeft": 300,
+    }
+    assert contest_status(contest, 2_000.0)["secondsLeft"] == 0

@@ -162,9 +162,9 @@ def test_an_update_lists_the_fields_it_changes(
             "kind": "Service",
             "name": "nvidia-dcgm-exporter",
             "reason": "ConfigChanged",
-            "changed_fields": ["spec.ports"],
+            "changedFields": ["spec.ports"],
         }
-        assert all("changed_fields" not in a for a in actions if a["action"] != "update")
+        assert all("changedFields" not in a for a in actions if a["action"] != "update")
 
 
 def test_flags_no_adopt_and_selector_mode(

@@ -279,7 +279,7 @@ def test_a_port_that_is_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert (code, err) == (0, "")
     [update] = [a for a in json.loads(out)["actions"] if a["action"] == "update"]
     assert (update["name"], update["reason"]) == ("nvidia-dcgm", "ServiceAdopted")
-    assert "spec.ports" in update["changed_fields"]
+    assert "spec.ports" in update["changedFields"]
 
 
 @pytest.mark.parametrize("bad", [[9400], {"a": 1}, "9400", None, True])

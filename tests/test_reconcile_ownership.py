@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared_svc.reconcile.model import Settings
+from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.worlds import (
     action_of,
@@ -218,3 +218,16 @@ def test_normal_reports_announce_writes_once_after_success() -> None:
     assert len({r.key for r in created}) == 2
     again = plan(world(CP), Settings())
     assert [r.key for r in again.reports] == [r.key for r in result.reports]
+
+
+def test_each_write_carries_the_reports_that_announce_it_and_no_other() -> None:
+    created = plan(world(CP), Settings())
+    gone = plan(World(services=settled(world(CP)).services), Settings())  # the CR deleted
+    for result in (created, gone):
+        announcing = [r for r in result.reports if r.after_write is not None]
+        assert announcing
+        carried = [r for a in result.actions for r in a.announces]
+        assert sorted(carried, key=lambda r: r.key) == announcing
+        for a in result.actions:
+            assert all(r.after_write == (a.kind, a.name) for r in a.announces)
+            assert a.action in ("create", "update", "delete") or not a.announces

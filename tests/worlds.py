@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.reconcile.model import Action, Plan, World
+from shared_svc.reconcile.model import WORLD_KINDS, Action, Plan, World
 
 NS = "gpu-operator"
 CP_API = "nvidia.com/v1"
@@ -308,14 +308,7 @@ def service_monitor(
     }
 
 
-_FIELDS = {
-    "ClusterPolicy": "cluster_policies",
-    "GPUCluster": "gpu_clusters",
-    "DaemonSet": "daemonsets",
-    "Pod": "pods",
-    "Service": "services",
-    "ServiceMonitor": "service_monitors",
-}
+_FIELDS = WORLD_KINDS  # kind -> World field
 
 
 def world(*objects: K8sObject | Iterable[K8sObject]) -> World:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared_svc.k8s.managed_fields import FIELD_MANAGER, managed_fields
+from shared_svc.k8s.managed_fields import managed_fields
 from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
 from shared_svc.reconcile.owners import cr_refs, is_managed
 
@@ -214,32 +214,7 @@ def needed_by_of(status: Iterable[Any]) -> dict[tuple[str, str], tuple[str, ...]
     return {(s.kind, s.name): tuple(s.needed_by) for s in status}
 
 
-# --- who writes: ConflictingWriter and the start-up Warning ---
-IGNORED_MANAGERS = (FIELD_MANAGER, "before-first-apply")
-
-
-def name_writers(obj: Mapping[str, Any], owners: Sequence[str]) -> list[str]:
-    """The other writers as ``manager / Operation``: the managers that own the contested
-    field now (``owners``), else (a whole-object PUT removed our field, so nobody owns it)
-    the managers of the most recent Update entries other than ours."""
-    entries = [e for e in managed_fields(dict(obj)) if e.get("manager") not in IGNORED_MANAGERS]
-    out: list[str] = []
-    if owners:
-        for manager in owners:
-            ops = sorted(
-                {str(e.get("operation", "?")) for e in entries if e.get("manager") == manager}
-            )
-            out.append(f"{manager} / {', '.join(ops)}" if ops else manager)
-        return out
-    updates = [e for e in entries if e.get("operation") == "Update"]
-    if not updates:
-        return ["unknown"]
-    latest = max(str(e.get("time") or "") for e in updates)
-    for e in updates:
-        label = f"{e.get('manager', '?')} / Update"
-        if str(e.get("time") or "") == latest and label not in out:
-            out.append(label)
-    return out
+# --- who writes: the start-up Warning (ConflictingWriter is reconcile.fight's) ---
 
 
 def operator_writes(objects: Iterable[Mapping[str, Any]], manager: str) -> list[str]:

@@ -13,14 +13,13 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
 
 from shared_svc.errors import UsageError
-from shared_svc.k8s.objects import K8sObject
+from shared_svc.k8s.objects import K8sObject, camel_keys
 from shared_svc.manifests import (
     ALL,
     MAX_BYTES,
@@ -33,17 +32,17 @@ from shared_svc.manifests import (
     load_yaml_stream,
     size_text,
 )
-from shared_svc.reconcile.model import Plan, Settings, World
+from shared_svc.reconcile.model import (
+    CLUSTER_SCOPED_KINDS,
+    WORLD_KINDS,
+    Plan,
+    Settings,
+    World,
+    world_of,
+)
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import pod_fields
-
-_CLUSTER_SCOPED = {"ClusterPolicy": "cluster_policies", "GPUCluster": "gpu_clusters"}
-_NAMESPACED = {
-    "DaemonSet": "daemonsets",
-    "Pod": "pods",
-    "Service": "services",
-    "ServiceMonitor": "service_monitors",
-}
+from shared_svc.status import as_json
 
 
 def register(subparsers: Any) -> None:
@@ -103,7 +102,8 @@ def render(output: dict[str, Any], fmt: str) -> str:
 
 
 def plan_output(result: Plan) -> dict[str, Any]:
-    """The output contract of ``plan`` (docs/plan.md)."""
+    """The output contract of ``plan`` (docs/plan.md): field names camelCased by the
+    serializer of ``/status`` (``status.as_json``); the objects are data, as they are."""
     actions = []
     for action in result.actions:
         entry: dict[str, Any] = {
@@ -116,21 +116,13 @@ def plan_output(result: Plan) -> dict[str, Any]:
             entry["preconditions"] = dict(action.preconditions)
         if action.action == "update":
             entry["changed_fields"] = list(action.changed_fields)
-        actions.append(entry)
+        actions.append(camel_keys(entry))
     return {
         "objects": [dict(o) for o in result.objects],
         "actions": actions,
-        "conflicts": [
-            {
-                "object": c.object,
-                "field": c.field,
-                "winner": asdict(c.winner),
-                "losers": [asdict(v) for v in c.losers],
-            }
-            for c in result.conflicts
-        ],
-        "pending": [asdict(p) for p in result.pending],
-        "errors": [asdict(e) for e in result.errors],
+        "conflicts": as_json(result.conflicts),
+        "pending": as_json(result.pending),
+        "errors": as_json(result.errors),
     }
 
 
@@ -141,22 +133,20 @@ def load_world(
 ) -> World:
     """The objects plan reads; ``ignored`` counts the others by (kind, namespace): the
     namespace None for a kind plan does not read, else a namespace not the operator's."""
-    buckets: dict[str, list[K8sObject]] = {
-        f: [] for f in (*_CLUSTER_SCOPED.values(), *_NAMESPACED.values())
-    }
+    buckets: dict[str, list[K8sObject]] = {kind: [] for kind in WORLD_KINDS}
     skipped: Counter[tuple[str, str | None]] = Counter() if ignored is None else ignored
     for name in files:
         for obj in _objects(name):
             kind = obj["kind"]
-            if kind in _CLUSTER_SCOPED:
-                buckets[_CLUSTER_SCOPED[kind]].append(obj)
-            elif kind not in _NAMESPACED:
+            if kind not in WORLD_KINDS:
                 skipped[kind, None] += 1
+            elif kind in CLUSTER_SCOPED_KINDS:
+                buckets[kind].append(obj)
             elif (where := obj["metadata"].get("namespace", namespace)) != namespace:
                 skipped[kind, str(where)] += 1
             else:
-                buckets[_NAMESPACED[kind]].append(pod_fields(obj) if kind == "Pod" else obj)
-    return World(**{k: tuple(v) for k, v in buckets.items()})
+                buckets[kind].append(pod_fields(obj) if kind == "Pod" else obj)
+    return world_of(buckets)
 
 
 def ignored_lines(ignored: Counter[tuple[str, str | None]], namespace: str) -> list[str]:

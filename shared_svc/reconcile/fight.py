@@ -11,8 +11,10 @@ plan is not emitted again; one whose Event could not be written stays out of the
 set, so the next reconcile retries it; one that goes away and comes back is emitted again
 (its Event series grows).
 
-Plain data in, plain data out: no clock (``now`` is an argument), no I/O. The shell keeps
-the history between reconciles, looks up who owns the field (``managedFields``) and emits.
+Plain data in, plain data out: no clock (``now`` is an argument), no I/O. The whole
+ConflictingWriter rule is :func:`conflicting_writer` (the verdict, who the other writers
+are from ``managedFields``, the contest and its Warning); the shell only keeps the history
+and the contests between reconciles, skips what :func:`left_alone` says, and emits.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared_svc.k8s.events import ObjectRef, Report, note, still_sent, unsent
+from shared_svc.k8s.managed_fields import FIELD_MANAGER, managed_fields, managers_of_field
 
 FieldKey = tuple[str, str, str]  # (kind, name, dotted field)
 
@@ -91,6 +94,54 @@ def fight_verdict(
     return FightHistory(strikes), FightVerdict(kind, name, contested, worst)
 
 
+# Managers that are never "the other writer": ours, and the API server's own first entry.
+IGNORED_MANAGERS = (FIELD_MANAGER, "before-first-apply")
+
+
+@dataclass(frozen=True)
+class FieldWriter:
+    """Another writer of the object: a field manager and its operations ("Update", ...)."""
+
+    manager: str
+    operations: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``manager / Operation`` as the Warning and ``/status`` name it."""
+        return f"{self.manager} / {', '.join(self.operations)}" if self.operations else self.manager
+
+
+UNKNOWN_WRITER = FieldWriter("unknown")
+
+
+def other_writers(obj: Mapping[str, Any], owners: Sequence[str]) -> tuple[FieldWriter, ...]:
+    """The other writers: the managers that own the contested field now (``owners``), with
+    their operations; else (a whole-object PUT removed our field, so nobody owns it) the
+    managers of the most recent Update entries other than ours; else ``unknown``."""
+    entries = [e for e in managed_fields(dict(obj)) if e.get("manager") not in IGNORED_MANAGERS]
+    if owners:
+        ops = {
+            m: sorted({str(e.get("operation", "?")) for e in entries if e.get("manager") == m})
+            for m in owners
+        }
+        return tuple(FieldWriter(m, tuple(ops[m])) for m in owners)
+    updates = [e for e in entries if e.get("operation") == "Update"]
+    if not updates:
+        return (UNKNOWN_WRITER,)
+    latest = max(str(e.get("time") or "") for e in updates)
+    out: list[FieldWriter] = []
+    for e in updates:
+        writer = FieldWriter(str(e.get("manager", "?")), ("Update",))
+        if str(e.get("time") or "") == latest and writer not in out:
+            out.append(writer)
+    return tuple(out)
+
+
+def name_writers(obj: Mapping[str, Any], owners: Sequence[str]) -> list[str]:
+    """The other writers as ``manager / Operation`` (:func:`other_writers`)."""
+    return [w.label for w in other_writers(obj, owners)]
+
+
 @dataclass(frozen=True)
 class Contest:
     """An object shared-svc leaves alone after a fight over ``field``, until ``until``
@@ -103,21 +154,15 @@ class Contest:
     until: float
     since: str
 
-    def as_status(self, now: float) -> dict[str, Any]:
-        return {
-            "object": self.object,
-            "field": self.field,
-            "managers": list(self.managers),
-            "writers": list(self.writers),
-            "since": self.since,
-            "secondsLeft": max(0, round(self.until - now)),
-        }
+    def seconds_left(self, now: float) -> int:
+        """Whole seconds until the object is no longer left alone (never below 0)."""
+        return max(0, round(self.until - now))
 
 
 def contest_of(
     verdict: FightVerdict,
     owners: Sequence[str],
-    writers: Sequence[str],
+    writers: Sequence[FieldWriter],
     *,
     now: float,
     backoff: float,
@@ -125,12 +170,12 @@ def contest_of(
 ) -> Contest:
     """The contest a verdict opens: the field's owners, or (a whole-object PUT removed the
     field, so nobody owns it) the managers of the latest writers, for ``backoff`` seconds."""
-    managers = tuple(owners) or tuple(w.split(" / ")[0] for w in writers)
+    managers = tuple(owners) or tuple(w.manager for w in writers)
     return Contest(
         object=f"{verdict.kind}/{verdict.name}",
         field=verdict.field,
         managers=managers,
-        writers=tuple(writers),
+        writers=tuple(w.label for w in writers),
         until=now + backoff,
         since=since,
     )
@@ -169,6 +214,53 @@ def fight_report(
         ),
         key=f"ConflictingWriter/{what}/{verdict.field}",
     )
+
+
+@dataclass(frozen=True)
+class Fight:
+    """A fight found: the contest to keep (the backoff) and the Warning to send once."""
+
+    contest: Contest
+    report: Report
+
+
+def conflicting_writer(
+    history: FightHistory,
+    kind: str,
+    name: str,
+    *,
+    apply_body: Any,
+    last_applied: Any,
+    live: Mapping[str, Any] | None,
+    changed_fields: Sequence[str],
+    now: float,
+    since: str,
+    threshold: int,
+    window: float,
+    backoff: float,
+) -> tuple[FightHistory, Fight | None]:
+    """The ConflictingWriter rule whole: count one more correction of ``kind/name``
+    (:func:`fight_verdict`); on a verdict, the other writers of the contested field
+    (``managedFields`` of ``live``), the contest that leaves the object alone for
+    ``backoff`` seconds from ``now``, and the Warning naming them."""
+    history, verdict = fight_verdict(
+        history,
+        kind,
+        name,
+        apply_body=apply_body,
+        last_applied=last_applied,
+        live_present=live is not None,
+        changed_fields=changed_fields,
+        now=now,
+        threshold=threshold,
+        window=window,
+    )
+    if verdict is None or live is None:
+        return history, None
+    owners = managers_of_field(dict(live), verdict.field)
+    writers = other_writers(live, owners)
+    contest = contest_of(verdict, owners, writers, now=now, backoff=backoff, since=since)
+    return history, Fight(contest, fight_report(verdict, live, contest.writers, backoff))
 
 
 def occurrences(reports: Iterable[Report]) -> tuple[Report, ...]:

@@ -9,6 +9,7 @@ Nothing in this package does I/O or reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +44,28 @@ class World:
     service_monitors: tuple[K8sObject, ...] = ()
 
 
+# The kinds the planner reads, by the World field that holds them; the first two are
+# cluster-scoped, the others live in the operator namespace.
+WORLD_KINDS: Mapping[str, str] = {
+    "ClusterPolicy": "cluster_policies",
+    "GPUCluster": "gpu_clusters",
+    "DaemonSet": "daemonsets",
+    "Pod": "pods",
+    "Service": "services",
+    "ServiceMonitor": "service_monitors",
+}
+CLUSTER_SCOPED_KINDS = frozenset({"ClusterPolicy", "GPUCluster"})
+
+
+def world_of(by_kind: Mapping[str, Iterable[K8sObject]]) -> World:
+    """The one World builder (``run``'s cache snapshot and ``plan``'s manifests): the
+    objects of each kind in ``WORLD_KINDS``, by kind; a kind not given is empty."""
+    unknown = sorted(set(by_kind) - set(WORLD_KINDS))
+    if unknown:
+        raise ValueError(f"the planner does not read {', '.join(unknown)}")
+    return World(**{WORLD_KINDS[kind]: tuple(objects) for kind, objects in by_kind.items()})
+
+
 @dataclass(frozen=True)
 class Action:
     """One step that brings one live object to its desired state.
@@ -51,6 +74,12 @@ class Action:
     For ``create``/``update`` the shell first sends ``json_patch`` (if any) guarded by
     ``preconditions``, then server-side-applies ``apply`` (if any) with field manager
     ``shared-svc``. For ``delete`` it deletes with ``preconditions``.
+
+    ``announces`` are the Normal reports that say what the write did (``Created``,
+    ``Adopted``, ``Deleted``, ``SelectorMigrated``): the shell sends them right after the
+    write succeeds, never before or without it. ``live`` is the object the action was
+    planned against (None: absent), for the shell's ConflictingWriter check; it takes no
+    part in comparing actions (two plans of the same intent are equal).
     """
 
     action: ActionKind
@@ -61,6 +90,8 @@ class Action:
     json_patch: tuple[K8sObject, ...] = ()
     preconditions: dict[str, str] | None = None  # {"uid": ..., "resourceVersion": ...}
     changed_fields: tuple[str, ...] = ()  # dotted paths whose live value differs from intent
+    announces: tuple[Report, ...] = ()
+    live: K8sObject | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -122,6 +153,8 @@ class Plan:
     conflicts: tuple[Conflict, ...] = ()
     pending: tuple[Pending, ...] = ()
     errors: tuple[SpecError, ...] = ()
+    # Every report, sorted by key: the occurrences (``after_write`` None) and the
+    # announcements each write action carries in ``Action.announces``.
     reports: tuple[Report, ...] = ()
     status: tuple[ObjectStatus, ...] = ()
     notes: tuple[str, ...] = field(default=())  # e.g. "ServiceMonitor API not served: skipped"

@@ -8,6 +8,7 @@ object, then the writes that bring the live objects there, in a coverage-safe or
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 
 from shared_svc.k8s.events import ObjectRef, Report, note
@@ -298,12 +299,12 @@ class _Planner:
             unneeded = action_for_unneeded(kind, key[1], live)
             if unneeded is not None:
                 pairs.append((unneeded, live))
-        for action, live in pairs:
-            self._announce(action, live)
-        return pairs
+        return [(self._announce(action, live), live) for action, live in pairs]
 
-    def _announce(self, action: Action, live: K8sObject | None) -> None:
-        """Normal reports for the writes worth an Event; sent after the write succeeds."""
+    def _announce(self, action: Action, live: K8sObject | None) -> Action:
+        """The action carrying the object it was planned against and the Normal report of
+        a write worth an Event (also in the plan's reports); sent after the write succeeds."""
+        action = dataclasses.replace(action, live=live)
         verbs = {
             "Created": "Create",
             "Adopted": "Adopt",
@@ -312,7 +313,7 @@ class _Planner:
         }
         verb = next((v for suffix, v in verbs.items() if action.reason.endswith(suffix)), None)
         if verb is None or action.action in ("skip", "unchanged"):
-            return
+            return action
         if action.reason == "SelectorMigrated" and live is not None and action.apply is not None:
             old, new = spec(live).get("selector"), action.apply["spec"]["selector"]
             text = f"Service {action.name}: selector {_selector_text(old)} -> {_selector_text(new)}"
@@ -323,7 +324,9 @@ class _Planner:
                     f"{r['kind']}/{r['name']}" for r in action.apply["metadata"]["ownerReferences"]
                 )
                 text += f" (owners: {owners or 'none'})"
-        self.reports.append(self._object_report("Normal", action, live, text, verb))
+        report = self._object_report("Normal", action, live, text, verb)
+        self.reports.append(report)
+        return dataclasses.replace(action, announces=(report,))
 
     def _object_report(
         self, type_: str, action: Action, live: K8sObject | None, text: str, verb: str
