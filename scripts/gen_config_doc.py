@@ -72,8 +72,8 @@ NOT_IN_CHART = {
     "pod_name": "the pod's name (fieldRef)",
     "kubeconfig": "not set: in-cluster configuration",
     "bind_address": "not set: all interfaces (probes, metrics Service)",
-    "webhook_cert_file": "`tls.crt` of the Secret `admission.certificate` provides, mounted (with the webhook on)",
-    "webhook_key_file": "`tls.key` of the same Secret, mounted (with the webhook on)",
+    "webhook_cert_file": "`tls.crt` of the Secret `admission.certificate` provides, mounted while the chart's Deployment serves the webhook (a webhook on and no `admission.webhook.url`)",
+    "webhook_key_file": "`tls.key` of the same Secret, mounted as `webhook_cert_file` is",
 }
 
 HEADER = """\
