@@ -3,8 +3,9 @@
 gpu-operator's DCGM and exporter pods carry init containers, a dozen environment variables,
 host-path volumes, tolerations, node affinity, a full status and the managedFields of
 kube-controller-manager (the spec) and the kubelet (the status): 10 to 30 KiB of JSON each,
-against a few hundred bytes in tests/worlds.py. Used by benchmarks/bench_plan.py and the
-tests that compare the JSON and YAML paths of ``shared-svc plan``.
+against a few hundred bytes in tests/worlds.py, the one builder these start from (its CRs,
+its labels, its DaemonSets with what the API server adds). Used by benchmarks/bench_plan.py
+and the tests that compare the JSON and YAML paths of ``shared-svc plan``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tests.worlds import APPS, COMMON, NS, cluster_policy, gc_spec, gpu_cluster
+from tests.worlds import APPS, NS, app_labels, cluster_policy, daemonset, gc_spec, gpu_cluster
 
 _TS = "2024-03-0{d}T1{h}:2{m}:3{s}Z"
 
@@ -96,7 +97,6 @@ def api_pod(
 ) -> dict[str, Any]:
     """A DaemonSet pod of ``app`` on ``node``, Ready, with everything the API adds."""
     rng = random.Random(f"{app}/{name}/{seed}")
-    component = "exporter" if "exporter" in app else "dcgm"
     labels = {
         "app": app,
         "controller-revision-hash": f"{rng.getrandbits(40):x}",
@@ -104,8 +104,7 @@ def api_pod(
         "app.kubernetes.io/managed-by": "gpu-operator",
         "helm.sh/chart": "gpu-operator-v24.9.0",
     }
-    if common:
-        labels[COMMON[component]] = "true"
+    labels.update(app_labels(app, common=common))  # worlds.py's, the common label last
     containers = [_container(app, rng, i) for i in range(rng.choice((1, 1, 2)))]
     init = [
         {
@@ -294,37 +293,25 @@ def api_pod(
 
 
 def api_daemonset(app: str, desired: int, *, common: bool = True) -> dict[str, Any]:
-    component = "exporter" if "exporter" in app else "dcgm"
-    template_labels = {"app": app}
-    if common:
-        template_labels[COMMON[component]] = "true"
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {
-            "name": app,
-            "namespace": NS,
-            "uid": f"uid-ds-{app}",
-            "generation": 1,
-            "resourceVersion": "4242",
-            "creationTimestamp": "2024-03-01T00:00:00Z",
-            "labels": {"app": app, "app.kubernetes.io/managed-by": "gpu-operator"},
-        },
-        "spec": {
-            "selector": {"matchLabels": {"app": app}},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {"metadata": {"labels": template_labels}, "spec": {"containers": []}},
-        },
-        "status": {
-            "observedGeneration": 1,
-            "desiredNumberScheduled": desired,
-            "currentNumberScheduled": desired,
-            "updatedNumberScheduled": desired,
-            "numberAvailable": desired,
-            "numberReady": desired,
-            "numberMisscheduled": 0,
-        },
+    """``worlds.daemonset`` (a complete rollout) with what the API server adds."""
+    ds = daemonset(app, common=common, desired=desired)
+    ds["metadata"].update(
+        resourceVersion="4242",
+        creationTimestamp="2024-03-01T00:00:00Z",
+        labels={"app": app, "app.kubernetes.io/managed-by": "gpu-operator"},
+    )
+    ds["spec"]["updateStrategy"]["rollingUpdate"] = {"maxUnavailable": 1}
+    ds["spec"]["template"]["spec"] = {"containers": []}
+    ds["status"] = {
+        "observedGeneration": 1,
+        "desiredNumberScheduled": desired,
+        "currentNumberScheduled": desired,
+        "updatedNumberScheduled": desired,
+        "numberAvailable": desired,
+        "numberReady": desired,
+        "numberMisscheduled": 0,
     }
+    return ds
 
 
 def pod_list(pods: int, *, seed: int = 0) -> dict[str, Any]:

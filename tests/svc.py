@@ -13,11 +13,13 @@ import json
 import re
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.k8s.events import Report
 from shared_svc.service import Service
 from testenv import ControlPlane
 from testenv.service import running as running  # the tests' way to run the service
@@ -204,3 +206,42 @@ def apiserver_write_count(
         ):
             total += int(float(line.rsplit(" ", 1)[1]))
     return total
+
+
+class FlakyRecorder:
+    """Fails the first write of each key, then succeeds."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.failed: set[str] = set()
+
+    async def emit(self, report: Report) -> bool:
+        self.calls.append(report.key)
+        if report.key not in self.failed:
+            self.failed.add(report.key)
+            return False
+        return True
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+def successful_reconciles(service: Service) -> float:
+    return metric(
+        service,
+        "controller_runtime_reconcile_total",
+        controller="shared-services",
+        result="success",
+    )
+
+
+def metric(service: Service, name: str, **labels: str) -> float:
+    value = service.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0

@@ -1,6 +1,6 @@
 """The chart's admission guard (templates/admission-policy.yaml, admission-webhooks.yaml):
 what each setting renders, parameterised by namespace, with the names the Python rule
-guards. tests/test_admission_apiserver.py proves the rendered objects on the API server."""
+guards. tests/test_admission_guard.py proves the rendered objects on the API server."""
 
 from __future__ import annotations
 

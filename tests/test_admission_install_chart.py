@@ -1,7 +1,7 @@
 """The chart's certificate and install handling of the admission guard (issue 9 item 3):
 the webhook served in cluster (Service, port, Secret, settings), the certificate from the
 chart's hook Jobs, cert-manager or an external Secret, the uninstall hook, renders that
-never change by themselves. tests/test_admission_certs_apiserver.py runs the Jobs'
+never change by themselves. tests/test_admission_hook_jobs.py runs the Jobs'
 commands on the API server."""
 
 from __future__ import annotations

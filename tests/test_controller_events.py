@@ -4,15 +4,20 @@ write on the real API server; dedup by key and scope; one meaning of dry-run."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
+from shared_svc.config import Config
+from shared_svc.controller import ServicesController
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.events import EventPublisher, EventRecorder, event_name
+from shared_svc.metrics import Metrics
+from shared_svc.reconcile.model import Plan
 from testenv import ControlPlane
-from tests.svc import Kube, apiserver_write_count
+from tests.svc import FlakyRecorder, Kube, apiserver_write_count
 
 
 def report(namespace: str, key: str = "k", reason: str = "SelectorMigrationPending") -> Report:
@@ -110,3 +115,97 @@ async def test_dry_run_writes_no_event_and_logs_each_once(caplog: pytest.LogCapt
         await events.level("s", [report("ns", "a")])
     assert recorder.keys == []
     assert [r.getMessage() for r in caplog.records].count("dry-run: would emit event") == 1
+
+
+def warning(key: str) -> Report:
+    ref = ObjectRef(api_version="v1", kind="Service", name="nvidia-dcgm", namespace="ns")
+    return Report(
+        type="Warning",
+        reason="SelectorMigrationPending",
+        action="Reconcile",
+        regarding=ref,
+        note="n",
+        key=key,
+    )
+
+
+async def test_an_event_that_could_not_be_written_is_retried_next_reconcile() -> None:
+    recorder = FlakyRecorder()
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]  # no API access in this test
+        Config(),
+        recorder=recorder,  # type: ignore[arg-type]
+        writer=None,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        is_leader=lambda: True,
+    )
+    plan = Plan(reports=(warning("a"),))
+    await ctrl._emit_occurrences(plan)  # fails
+    await ctrl._emit_occurrences(plan)  # retried, written
+    await ctrl._emit_occurrences(plan)  # still active: not repeated
+    assert recorder.calls == ["a", "a"]
+    await ctrl._emit_occurrences(Plan())  # the occurrence goes away...
+    await ctrl._emit_occurrences(plan)  # ...and comes back: emitted again (a series bump)
+    assert recorder.calls == ["a", "a", "a"]
+
+
+class RecordingRecorder:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def emit(self, report: Report) -> bool:
+        self.reasons.append(f"{report.reason}/{report.regarding.name}")
+        return True
+
+
+class FailSecondWriter:
+    """Applies succeed once, then fail (a 409 from a concurrent change, say)."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        if self.applied:
+            raise RuntimeError("409 Conflict")
+        self.applied.append(obj["metadata"]["name"])
+
+
+async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
+    from shared_svc.reconcile.model import Action
+
+    def create(name: str) -> Action:
+        body = {"kind": "Service", "metadata": {"name": name}}
+        return Action(
+            action="create",
+            kind="Service",
+            name=name,
+            reason="ServiceCreated",
+            apply=body,
+            announces=(created(name),),
+        )
+
+    def created(name: str) -> Report:
+        ref = ObjectRef(api_version="v1", kind="Service", name=name, namespace="ns")
+        return Report(
+            type="Normal",
+            reason="ServiceCreated",
+            action="Create",
+            regarding=ref,
+            note="n",
+            key=f"c/{name}",
+            after_write=("Service", name),
+        )
+
+    recorder = RecordingRecorder()
+    ctrl = ServicesController(
+        None,  # type: ignore[arg-type]
+        Config(),
+        recorder=recorder,  # type: ignore[arg-type]
+        writer=FailSecondWriter(),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        is_leader=lambda: True,
+    )
+    plan = Plan(actions=(create("a"), create("b")), reports=(created("a"), created("b")))
+    with pytest.raises(RuntimeError, match="409"):
+        await ctrl._execute(plan)
+    assert recorder.reasons == ["ServiceCreated/a"]

@@ -17,8 +17,7 @@ from shared_svc.runtime import runnable as runnable_module
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused
-from tests.svc import Kube, cp_body, running, service_config
-from tests.test_controller_ops import http_get
+from tests.svc import Kube, cp_body, http_get, running, service_config
 
 pytestmark = pytest.mark.apiserver
 

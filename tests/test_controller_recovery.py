@@ -22,7 +22,7 @@ from shared_svc.reconcile.model import Action, Plan
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.refusals import ServiceWritesRefused
-from tests.svc import Kube, cp_body, running, service_config, settle
+from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
 
 SM_CRD = "servicemonitors.monitoring.coreos.com"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -173,3 +173,154 @@ async def test_a_404_on_a_service_monitor_write_rediscovers_at_once() -> None:
     with pytest.raises(ApiException):
         await ctrl._execute(Plan(actions=(service,)))
     assert not ctrl._rediscover.is_set(), "only the ServiceMonitor path says the API may be gone"
+
+
+@pytest.mark.apiserver
+async def test_apiserver_restart_recovers_and_deletes_nothing() -> None:
+    """Own control plane: it is stopped mid-run."""
+    cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
+    try:
+        api = await api_client(cp)
+        k = Kube(api, await make_namespace(api, "restart"))
+        await k.create_cr(gc_body())
+        async with running(service_config(cp, k.ns, backoff_max_seconds=1.0)) as svc:
+            await settle(svc)
+            before = {n: s["metadata"]["uid"] for n, s in (await k.services()).items()}
+            assert len(before) == 4
+            await asyncio.get_running_loop().run_in_executor(None, cp.stop_apiserver)
+            await asyncio.sleep(3)
+            assert svc.controller is not None and not svc.controller.caches_synced(), (
+                "no reconcile on stale data"
+            )
+            assert sum(svc.writer.writes.values()) == 4 if svc.writer else False  # type: ignore[union-attr]
+            await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
+            await api.close()
+            api = await api_client(cp)
+            k = Kube(api, "restart")
+            await k.patch_cr("GPUCluster", "gpu-cluster", {"spec": {"dcgm": {"enabled": False}}})
+            await eventually(lambda: _absent(k, "nvidia-dcgm-dra"), timeout=60)
+            await settle(svc)
+            after = {n: s["metadata"]["uid"] for n, s in (await k.services()).items()}
+            assert after == {
+                n: u
+                for n, u in before.items()
+                if n in ("nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra")
+            }
+            assert svc.controller.status()["cachesSynced"] is True
+        await api.close()
+    finally:
+        cp.stop()
+
+
+async def _absent(k: Kube, name: str) -> bool:
+    return await k.service(name) is None
+
+
+@pytest.mark.apiserver
+async def test_service_monitor_api_installed_later() -> None:
+    """Own control plane without the ServiceMonitor CRD at first."""
+    cp = await asyncio.get_running_loop().run_in_executor(None, lambda: testenv.start(crds=False))
+    try:
+        await asyncio.get_running_loop().run_in_executor(
+            None,
+            cp.install_crds,
+            [
+                testenv.PROJECT_CRDS / "nvidia.com_clusterpolicies.yaml",
+                testenv.PROJECT_CRDS / "nvidia.com_gpuclusters.yaml",
+            ],
+        )
+        api = await api_client(cp)
+        k = Kube(api, await make_namespace(api, "later"))
+        await k.create_cr(cp_body(dcgmExporter={"serviceMonitor": {"enabled": True}}))
+        async with running(service_config(cp, k.ns, discovery_seconds=0.5)) as svc:
+            await settle(svc)
+            status = svc.status()
+            assert status["serviceMonitorServed"] is False
+            assert any("ServiceMonitor" in n for n in status["notes"])
+            assert await k.service("nvidia-dcgm-exporter") is not None
+            await asyncio.get_running_loop().run_in_executor(
+                None,
+                cp.install_crds,
+                [testenv.PROJECT_CRDS / "monitoring.coreos.com_servicemonitors.yaml"],
+            )
+            await eventually(lambda: k.service_monitor("nvidia-dcgm-exporter"), timeout=30)
+            assert svc.status()["serviceMonitorServed"] is True
+        await api.close()
+    finally:
+        cp.stop()
+
+
+@pytest.mark.apiserver
+async def test_informer_relists_after_410_gone() -> None:
+    """Own control plane: etcd is compacted and the API server restarted (its watch cache
+    rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
+    from shared_svc.kube.reflector import Informer, Resource
+
+    cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
+    try:
+        api = await api_client(cp)
+        k = Kube(api, await make_namespace(api, "gone"))
+        informer = Informer(
+            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
+        )
+        await informer.relist()
+        old = informer.resource_version
+        for i in range(3):
+            await k.core.create_namespaced_service(
+                k.ns, {"metadata": {"name": f"s{i}"}, "spec": {"ports": [{"port": 1}]}}
+            )
+        await asyncio.get_running_loop().run_in_executor(None, cp.compact_etcd)
+        await asyncio.get_running_loop().run_in_executor(None, cp.stop_apiserver)
+        await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
+        await api.close()
+        api = await api_client(cp)
+        informer = Informer(
+            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
+        )
+        informer.resource_version = old
+        assert await informer.watch_once() == "gone"
+        # Run from there, the informer ends with the complete list.
+        informer.resource_version = old
+        informer.synced.set()
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(informer.run(stop))
+        try:
+            await eventually(lambda: _true(len(informer.items()) == 3), timeout=20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        await api.close()
+    finally:
+        cp.stop()
+
+
+@pytest.mark.apiserver
+async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
+    """A warming-up API server answers 404 for custom resources whose CRD exists: that must
+    never read as "no ClusterPolicy exists" (it would delete Services)."""
+    from shared_svc.kube.reflector import Informer, NotServedYet, Resource
+
+    # The path 404s while the CRD exists: what a restarting API server looks like.
+    warming = Informer(
+        kube.api,
+        Resource(
+            "nvidia.com",
+            "v1",
+            "clusterpolicies-not-loaded",
+            "ClusterPolicy",
+            crd_name="clusterpolicies.nvidia.com",
+        ),
+        on_change=lambda: None,
+    )
+    with pytest.raises(NotServedYet):
+        await warming.relist()
+    assert not warming.synced.is_set(), "no reconcile may run on this"
+
+    # The CRD really is absent: the resource is not served, and that is a complete answer.
+    absent = Informer(
+        kube.api,
+        Resource("example.com", "v1", "widgets", "Widget", crd_name="widgets.example.com"),
+        on_change=lambda: None,
+    )
+    await absent.relist()
+    assert absent.synced.is_set() and not absent.served and absent.items() == ()

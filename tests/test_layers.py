@@ -9,7 +9,9 @@
   nothing of ``shared_svc`` but itself;
 - ``kube/`` (generic API I/O) imports neither core nor ``runtime/`` (it sits below the
   runtime, on ``wait/`` and ``k8s/``, as client-go's ``tools/cache`` on apimachinery);
-- both controllers run on the one runtime (``shared_svc.runtime``).
+- both controllers run on the one runtime (``shared_svc.runtime``);
+- no class of ``shared_svc`` is over 300 lines, no function over 80 (issue 21: split by
+  concern).
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 """
@@ -141,3 +143,21 @@ def test_both_controllers_run_on_the_one_runtime(path: Path) -> None:
     assert any(within(m, "shared_svc.runtime") for m in imports_of(path)), (
         f"{module_name(path)} does not import shared_svc.runtime"
     )
+
+
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_class_of_shared_svc_is_over_300_lines_nor_a_function_over_80() -> None:
+    """Issue 21: each part split by concern (the Services and upgrade shells, the reflector)."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > limit:
+                    relative = path.relative_to(PACKAGE.parent)
+                    too_long.append(f"{relative}:{node.lineno} {node.name} ({length} lines)")
+    assert too_long == []

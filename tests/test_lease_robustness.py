@@ -22,8 +22,7 @@ from shared_svc.service import Service
 from testenv import ControlPlane, free_port
 from tests.apiproxy import TcpProxy, ThrottlingProxy, kubeconfig_via
 from tests.kube import api_client, eventually, make_namespace
-from tests.svc import Kube, running, service_config
-from tests.test_controller_ops import http_get
+from tests.svc import Kube, http_get, running, service_config
 from tests.test_deploy_rbac import as_identity, install_identity, remove_cluster_objects
 
 pytestmark = pytest.mark.apiserver

@@ -394,20 +394,3 @@ def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
         passed = [newest(Event("add", None, obj)) for obj in (first, second, new, old)]
         # The newer copy counts once, whichever cache brings it first; an older one never.
         assert passed == ([True, True, False, False] if first is old else [True] + [False] * 3)
-
-
-def test_no_class_of_the_upgrade_code_is_over_300_lines_nor_a_function_over_80() -> None:
-    """Issue 21: the controller split by concern (executor, announcements, status)."""
-    import ast
-    from pathlib import Path
-
-    package = Path(__file__).resolve().parent.parent / "shared_svc"
-    too_long = []
-    for path in [*sorted((package / "upgrade").glob("*.py")), package / "commands" / "upgrade.py"]:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            limit = 300 if isinstance(node, ast.ClassDef) else 80
-            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > limit:
-                    too_long.append(f"{path.name}:{node.name} ({length} lines)")
-    assert too_long == []

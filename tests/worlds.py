@@ -124,6 +124,14 @@ def foreign_ref(name: str = "keeper", uid: str = "uid-foreign") -> dict[str, Any
 # ---------------------------------------------------------------- workloads
 
 
+def app_labels(app: str, *, common: bool = True) -> dict[str, str]:
+    """A workload's ``app`` label and, when ``common``, its component's common label."""
+    labels = {"app": app}
+    if common:
+        labels[COMMON["exporter" if "exporter" in app else "dcgm"]] = "true"
+    return labels
+
+
 def daemonset(
     app: str,
     *,
@@ -136,10 +144,6 @@ def daemonset(
     on_delete: bool = False,
 ) -> K8sObject:
     """A DaemonSet named like its ``app`` label; complete rollout unless told otherwise."""
-    component = "exporter" if "exporter" in app else "dcgm"
-    template_labels = {"app": app}
-    if common:
-        template_labels[COMMON[component]] = "true"
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -152,7 +156,7 @@ def daemonset(
         "spec": {
             "selector": {"matchLabels": {"app": app}},
             "updateStrategy": {"type": "OnDelete" if on_delete else "RollingUpdate"},
-            "template": {"metadata": {"labels": template_labels}},
+            "template": {"metadata": {"labels": app_labels(app, common=common)}},
         },
         "status": {
             "observedGeneration": generation if observed is None else observed,
@@ -172,14 +176,10 @@ def pod(
     deleting: bool = False,
     node: str | None = None,
 ) -> K8sObject:
-    component = "exporter" if "exporter" in app else "dcgm"
-    labels = {"app": app}
-    if common:
-        labels[COMMON[component]] = "true"
     meta: dict[str, Any] = {
         "name": name,
         "namespace": NS,
-        "labels": labels,
+        "labels": app_labels(app, common=common),
         "uid": f"uid-pod-{name}",
     }
     if deleting:

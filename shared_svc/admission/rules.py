@@ -11,7 +11,7 @@
 - ``review``: one AdmissionReview v1 request in, its response out.
 
 The MutatingAdmissionPolicy in the chart (templates/admission-policy.yaml) expresses the
-same ``decide_update`` in CEL; tests/test_admission_apiserver.py proves both on the API
+same ``decide_update`` in CEL; tests/test_admission_guard.py proves both on the API
 server.
 """
 

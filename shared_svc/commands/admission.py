@@ -68,8 +68,6 @@ def _positive(text: str) -> int:
 
 
 def register(subparsers: Any) -> None:
-    from shared_svc.admission.certs import RENEW_BEFORE_DAYS, VALIDITY_DAYS
-
     parser = subparsers.add_parser(
         "admission",
         help="the admission guard's certificate and uninstall steps (the chart's hook Jobs)",
@@ -78,6 +76,12 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(
         dest="admission_command", metavar="SUBCOMMAND", title="subcommands", required=True
     )
+    _register_certs(commands)
+    _register_remove(commands)
+
+
+def _register_certs(commands: Any) -> None:
+    from shared_svc.admission.certs import RENEW_BEFORE_DAYS, VALIDITY_DAYS
 
     certs = commands.add_parser(
         "certs",
@@ -132,6 +136,8 @@ def register(subparsers: Any) -> None:
     add_flags(certs, ["kubeconfig"])
     certs.set_defaults(handler=_certs)
 
+
+def _register_remove(commands: Any) -> None:
     remove = commands.add_parser(
         "remove",
         help="delete the guard's binding and webhook configurations (then the Secret)",

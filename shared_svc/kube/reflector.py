@@ -62,7 +62,8 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -100,6 +101,114 @@ def accept_header(resource: Resource, *, watch: bool) -> str:
 
 class NotServedYet(Exception):
     """404 on a custom resource whose CRD still exists: the server is warming up."""
+
+
+@dataclass
+class Listed:
+    """A complete list: the kept objects, their resourceVersions, the list's
+    resourceVersion and the objects kept with a too-deep subtree cut."""
+
+    items: dict[Key, K8sObject]
+    versions: dict[Key, str]
+    resource_version: str
+    pruned: set[Key]
+
+
+async def crd_absent(api: ApiClient, crd_name: str | None) -> bool:
+    """Whether the CustomResourceDefinition is really absent (no CRD name: a built-in)."""
+    if not crd_name:
+        return True
+    try:
+        await client.ApiextensionsV1Api(api).read_custom_resource_definition(crd_name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+async def list_pages(
+    get: Callable[..., Awaitable[Any]],
+    resource: Resource,
+    api: ApiClient,
+    *,
+    page_size: int,
+    idle_timeout: float,
+    cached: tuple[dict[Key, K8sObject], dict[Key, str]],
+    keep: Callable[[K8sObject], K8sObject],
+) -> Listed | None:
+    """Every page of the list (``get(params, timeout=...)``), each object kept (``keep``)
+    as its page is read (None: the resource is not served). An object whose resourceVersion
+    is the ``cached`` one keeps its cached object."""
+    cached_items, cached_versions = cached
+    listed = Listed({}, {}, "", set())
+    token = ""
+    while True:
+        params = {"limit": str(page_size)} if page_size else {}
+        if token:
+            params["continue"] = token
+        try:
+            # A list answers at once; silence means a dead (pooled) connection.
+            resp = await get(
+                params, timeout=aiohttp.ClientTimeout(total=60, sock_read=idle_timeout)
+            )
+        except ApiException as exc:
+            if exc.status == 404 and not token:
+                if await crd_absent(api, resource.crd_name):
+                    return None
+                raise NotServedYet(f"{resource.describe()} answers 404 but its CRD exists") from exc
+            raise
+        try:
+            raw = await resp.read()
+        finally:
+            resp.release()
+        data, pruned = loads(raw, envelope=2)
+        del raw
+        meta = data.get("metadata") or {}
+        listed.resource_version = meta.get("resourceVersion", "") or listed.resource_version
+        for item in data.get("items") or []:
+            key = key_of(item)
+            if pruned and has_pruned(item):
+                listed.pruned.add(key)
+            version = item.get("metadata", {}).get("resourceVersion", "")
+            listed.versions[key] = version
+            # Unchanged since cached (same resourceVersion): keep the cached object,
+            # so an unchanged world is held once, not twice, and not projected again.
+            cached_item = cached_items.get(key) if version else None
+            if cached_item is not None and cached_versions.get(key) == version:
+                listed.items[key] = cached_item
+                continue
+            listed.items[key] = keep(item)
+        del data
+        token = meta.get("continue") or ""
+        if not token:
+            return listed
+
+
+def watch_event(line: bytes) -> tuple[str | None, K8sObject, bool]:
+    """One line of a watch stream: its type, its object and whether a subtree was cut.
+    An ERROR event raises as the :class:`ApiException` it stands for, except ``410 Gone``
+    (the watch cannot resume: re-list), returned as type ``ERROR``."""
+    event, pruned = loads(line, envelope=1)
+    etype, obj = event.get("type"), event.get("object") or {}
+    if etype == "ERROR" and obj.get("code") != 410:
+        exc = ApiException(status=obj.get("code", 500), reason=obj.get("reason") or "watch error")
+        exc.body = json.dumps(obj).encode()
+        raise exc
+    return etype, obj, pruned
+
+
+def log_newly_pruned(resource: Resource, keys: set[Key]) -> None:
+    """Logs each object newly kept with a too-deep subtree cut."""
+    for ns, name in sorted(keys):
+        log.warning(
+            "object nested too deep: kept with the deep part cut",
+            extra={
+                "resource": resource.describe(),
+                "object": f"{ns}/{name}" if ns else name,
+                "maxDepth": MAX_DEPTH,
+            },
+        )
 
 
 class Informer(Store):
@@ -171,26 +280,21 @@ class Informer(Store):
             ),
         )
 
-    async def _crd_absent(self) -> bool:
-        if not self.resource.crd_name:
-            return True
-        try:
-            await client.ApiextensionsV1Api(self._api).read_custom_resource_definition(
-                self.resource.crd_name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-
     async def relist(self) -> None:
         """A complete list replaces the cache; raises on failure (the cache keeps its contents).
 
         Read in pages; a continue token that expired (410) starts the list over once."""
         for attempt in (1, 2):
             try:
-                listed = await self._list_pages()
+                listed = await list_pages(
+                    self._get,
+                    self.resource,
+                    self._api,
+                    page_size=self._page_size,
+                    idle_timeout=self._idle_timeout,
+                    cached=(self._items, self._versions),
+                    keep=self._keep,
+                )
             except ApiException as exc:
                 if exc.status == 410 and attempt == 1:
                     continue
@@ -198,64 +302,14 @@ class Informer(Store):
             if listed is None:  # not served
                 self._replace({}, {}, served=False, resource_version="")
                 return
-            items, versions, resource_version, pruned = listed
-            self._replace(items, versions, served=True, resource_version=resource_version)
-            self._note_pruned(pruned)
+            self._replace(
+                listed.items,
+                listed.versions,
+                served=True,
+                resource_version=listed.resource_version,
+            )
+            self._note_pruned(listed.pruned)
             return
-
-    async def _list_pages(
-        self,
-    ) -> tuple[dict[Key, K8sObject], dict[Key, str], str, set[Any]] | None:
-        """Every page of the list, each object projected as its page is read (None: the
-        resource is not served)."""
-        keep = self._keep
-        items: dict[Key, K8sObject] = {}
-        versions: dict[Key, str] = {}
-        pruned_keys: set[Key] = set()
-        token = ""
-        resource_version = ""
-        while True:
-            params = {"limit": str(self._page_size)} if self._page_size else {}
-            if token:
-                params["continue"] = token
-            try:
-                # A list answers at once; silence means a dead (pooled) connection.
-                resp = await self._get(
-                    params, timeout=aiohttp.ClientTimeout(total=60, sock_read=self._idle_timeout)
-                )
-            except ApiException as exc:
-                if exc.status == 404 and not token:
-                    if await self._crd_absent():
-                        return None
-                    raise NotServedYet(
-                        f"{self.resource.describe()} answers 404 but its CRD exists"
-                    ) from exc
-                raise
-            try:
-                raw = await resp.read()
-            finally:
-                resp.release()
-            data, pruned = loads(raw, envelope=2)
-            del raw
-            meta = data.get("metadata") or {}
-            resource_version = meta.get("resourceVersion", "") or resource_version
-            for item in data.get("items") or []:
-                key = key_of(item)
-                if pruned and has_pruned(item):
-                    pruned_keys.add(key)
-                version = item.get("metadata", {}).get("resourceVersion", "")
-                versions[key] = version
-                # Unchanged since cached (same resourceVersion): keep the cached object,
-                # so an unchanged world is held once, not twice, and not projected again.
-                cached = self._items.get(key) if version else None
-                if cached is not None and self._versions.get(key) == version:
-                    items[key] = cached
-                    continue
-                items[key] = keep(item)
-            del data
-            token = meta.get("continue") or ""
-            if not token:
-                return items, versions, resource_version, pruned_keys
 
     def _keep(self, obj: K8sObject) -> K8sObject:
         """What is kept of a list item or a watch event's object (``Resource.kept``: the
@@ -291,18 +345,9 @@ class Informer(Store):
 
     def _note_pruned(self, keys: set[Key]) -> None:
         """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
-        if keys == self.pruned:
-            return
-        for ns, name in sorted(keys - self.pruned):
-            log.warning(
-                "object nested too deep: kept with the deep part cut",
-                extra={
-                    "resource": self.resource.describe(),
-                    "object": f"{ns}/{name}" if ns else name,
-                    "maxDepth": MAX_DEPTH,
-                },
-            )
-        self.pruned = keys
+        if keys != self.pruned:
+            log_newly_pruned(self.resource, keys - self.pruned)
+            self.pruned = keys
 
     async def watch_once(self) -> str:
         """Watches until the stream ends. Returns 'timeout' (the server ended it), 'gone'
@@ -328,16 +373,9 @@ class Informer(Store):
                     return "idle"
                 if not line:
                     return "timeout"
-                event, pruned = loads(line, envelope=1)
-                etype, obj = event.get("type"), event.get("object") or {}
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        return "gone"
-                    exc = ApiException(
-                        status=obj.get("code", 500), reason=obj.get("reason") or "watch error"
-                    )
-                    exc.body = json.dumps(obj).encode()
-                    raise exc
+                etype, obj, pruned = watch_event(line)
+                if etype == "ERROR":  # 410 Gone (any other ERROR raised)
+                    return "gone"
                 rv = obj.get("metadata", {}).get("resourceVersion")
                 if rv:
                     self.resource_version = rv
@@ -358,7 +396,7 @@ class Informer(Store):
                 elif etype in ("ADDED", "MODIFIED"):
                     self._versions[key] = rv or ""
                     kept = self._keep(obj)
-                    del obj, event
+                    del obj
                     # A change in a field the projection drops is no change to the planners.
                     old = self._items.get(key)
                     if old != kept:

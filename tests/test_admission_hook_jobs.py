@@ -19,7 +19,7 @@ from testenv import ControlPlane
 from tests.admission import ADMISSION_API, guard_docs, install
 from tests.kube import eventually
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
-from tests.test_admission_apiserver import free_port, guard, operator
+from tests.test_admission_guard import free_port, guard, operator
 from tests.test_deploy_chart import Doc, render_docs
 from tests.test_deploy_rbac import install_identity, remove_cluster_objects
 

@@ -1,0 +1,329 @@
+"""The Services controller's process life: two replicas and the Lease handover, a graceful
+stop and SIGTERM, the order parts stop in, a crashed controller, the HTTP endpoints, the
+upgrade controller inside the service, and bad configuration or kubeconfig (one line,
+exit 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+import testenv
+from shared_svc.controller import ServicesController
+from shared_svc.service import Service
+from testenv import ControlPlane
+from tests.kube import eventually
+from tests.svc import (
+    Kube,
+    cp_body,
+    http_get,
+    running,
+    service_config,
+    settle,
+)
+
+
+@pytest.mark.apiserver
+async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
+    control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared_svc.service import ControllerCrashed
+
+    async def crash(self: ServicesController, stop: asyncio.Event) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ServicesController, "run", crash)
+    config = service_config(control_plane, kube.ns, leader_election=True, pod_name="crashy")
+    with pytest.raises(ControllerCrashed, match="boom"):
+        async with running(config) as svc:
+            await asyncio.sleep(1.0)
+            assert svc.elector is not None
+
+
+@pytest.mark.apiserver
+def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: ControlPlane) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from shared_svc.controller import ServicesController\n"
+        "async def crash(self, stop): raise RuntimeError('boom')\n"
+        "ServicesController.run = crash\n"
+        "from shared_svc.cli import main\n"
+        f"sys.exit(main(['run', '--kubeconfig', {str(control_plane.kubeconfig)!r}, '--port', '0',"
+        " '--leader-election', 'false', '--namespace', 'crash']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == "shared-svc: a controller ended unexpectedly: RuntimeError('boom')"
+    )
+
+
+@pytest.mark.apiserver
+async def test_http_endpoints(control_plane: ControlPlane, kube: Kube) -> None:
+    await kube.create_cr(cp_body())
+    async with running(service_config(control_plane, kube.ns)) as svc:
+        await settle(svc)
+        port = svc.port or 0
+        assert await http_get(port, "/livez") == (200, "ok\n")
+        assert await http_get(port, "/healthz") == (200, "ok\n")
+        assert await http_get(port, "/readyz") == (200, "ok\n")
+        status = json.loads((await http_get(port, "/status"))[1])
+        assert status["leader"] is True and status["lastReconcile"]["result"] == "success"
+        names = {o["name"]: o for o in status["objects"]}
+        assert names["nvidia-dcgm"]["neededBy"] == ["ClusterPolicy/cluster-policy"]
+        assert names["nvidia-dcgm"]["selector"] == {"app": "nvidia-dcgm"}
+        code, text = await http_get(port, "/metrics")
+        assert code == 200
+        assert (
+            'controller_runtime_reconcile_total{controller="shared-services",result="success"}'
+            in text
+        )
+        assert 'shared_svc_managed_objects{kind="Service"} 2.0' in text
+        assert 'leader_election_master_status{name="shared-svc"} 1.0' in text
+
+
+@pytest.mark.apiserver
+async def test_two_replicas_one_writer_and_handover(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    base = {
+        "leader_election": True,
+        "lease_duration_seconds": 3.0,
+        "renew_deadline_seconds": 2.0,
+        "retry_period_seconds": 0.5,
+    }
+    a = service_config(control_plane, kube.ns, pod_name="replica-a", **base)
+    b = service_config(control_plane, kube.ns, pod_name="replica-b", **base)
+    async with running(a) as ra, running(b) as rb:
+        await eventually(lambda: _leader_of(ra, rb), timeout=15)
+        leader, standby = (ra, rb) if ra.is_leader() else (rb, ra)
+        assert not standby.is_leader()
+        await kube.create_cr(cp_body())
+        await settle(leader)
+        assert await kube.service("nvidia-dcgm") is not None
+        assert sum(leader.writer.writes.values()) >= 2  # type: ignore[union-attr]
+        assert sum(standby.writer.writes.values()) == 0  # type: ignore[union-attr]
+        assert (await http_get(standby.port or 0, "/readyz"))[0] == 200, "a standby is ready"
+        assert json.loads((await http_get(standby.port or 0, "/status"))[1])["leader"] is False
+
+        # The leader dies without releasing the Lease (a crash): the standby takes over within a lease duration.
+        async def no_release() -> None:
+            return None
+
+        assert leader.elector is not None
+        leader.elector.release = no_release  # type: ignore[method-assign]
+        leader.elector._retry = 3600  # stop renewing, as a dead process would
+        assert leader.controller is not None
+        leader.controller._is_leader = lambda: False  # ...and stop writing (it reconciles at once)
+        killed_at = time.monotonic()
+        await eventually(lambda: _true(standby.is_leader()), timeout=10, interval=0.05)
+        handover = time.monotonic() - killed_at
+        assert (
+            handover <= base["lease_duration_seconds"] + 2 * base["retry_period_seconds"] + 1.0
+        ), handover
+        await kube.patch_cr(
+            "ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}}
+        )
+        await settle(standby)
+        assert await kube.service("nvidia-dcgm-exporter") is None
+        assert sum(standby.writer.writes.values()) >= 1  # type: ignore[union-attr]
+
+
+async def _leader_of(*services: Service) -> bool:
+    return sum(s.is_leader() for s in services) == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.apiserver
+async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kube: Kube) -> None:
+    cfg = service_config(
+        control_plane,
+        kube.ns,
+        pod_name="graceful",
+        leader_election=True,
+        lease_duration_seconds=30.0,
+        renew_deadline_seconds=20.0,
+        retry_period_seconds=0.5,
+    )
+    async with running(cfg) as svc:
+        await eventually(lambda: _true(svc.is_leader()), timeout=10)
+    lease = await kube.api.call_api(
+        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/shared-svc",
+        "GET",
+        auth_settings=["BearerToken"],
+        response_types_map={200: "object"},
+        _return_http_data_only=True,
+    )
+    assert lease["spec"]["holderIdentity"] == ""
+
+
+@pytest.mark.apiserver
+async def test_sigterm_finishes_and_exits_zero(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+) -> None:
+    await kube.create_cr(cp_body())
+    env = {**os.environ, "OPERATOR_NAMESPACE": kube.ns, "POD_NAME": "proc-1"}
+    port = testenv.free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shared_svc",
+            "run",
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--port",
+            str(port),
+            "--bind-address",
+            "127.0.0.1",
+            "--leader-election",
+            "true",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "log").open("w"),
+    )
+    try:
+
+        async def ready() -> bool:
+            try:
+                return (await http_get(port, "/readyz"))[0] == 200 and json.loads(
+                    (await http_get(port, "/status"))[1]
+                )["leader"]
+            except (OSError, aiohttp.ClientError):
+                return False
+
+        await eventually(ready, timeout=30, interval=0.2)
+        await eventually(lambda: kube.service("nvidia-dcgm-exporter"), timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.get_running_loop().run_in_executor(None, proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log
+    assert '"msg": "lease released"' in log and '"msg": "stopped"' in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.apiserver
+async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_lease(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+) -> None:
+    """What SIGTERM does (``run`` sets the same stop event): every long-running part is a
+    Runnable of the Manager; the controllers stop first, the Lease is released after the
+    guard and before the servers close (issue 21)."""
+    from tests.admission import make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    await kube.create_cr(cp_body())
+    config = service_config(
+        control_plane,
+        kube.ns,
+        leader_election=True,
+        pod_name="ordered-1",
+        upgrade_controller=True,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=testenv.free_port(),
+    )
+    async with running(config) as svc:
+        await eventually(lambda: asyncio.sleep(0, svc.is_leader() and svc.ready()), timeout=30)
+        started = [r.name for r in svc.runnables()]
+        assert svc.manager is not None and svc.manager.started.is_set()
+    assert started == [
+        "http",
+        "lease",
+        "admission-webhook",
+        "webhook-certificate",
+        "admission-guard",
+        "servicemonitor-discovery",
+        "shared-services",
+        "upgrade",
+    ]
+    assert svc.manager.stopped == started[::-1]
+    assert svc.elector is not None and not svc.elector.is_leader
+    lease = await kube.api.call_api(
+        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{config.lease_name}",
+        "GET",
+        auth_settings=["BearerToken"],
+        response_types_map={200: "object"},
+        _return_http_data_only=True,
+    )
+    assert lease["spec"]["holderIdentity"] == "", "released"
+
+
+@pytest.mark.apiserver
+def test_bad_configuration_is_one_line_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "shared_svc", "run", "--port", "99999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": "/nonexistent"},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("shared-svc: error: invalid configuration: --port '99999':"), (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        proc.returncode == 2
+        and "kubeconfig /nonexistent does not exist" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
+
+
+@pytest.mark.apiserver
+async def test_upgrade_controller_runs_inside_the_service(
+    control_plane: ControlPlane, kube: Kube
+) -> None:
+    config = service_config(control_plane, kube.ns, upgrade_controller=True)
+    async with running(config) as svc:
+        await eventually(lambda: _true(svc.ready()), timeout=30)
+        status = json.loads((await http_get(svc.port or 0, "/status"))[1])
+        assert status["upgrade"]["enabled"] is True and status["upgrade"]["driver"] == "gpu"
+        assert status["upgrade"]["synced"] is True
+        _, text = await http_get(svc.port or 0, "/metrics")
+        assert "shared_svc_upgrade_nodes" in text, "upgrade metrics share the service's registry"
+        assert "controller_runtime_reconcile_total" in text
+    async with running(service_config(control_plane, kube.ns)) as svc:
+        assert "upgrade" not in svc.status(), "off by default"
+
+
+@pytest.mark.apiserver
+def test_a_file_that_is_not_a_kubeconfig_is_one_line_exit_2(tmp_path: Any) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("garbage")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shared_svc", "run", "--kubeconfig", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    # One line after the start-up log line (version and configuration, JSON).
+    starting, error = proc.stderr.splitlines()
+    assert json.loads(starting)["msg"] == "starting"
+    assert (
+        error == f"shared-svc: error: kubeconfig {bad} is not a kubeconfig (it names no clusters)"
+    )
