@@ -93,6 +93,8 @@ class _Streamed(list[Any]):
 
 
 def _tree(value: Any, depth: int) -> Any:
+    if type(value) is str and value.isascii():  # the most common value, valid: first
+        return value
     if value is None or isinstance(value, bool):
         return value
     if type(value) is _Streamed:  # checked already, member by member
@@ -118,11 +120,13 @@ def _tree(value: Any, depth: int) -> Any:
             return [_child(item, index, depth) for index, item in enumerate(value)]
         out = {}
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise _Bad(f"the key {key!r} is not a string")
-            if not _text_ok(key):
-                raise _Bad("a key that is not valid Unicode")
-            out[key] = _child(item, key, depth)
+            if type(key) is not str or not key.isascii():
+                if not isinstance(key, str):
+                    raise _Bad(f"the key {key!r} is not a string")
+                if not _text_ok(key):
+                    raise _Bad("a key that is not valid Unicode")
+            # an ASCII string is valid as it is: kept without a call (most label values)
+            out[key] = item if type(item) is str and item.isascii() else _child(item, key, depth)
         return out
     kind = type(value).__name__
     raise _Bad(f"{_NOT_JSON.get(kind, kind)} is not a JSON value")
