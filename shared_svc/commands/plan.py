@@ -229,13 +229,13 @@ _POD_START = re.compile(
 # opening brackets nests less, so both read it. Realistic pods have 550-800.
 _MAX_OPENINGS = 900
 # Runs of 100 digits: the exact reader refuses integers of more than 100 characters,
-# anywhere; msgspec reads them.
-_DIGITS = bytes(ord("0") if chr(c).isdigit() and c < 128 else ord(" ") for c in range(256))
+# anywhere; msgspec reads them. One pass over the text finds both: digits become "0",
+# opening brackets "[", the rest " ".
+_MARKS = bytes(
+    ord("0") if chr(c) in "0123456789" else ord("[") if chr(c) in "{[" else ord(" ")
+    for c in range(256)
+)
 _LONG_RUN = b"0" * 100
-
-
-def _set(**parts: Any) -> dict[str, Any]:
-    return {k: v for k, v in parts.items() if v is not UNSET}
 
 
 def _fast_pod(text: str) -> Any:
@@ -244,34 +244,17 @@ def _fast_pod(text: str) -> Any:
     refuses (NaN, lone surrogates, syntax, a wrong cut), a kept part of another type than
     its struct's, or not a Pod."""
     data = text.encode("utf-8")  # the Text of a stream holds no surrogates
-    if data.count(b"{") + data.count(b"[") > _MAX_OPENINGS:
-        return None
-    if _LONG_RUN in data.translate(_DIGITS):
+    marks = data.translate(_MARKS)
+    if marks.count(b"[") > _MAX_OPENINGS or _LONG_RUN in marks:
         return None
     try:
-        pod = _POD_DECODER.decode(data)
+        pod = _POD_DECODER.decode(text)
     except (msgspec.DecodeError, RecursionError):
         return None
     if pod.kind != "Pod":
         return None
-    out = _set(apiVersion=pod.apiVersion, kind=pod.kind)
-    if (meta := pod.metadata) is not UNSET:
-        out["metadata"] = _set(
-            name=meta.name,
-            namespace=meta.namespace,
-            labels=meta.labels,
-            deletionTimestamp=meta.deletionTimestamp,
-        )
-    if pod.spec is not UNSET:
-        out["spec"] = _set(nodeName=pod.spec.nodeName)
-    if (status := pod.status) is not UNSET:
-        conditions = status.conditions
-        out["status"] = (
-            {}
-            if conditions is UNSET
-            else {"conditions": [_set(type=c.type, status=c.status) for c in conditions]}
-        )
-    return out
+    # Plain dicts and lists in the structs' order (pod_fields's), unset fields left out.
+    return msgspec.to_builtins(pod)
 
 
 _FAST_POD = Fast(_POD_START, _fast_pod)
