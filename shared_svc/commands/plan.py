@@ -8,12 +8,13 @@ prints the objects, actions, conflicts, pending migrations and spec errors. No A
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -139,6 +140,31 @@ def load_world(
     namespace None for a kind plan does not read, else a namespace not the operator's."""
     buckets: dict[str, list[K8sObject]] = {kind: [] for kind in WORLD_KINDS}
     skipped: Counter[tuple[str, str | None]] = Counter() if ignored is None else ignored
+    with _collector_paused():
+        _read_into(buckets, skipped, files, namespace)
+    return world_of(buckets)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while manifests are read: what is read is
+    trees of JSON values (no cycles), so its passes over the growing store find nothing,
+    and they were 15 % of reading 50,000 pods (issue 22)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_into(
+    buckets: dict[str, list[K8sObject]],
+    skipped: Counter[tuple[str, str | None]],
+    files: list[str],
+    namespace: str,
+) -> None:
     for name in files:
         for obj in _objects(name):
             kind = obj["kind"]
@@ -150,7 +176,6 @@ def load_world(
                 skipped[kind, str(where)] += 1
             else:
                 buckets[kind].append(pod_fields(obj) if kind == "Pod" else obj)
-    return world_of(buckets)
 
 
 def ignored_lines(ignored: Counter[tuple[str, str | None]], namespace: str) -> list[str]:
