@@ -103,8 +103,17 @@ def pod_lists(draw: st.DrawFn) -> str:
     return '{"apiVersion":"v1","items":[' + comma.join(pods) + '],"kind":"List"}'
 
 
+def _nested_pod_text() -> str:
+    """A pod whose dropped fields hold the text a member begins with, after ``},``: the
+    first cut is inside it (and does not decode as one value)."""
+    pod = api_pod("nvidia-dcgm", "p-0", "node-0")
+    pod["spec"]["containers"] = [{}, {"apiVersion": "v1", "kind": "Pod", "metadata": {}}]
+    return json.dumps(pod, separators=(",", ":"))
+
+
 @given(pod_lists())
 @example('{"items":[' + ",".join([json.dumps(api_pod("nvidia-dcgm", "p-0", "node-0"))] * 2) + "]}")
+@example('{"items":[' + ",".join([_nested_pod_text()] * 3) + "]}")
 def test_the_fast_reader_keeps_what_the_exact_reader_keeps_or_refuses_what_it_refuses(
     text: str,
 ) -> None:
