@@ -34,7 +34,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.kube.events import Emitter, EventPublisher
 from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.runnable import Controller, Result
+from shared_svc.runtime.runnable import Controller, Result, every
 from shared_svc.runtime.source import Enqueue, NewestVersions, OwnWrites
 from shared_svc.upgrade.announce import Announcer
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
@@ -224,9 +224,7 @@ class UpgradeController:
                     wake=self._changed,
                 )
             ),
-            asyncio.ensure_future(
-                repeat(stop, self.trigger, lambda: resync, name="upgrade-resync", at_once=False)
-            ),
+            asyncio.ensure_future(every(stop, lambda: resync, self.trigger, name="upgrade-resync")),
         ]
         workers = asyncio.ensure_future(
             repeat(
