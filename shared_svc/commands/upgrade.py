@@ -300,7 +300,13 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     return list(data.get("items") or [])
 
 
+# Tries of configure-gate's guarded patch when the ClusterPolicy changed meanwhile (409).
+CONFLICT_TRIES = 5
+
+
 def configure_gate(args: argparse.Namespace) -> int:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
     from shared_svc.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
@@ -315,6 +321,19 @@ def configure_gate(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout-seconds must be > 0, got {timeout}")
 
     async def body(api: ApiClient, config: Config) -> int:
+        # The patch is guarded by the resourceVersion it was planned on; gpu-operator writes
+        # its ClusterPolicy too, so a 409 is planned again from a fresh read (client-go's
+        # RetryOnConflict: five tries).
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            try:
+                return await once(api, config)
+            except ApiException as exc:
+                if exc.status != 409 or attempt == CONFLICT_TRIES:
+                    raise
+                print("the ClusterPolicy changed meanwhile: planning again", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    async def once(api: ApiClient, config: Config) -> int:
         _consumer_labels(config)  # one line for a selector without a label
         active = active_policy(await _list_cluster_policies(api))
         if active is None:
