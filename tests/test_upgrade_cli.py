@@ -336,6 +336,57 @@ def test_configure_gate_prints_then_applies_the_merge_patch(
         control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
 
 
+@pytest.mark.parametrize("writes", [1, 5])
+def test_configure_gate_plans_again_when_the_cluster_policy_changed_meanwhile(
+    control_plane: testenv.ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    writes: int,
+) -> None:
+    """gpu-operator writes its ClusterPolicy too: a write between configure-gate's read and
+    its resourceVersion-guarded patch is a 409 on the real API server, planned again from a
+    fresh read (five tries, as client-go's RetryOnConflict); a policy that changes on every
+    try is one line and exit 2, nothing written."""
+    from shared_svc.commands import upgrade as command
+
+    name = _only_cluster_policy(control_plane, auto_upgrade=True)
+    kc = ["--kubeconfig", str(control_plane.kubeconfig)]
+    listed = command._list_cluster_policies
+    reads = 0
+
+    async def read_then_someone_writes(api: Any) -> list[dict[str, Any]]:
+        nonlocal reads
+        reads += 1
+        items = await listed(api)
+        if reads <= writes:  # another writer, after our read
+            _ok(
+                control_plane.request(
+                    "PATCH",
+                    f"{CLUSTER_POLICIES}/{name}",
+                    {"metadata": {"labels": {"written-by": f"operator-{reads}"}}},
+                    content_type=MERGE_PATCH,
+                )
+            )
+        return items
+
+    monkeypatch.setattr(command, "_list_cluster_policies", read_then_someone_writes)
+    try:
+        code = main(["upgrade", "configure-gate", "--apply", *kc])
+        captured = capsys.readouterr()
+        if writes < command.CONFLICT_TRIES:
+            assert code == 0 and reads == writes + 1
+            assert captured.err.count("changed meanwhile: planning again") == writes
+            assert f"applied to ClusterPolicy {name}" in captured.out
+            assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 600}
+        else:
+            assert code == 2 and reads == command.CONFLICT_TRIES
+            last = captured.err.strip().splitlines()[-1]
+            assert "409" in last and "Traceback" not in captured.err
+            assert _wait_spec(control_plane, name) == {}
+    finally:
+        control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
+
+
 def test_configure_gate_never_replaces_a_jobs_selector_silently(
     control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
 ) -> None:
