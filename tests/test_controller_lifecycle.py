@@ -24,6 +24,7 @@ import testenv
 from shared_svc import caches
 from shared_svc.controller import ServicesController
 from shared_svc.kube.registry import CacheRunnable
+from shared_svc.kube.writer import raw_request
 from shared_svc.service import Service
 from testenv import ControlPlane
 from tests.apiproxy import ThrottlingProxy, kubeconfig_via
@@ -153,6 +154,13 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def lease_of(kube: Kube, name: str) -> dict[str, Any]:
+    lease: dict[str, Any] = await raw_request(
+        kube.api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{name}"
+    )
+    return lease
+
+
 @pytest.mark.apiserver
 async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kube: Kube) -> None:
     cfg = service_config(
@@ -166,13 +174,7 @@ async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kub
     )
     async with running(cfg) as svc:
         await eventually(lambda: _true(svc.is_leader()), timeout=10)
-    lease = await kube.api.call_api(
-        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/shared-svc",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={200: "object"},
-        _return_http_data_only=True,
-    )
+    lease = await lease_of(kube, "shared-svc")
     assert lease["spec"]["holderIdentity"] == ""
 
 
@@ -357,13 +359,7 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
     # Lease (released), then the HTTP server.
     assert svc.manager.stopped == started[::-1]
     assert svc.elector is not None and not svc.elector.is_leader
-    lease = await kube.api.call_api(
-        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{config.lease_name}",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={200: "object"},
-        _return_http_data_only=True,
-    )
+    lease = await lease_of(kube, config.lease_name)
     assert lease["spec"]["holderIdentity"] == "", "released"
 
 

@@ -269,9 +269,12 @@ class Manager:
 
     They start in the order given, each one that has a ``started`` event only after the
     one before it has started (the HTTP server listens before the Lease is campaigned
-    for), and stop in the reverse order, each after the one after it has finished (the
-    controllers finish their reconcile in flight, then the Lease is released, then the
-    servers close). ``started`` is set once every runnable has started.
+    for); the others start at once, one after the other without waiting (the caches all
+    list at once, and the controllers after them wait for the caches they read to
+    sync). They stop in the reverse order, each after the one after it has finished (the
+    controllers finish their reconcile in flight, then the caches stop, then the Lease
+    is released, then the servers close). ``started`` is set once every runnable has
+    started.
     """
 
     def __init__(self, runnables: Sequence[Runnable], is_leader: Callable[[], bool]) -> None:
