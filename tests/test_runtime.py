@@ -469,3 +469,22 @@ def test_each_declared_cache_is_one_runnable_ready_once_synced() -> None:
     assert registry.informer(declared.daemonsets, on_change=lambda: None) is first
     with pytest.raises(RuntimeError, match="cache Service in gpu-operator asked for after"):
         registry.informer(declared.services, on_change=lambda: None)
+
+
+async def test_a_cache_that_ends_unexpectedly_ends_the_manager_as_a_crash() -> None:
+    from shared_svc.kube.registry import CacheRunnable
+    from shared_svc.kube.resources import Resource
+
+    class Ending:
+        resource = Resource("", "v1", "pods", "Pod", namespace="ns")
+        synced = asyncio.Event()
+
+        async def run(self, stop: asyncio.Event) -> None:
+            return None  # not asked to
+
+    controller = Probe("controller", False)
+    cache = CacheRunnable(Ending())  # type: ignore[arg-type]
+    manager = Manager([cache, controller], lambda: True)
+    crashed = await asyncio.wait_for(manager.run(asyncio.Event()), 1)
+    assert [str(e) for e in crashed] == ["cache Pod in ns ended unexpectedly"]
+    assert manager.stopped == ["controller", "cache Pod in ns"] and not controller.running

@@ -30,6 +30,8 @@ class CacheRunnable(Runnable):
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.cache.run(stop)
+        if not stop.is_set():  # the Manager stops every part and the process exits non-zero
+            raise RuntimeError(f"{self.name} ended unexpectedly")
 
     def ready(self) -> bool:
         return self.cache.synced.is_set()
