@@ -1,7 +1,7 @@
 """The Services controller's process life: two replicas and the Lease handover, a graceful
-stop and SIGTERM, the order parts stop in, a crashed controller, the HTTP endpoints, the
-upgrade controller inside the service, and bad configuration or kubeconfig (one line,
-exit 2)."""
+stop and SIGTERM, the order parts start and stop in (the shared caches among them, each
+listed once and all at once), a crashed controller, the HTTP endpoints, the upgrade
+controller inside the service, and bad configuration or kubeconfig (one line, exit 2)."""
 
 from __future__ import annotations
 
