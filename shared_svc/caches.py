@@ -131,7 +131,9 @@ def declare(config: Config) -> Caches:
 
 
 def registry(api: ApiClient, config: Config) -> Informers:
-    """The one registry of caches of a process, shared by its controllers."""
+    """The one registry of caches of a process, shared by its controllers, which only ask
+    it for caches and read them; the service hands its caches to the Manager
+    (``Informers.runnables``), which starts them before the controllers."""
     return Informers(
         api, backoff_max_seconds=min(CACHE_BACKOFF_MAX_SECONDS, config.backoff_max_seconds)
     )

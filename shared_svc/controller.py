@@ -84,7 +84,9 @@ class ServicesController:
         informers: Informers | None = None,
     ) -> None:
         self._api = api
-        # Caches shared with the upgrade controller when the runner passes its registry.
+        # Caches shared with the upgrade controller when the runner passes its registry
+        # (its Manager runs them); else this controller's own, run by ``run``.
+        self._owns_caches = informers is None
         self._shared = informers or caches.registry(api, config)
         self._config = config
         self._events = publisher_of(recorder, config, metrics)
@@ -111,7 +113,10 @@ class ServicesController:
         )
         self._rediscover = self.discovery.wake  # a 404 on the ServiceMonitor path: look now
         self._relists: dict[int, int] = {}  # id(informer) -> relists seen
-        self._informers: dict[str, Cache] = {}
+        # What planning reads, asked for now: the registry's caches start before ``run``.
+        self._informers: dict[str, Cache] = {
+            name: self._informer(resource) for name, resource in self._resources().items()
+        }
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
         self.reconciling = False
@@ -251,18 +256,22 @@ class ServicesController:
 
     def runnables(self) -> list[Runnable]:
         """ServiceMonitor discovery, then the controller (Runnables of the service's
-        Manager: on SIGTERM the controller stops first, then discovery and its cache)."""
+        Manager, after the shared registry's caches: on SIGTERM the controller stops
+        first, then discovery and its own ServiceMonitor cache, then the shared caches)."""
         return [self.discovery, self]
 
     # --- the loop ---
     async def run(self, stop: asyncio.Event) -> None:
-        self._informers = {name: self._informer(res) for name, res in self._resources().items()}
-        tasks = [asyncio.ensure_future(self._shared.run(i, stop)) for i in self._informers.values()]
-        tasks.append(
+        """Until ``stop``; then the reconcile in flight ends. The caches it reads are the
+        Manager's (started before, stopped after), or, made without the runner's registry
+        (tests), its own, run beside it. It reconciles once they are synced."""
+        tasks = [
             asyncio.ensure_future(
                 every(stop, lambda: self._config.resync_seconds, self.trigger, name="resync")
             )
-        )
+        ]
+        if self._owns_caches:
+            tasks.append(asyncio.ensure_future(self._shared.run(stop)))
         try:
             await self._runtime.run(stop)  # until stop; then the reconcile in flight ends
         finally:

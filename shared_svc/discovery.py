@@ -1,8 +1,13 @@
 """ServiceMonitor discovery for the Services controller, a Runnable of the Manager:
 whether the ServiceMonitor API is served (Prometheus Operator installed later, or
 removed), every ``discovery_seconds`` or at once when woken (a write met "404 page not
-found" on its path, or its cache saw the CRD go). Its cache is started and stopped with
-it."""
+found" on its path, or its cache saw the CRD go).
+
+Its ServiceMonitor cache is its own, not one of the shared registry's (which are the
+Manager's Runnables, fixed at start): it exists only while the API is served, made when
+discovery finds the API and stopped when the API goes or discovery stops (on SIGTERM
+after the controller, before the shared caches). Only the Services controller reads it.
+docs/architecture.md, "The Manager's runnables"."""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from shared_svc.wait.runnable import Runnable
+
 
 def make_app(
     *,
@@ -119,12 +121,10 @@ def make_runner(app: web.Application, *, client_timeout: float = CLIENT_TIMEOUT)
     )
 
 
-class HttpServer:
+class HttpServer(Runnable):
     """A Runnable that serves ``app`` on ``host:port`` (``make_runner``'s settings) until
     stopped; ``started`` is set once it listens, ``port`` is the port it listens on (the
-    one the OS picked for port 0)."""
-
-    needs_leader = False
+    one the OS picked for port 0). The protocol's defaults answer the rest."""
 
     def __init__(
         self,
@@ -156,15 +156,3 @@ class HttpServer:
         finally:
             await runner.cleanup()
             self.port = None
-
-    def ready(self) -> bool:
-        return True
-
-    def alive(self) -> bool:
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {}
-
-    def leadership_changed(self, leader: bool) -> None:
-        pass

@@ -2,9 +2,9 @@
 
 Every long-running part is a Runnable of one ``Manager`` (``shared_svc.runtime``),
 started in order and stopped in the reverse order on SIGTERM: the controllers stop taking
-new work and finish the reconcile in flight, then the guard monitor and the webhook
-server stop, then the Lease is released (a standby takes over at once), then the HTTP
-server closes; last the API client is closed.
+new work and finish the reconcile in flight, then ServiceMonitor discovery, the guard
+monitor and the webhook server stop, then the caches, then the Lease is released (a
+standby takes over at once), then the HTTP server closes; last the API client is closed.
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ class Service:
 
     def _build(self, api: ApiClient) -> list[Runnable]:
         """Every long-running part, as a Runnable of the Manager, in start order: the HTTP
-        server (probes answer from the start), the Lease, the admission guard (webhook
+        server (probes answer from the start), the Lease, the caches of the shared
+        registry (declared by the controllers built here), the admission guard (webhook
         server, certificate reload, monitor), then the controllers (ServiceMonitor
-        discovery, the Services controller, the upgrade controller)."""
+        discovery with its own cache, the Services controller, the upgrade controller)."""
         cfg = self.config
         self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
         self.events = EventPublisher(
@@ -170,6 +171,9 @@ class Service:
         parts: list[Runnable] = [self.http]
         if self.elector is not None:
             parts.append(self.elector)
+        # Every cache the controllers asked for, once: all listing at once, before the
+        # controllers that wait for them to sync, stopped after them.
+        parts += informers.runnables()
         if self.controller is not None:
             self.admission = AdmissionGuard(
                 api,

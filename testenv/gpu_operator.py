@@ -45,6 +45,7 @@ import yaml
 
 import testenv
 from testenv import PROJECT_CRDS, TESTENV_DIR, ControlPlane, ControlPlaneError
+from testenv.builds import cached_build
 
 BUILD_SCRIPT = TESTENV_DIR / "gpu-operator" / "build.sh"
 NAMESPACE = "gpu-operator"
@@ -128,22 +129,12 @@ def build() -> Path:
     """Runs the cached build (``nice -n 10``: it is heavy) once per process; returns the
     directory holding ``gpu-operator``, ``opt/gpu-operator/`` (its states), ``crds/`` and
     ``rbac/``. ``SHARED_SVC_GPU_OPERATOR_DIR`` names such a directory instead."""
-    override = os.environ.get("SHARED_SVC_GPU_OPERATOR_DIR")
-    if override:
-        return Path(override)
-    if not BUILD_SCRIPT.exists():
-        raise GpuOperatorError(f"{BUILD_SCRIPT} not found: gpu-operator needs a source checkout")
-    proc = subprocess.run(
-        ["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
+    return cached_build(
+        BUILD_SCRIPT,
+        override_env="SHARED_SVC_GPU_OPERATOR_DIR",
+        what="gpu-operator",
+        error=GpuOperatorError,
     )
-    if proc.returncode != 0:
-        raise GpuOperatorError(
-            f"gpu-operator build failed (exit {proc.returncode}); see the output above"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def start_control_plane(workdir: Path | None = None, **kwargs: Any) -> ControlPlane:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 import yaml
 
 from testenv import TESTENV_DIR, ControlPlane, ControlPlaneError, _spawn, _terminate, free_port
+from testenv.builds import cached_build
 
 BUILD_SCRIPT = TESTENV_DIR / "prometheus" / "build.sh"
 EXPORTER_PORT = 9400
@@ -102,20 +102,12 @@ class PrometheusError(ControlPlaneError):
 def build() -> Path:
     """Runs the cached build (``nice -n 10``) once per process; returns the directory holding
     ``prometheus``. ``SHARED_SVC_PROMETHEUS_DIR`` names such a directory instead."""
-    override = os.environ.get("SHARED_SVC_PROMETHEUS_DIR")
-    if override:
-        return Path(override)
-    if not BUILD_SCRIPT.exists():
-        raise PrometheusError(f"{BUILD_SCRIPT} not found: Prometheus needs a source checkout")
-    proc = subprocess.run(
-        ["nice", "-n", "10", "bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
+    return cached_build(
+        BUILD_SCRIPT,
+        override_env="SHARED_SVC_PROMETHEUS_DIR",
+        what="Prometheus",
+        error=PrometheusError,
     )
-    if proc.returncode != 0:
-        raise PrometheusError(f"Prometheus build failed (exit {proc.returncode}); see above")
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- exporter stand-ins

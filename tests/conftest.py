@@ -1,18 +1,22 @@
-"""Session fixture: a real etcd + kube-apiserver on 127.0.0.1 (see testenv)."""
+"""Session fixture: a real etcd + kube-apiserver on 127.0.0.1 (see testenv); module
+fixtures: a control plane with kube-controller-manager, the real gpu-operator."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
+from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
 from testenv import prometheus as prom_env
 from tests.kube import api_client, make_namespace, unique
-from tests.svc import Kube
+from tests.svc import Kube, running, service_config
 
 # gpu-operator's own ClusterPolicy and GPUCluster CRDs, kept in the repository (see its README).
 UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
@@ -60,17 +64,32 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item]
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[testenv.ControlPlane]:
-    """Started once per session; stopped at the end even when tests fail."""
+def _plane(what: str, **kwargs: Any) -> Iterator[testenv.ControlPlane]:
+    """A control plane (``testenv.start(**kwargs)``) until the fixture ends, stopped even
+    when tests fail; one that does not start fails the test in one line."""
     try:
-        cp = testenv.start()
+        cp = testenv.start(**kwargs)
     except testenv.ControlPlaneError as exc:
-        pytest.fail(f"test control plane did not start: {exc}", pytrace=False)
+        pytest.fail(f"{what} did not start: {exc}", pytrace=False)
     try:
         yield cp
     finally:
         cp.stop()
+
+
+@contextlib.asynccontextmanager
+async def _admin_client(cp: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
+    c = await api_client(cp)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[testenv.ControlPlane]:
+    """Started once per session; stopped at the end even when tests fail."""
+    yield from _plane("test control plane")
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +131,16 @@ def gpu_operator(
 @pytest.fixture
 async def api(control_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
     """An admin API client for one test."""
-    c = await api_client(control_plane)
-    try:
+    async with _admin_client(control_plane) as c:
         yield c
-    finally:
-        await c.close()
 
 
-@pytest.fixture
-async def kube(api: ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[Kube]:
-    """Admin helpers in a namespace of the test's own, with no ClusterPolicy/GPUCluster
-    before or after (the CRs are cluster-scoped and the API server is shared)."""
+@contextlib.asynccontextmanager
+async def _namespace_of_the_test(
+    api: ApiClient, request: pytest.FixtureRequest
+) -> AsyncIterator[Kube]:
+    """Admin helpers in a new namespace named after the test module, with no
+    ClusterPolicy/GPUCluster before or after (the CRs are cluster-scoped)."""
     prefix = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")[:20]
     k = Kube(api, await make_namespace(api, unique(prefix)))
     await k.clean_crs()
@@ -130,3 +148,42 @@ async def kube(api: ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[
         yield k
     finally:
         await k.clean_crs()
+
+
+@pytest.fixture
+async def kube(api: ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[Kube]:
+    """Admin helpers in a namespace of the test's own, with no ClusterPolicy/GPUCluster
+    before or after (the CRs are cluster-scoped and the API server is shared)."""
+    async with _namespace_of_the_test(api, request) as k:
+        yield k
+
+
+# --- a control plane of the module's own, with kube-controller-manager (its garbage
+# collector and EndpointSlice controller would otherwise act on every other test's
+# objects): tests/test_endpoints_gc.py, tests/test_scrape_prometheus.py ---
+
+
+@pytest.fixture(scope="module")
+def kcm_plane() -> Iterator[testenv.ControlPlane]:
+    yield from _plane("control plane with kube-controller-manager", controller_manager=True)
+
+
+@pytest.fixture
+async def kapi(kcm_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
+    """An admin API client of ``kcm_plane`` for one test."""
+    async with _admin_client(kcm_plane) as c:
+        yield c
+
+
+@pytest.fixture
+async def kk(kapi: ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[Kube]:
+    """``kube`` on ``kcm_plane``."""
+    async with _namespace_of_the_test(kapi, request) as k:
+        yield k
+
+
+@pytest.fixture
+async def svc(kcm_plane: testenv.ControlPlane, kk: Kube) -> AsyncIterator[Service]:
+    """shared-svc running on ``kcm_plane`` for ``kk``'s namespace."""
+    async with running(service_config(kcm_plane, kk.ns)) as service:
+        yield service

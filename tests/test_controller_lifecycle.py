@@ -1,26 +1,33 @@
 """The Services controller's process life: two replicas and the Lease handover, a graceful
-stop and SIGTERM, the order parts stop in, a crashed controller, the HTTP endpoints, the
-upgrade controller inside the service, and bad configuration or kubeconfig (one line,
-exit 2)."""
+stop and SIGTERM, the order parts start and stop in (the shared caches among them, each
+listed once and all at once), a crashed controller, the HTTP endpoints, the upgrade
+controller inside the service, and bad configuration or kubeconfig (one line, exit 2)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 import testenv
+from shared_svc import caches
 from shared_svc.controller import ServicesController
+from shared_svc.kube.registry import CacheRunnable
+from shared_svc.kube.writer import raw_request
 from shared_svc.service import Service
 from testenv import ControlPlane
+from tests.apiproxy import ThrottlingProxy, kubeconfig_via
 from tests.kube import eventually
 from tests.svc import (
     Kube,
@@ -147,6 +154,13 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def lease_of(kube: Kube, name: str) -> dict[str, Any]:
+    lease: dict[str, Any] = await raw_request(
+        kube.api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{name}"
+    )
+    return lease
+
+
 @pytest.mark.apiserver
 async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kube: Kube) -> None:
     cfg = service_config(
@@ -160,13 +174,7 @@ async def test_graceful_stop_releases_the_lease(control_plane: ControlPlane, kub
     )
     async with running(cfg) as svc:
         await eventually(lambda: _true(svc.is_leader()), timeout=10)
-    lease = await kube.api.call_api(
-        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/shared-svc",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={200: "object"},
-        _return_http_data_only=True,
-    )
+    lease = await lease_of(kube, "shared-svc")
     assert lease["spec"]["holderIdentity"] == ""
 
 
@@ -219,6 +227,89 @@ async def test_sigterm_finishes_and_exits_zero(
     assert "Traceback" not in log
 
 
+ListKey = tuple[str, str]  # (collection path, label selector) of a list request
+
+
+class ListingProxy(ThrottlingProxy):
+    """Counts the lists sent through it (``lists``: a GET of a collection with ``limit``,
+    not a watch) and holds each list of ``held`` until every one of them has arrived
+    (``most_in_flight``: how many were held at once; after ``HOLD_SECONDS`` a list goes on
+    anyway, so lists sent one after another are seen, not hung)."""
+
+    HOLD_SECONDS = 20.0
+
+    def __init__(self, cp: ControlPlane) -> None:
+        super().__init__(cp)
+        self.lists: Counter[ListKey] = Counter()
+        self.held: set[ListKey] = set()
+        self._in_flight: set[ListKey] = set()
+        self.most_in_flight = 0
+        self._all_in = asyncio.Event()
+
+    async def _handle(self, request: Any) -> Any:
+        query = request.query
+        if request.method == "GET" and "limit" in query and "watch" not in query:
+            key = (request.rel_url.path, query.get("labelSelector", ""))
+            self.lists[key] += 1
+            if key in self.held and not self._all_in.is_set():
+                self._in_flight.add(key)
+                self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
+                if self._in_flight == self.held:
+                    self._all_in.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._all_in.wait(), self.HOLD_SECONDS)
+        return await super()._handle(request)
+
+
+def list_keys(cache: CacheRunnable) -> set[ListKey]:
+    """The lists of one cache: one per label selector (a union: one per part)."""
+    r = cache.cache.resource
+    return {(r.path, selector) for selector in (r.any_of or (r.label_selector or "",))}
+
+
+@pytest.mark.apiserver
+async def test_every_cache_is_listed_once_and_all_at_once_though_both_controllers_read_some(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """The Manager starts the shared registry's caches (issue 21): DaemonSets and
+    ClusterPolicies, read by both controllers, are listed once; every cache's first list
+    is in flight before any is answered (start-up time, issue 22)."""
+    config = service_config(control_plane, kube.ns, upgrade_controller=True)
+    declared = caches.declare(config)
+    expected = [
+        declared.cluster_policies,
+        declared.gpu_clusters,
+        declared.services,
+        declared.daemonsets,
+        declared.pods,
+        *caches.node_resources("gpu"),
+    ]
+    proxy = await ListingProxy.start(control_plane)
+    proxy.held = {
+        (r.path, selector) for r in expected for selector in (r.any_of or (r.label_selector or "",))
+    }
+    config = config.model_copy(
+        update={"kubeconfig": str(kubeconfig_via(control_plane, proxy.url, tmp_path / "kc"))}
+    )
+    try:
+        async with running(config) as svc:
+            await eventually(lambda: _true(svc.ready()), timeout=40)
+            assert svc.manager is not None
+            cache_runnables = [r for r in svc.manager.runnables if isinstance(r, CacheRunnable)]
+            lists = dict(proxy.lists)
+    finally:
+        await proxy.close()
+    assert [c.cache.resource for c in cache_runnables] == expected, "each cache once"
+    assert (
+        set().union(*map(list_keys, cache_runnables))
+        == proxy.held
+        == {(declared.pods.path, s) for s in declared.pods.any_of}
+        | {(r.path, r.label_selector or "") for r in expected if not r.any_of}
+    )
+    assert {key: lists.get(key) for key in proxy.held} == dict.fromkeys(proxy.held, 1)
+    assert proxy.most_in_flight == len(proxy.held) == 9, "every cache lists at once"
+
+
 @pytest.mark.apiserver
 async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_lease(
     control_plane: ControlPlane, kube: Kube, tmp_path: Any
@@ -244,9 +335,19 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
         await eventually(lambda: asyncio.sleep(0, svc.is_leader() and svc.ready()), timeout=30)
         started = [r.name for r in svc.runnables()]
         assert svc.manager is not None and svc.manager.started.is_set()
+    # The caches of the shared registry, each once (DaemonSets and ClusterPolicies are read
+    # by both controllers), in the order first asked for, before their readers.
+    state, parked = (r.label_selector for r in caches.node_resources("gpu"))
     assert started == [
         "http",
         "lease",
+        "cache ClusterPolicy",
+        "cache GPUCluster",
+        f"cache Service in {kube.ns}",
+        "cache DaemonSet",
+        f"cache Pod in {kube.ns}",
+        f"cache Node ({state})",
+        f"cache Node ({parked})",
         "admission-webhook",
         "webhook-certificate",
         "admission-guard",
@@ -254,15 +355,11 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
         "shared-services",
         "upgrade",
     ]
+    # SIGTERM: the controllers first, then the guard's parts, then the caches, then the
+    # Lease (released), then the HTTP server.
     assert svc.manager.stopped == started[::-1]
     assert svc.elector is not None and not svc.elector.is_leader
-    lease = await kube.api.call_api(
-        f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/{config.lease_name}",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={200: "object"},
-        _return_http_data_only=True,
-    )
+    lease = await lease_of(kube, config.lease_name)
     assert lease["spec"]["holderIdentity"] == "", "released"
 
 

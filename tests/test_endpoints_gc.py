@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -21,9 +20,9 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from tests.endpoints import Timeline, recorded
-from tests.kube import api_client, eventually, make_namespace, unique
+from tests.kube import eventually
 from tests.kubelet import Kubelet
-from tests.svc import Kube, apiserver_write_count, cp_body, gc_body, running, service_config, settle
+from tests.svc import Kube, apiserver_write_count, cp_body, gc_body, settle
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.controller_manager]
 
@@ -33,45 +32,6 @@ DCGM_APPS = {
     "GPUCluster": ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"),
 }
 START_DELAY = 2.0  # seconds between a CR appearing and its pods being Ready
-
-
-@pytest.fixture(scope="module")
-def kcm_plane() -> Iterator[testenv.ControlPlane]:
-    try:
-        cp = testenv.start(controller_manager=True)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(
-            f"control plane with kube-controller-manager did not start: {exc}", pytrace=False
-        )
-    try:
-        yield cp
-    finally:
-        cp.stop()
-
-
-@pytest.fixture
-async def kapi(kcm_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
-    c = await api_client(kcm_plane)
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-@pytest.fixture
-async def kk(kapi: ApiClient) -> AsyncIterator[Kube]:
-    k = Kube(kapi, await make_namespace(kapi, unique("kcm")))
-    await k.clean_crs()
-    try:
-        yield k
-    finally:
-        await k.clean_crs()
-
-
-@pytest.fixture
-async def svc(kcm_plane: testenv.ControlPlane, kk: Kube) -> AsyncIterator[Service]:
-    async with running(service_config(kcm_plane, kk.ns)) as service:
-        yield service
 
 
 async def start_stack(

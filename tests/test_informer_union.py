@@ -83,7 +83,7 @@ async def test_the_pod_cache_holds_the_dcgm_pods_and_plans_as_every_pod_does(kub
     cache = registry.informer(caches.declare(config).pods, on_change=lambda: None)
     assert isinstance(cache, UnionInformer) and len(cache.parts) == 3
     stop = asyncio.Event()
-    task = asyncio.ensure_future(registry.run(cache, stop))
+    task = asyncio.ensure_future(registry.run(stop))
     try:
         await eventually(lambda: _true(cache.synced.is_set()), timeout=30)
         assert _names(cache) == WATCHED

@@ -11,7 +11,9 @@
   runtime, on ``wait/`` and ``k8s/``, as client-go's ``tools/cache`` on apimachinery);
 - both controllers run on the one runtime (``shared_svc.runtime``);
 - no class of ``shared_svc`` is over 300 lines, no function over 80 (issue 21: split by
-  concern).
+  concern);
+- each package of the table in docs/architecture.md ("Layers") imports of ``shared_svc``
+  only what its row allows: the doc and this test say one house.
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 """
@@ -19,6 +21,7 @@ Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -87,7 +90,7 @@ def test_the_layers_are_found() -> None:
     """The test reads real modules (a moved package would otherwise pass unnoticed)."""
     assert {p.stem for p in modules_under("k8s")} >= {"objects", "selectors", "events"}
     assert {p.stem for p in pure_core_modules()} >= {"planner", "selectors", "gate", "consumers"}
-    assert {p.stem for p in modules_under("wait")} >= {"loop", "ratelimit"}
+    assert {p.stem for p in modules_under("wait")} >= {"loop", "ratelimit", "runnable"}
     assert {p.stem for p in modules_under("kube")} >= {
         "reflector",
         "store",
@@ -161,3 +164,50 @@ def test_no_class_of_shared_svc_is_over_300_lines_nor_a_function_over_80() -> No
                     relative = path.relative_to(PACKAGE.parent)
                     too_long.append(f"{relative}:{node.lineno} {node.name} ({length} lines)")
     assert too_long == []
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+# The rows of the table, by their first cell: the modules each row speaks of.
+LAYER_ROWS = {
+    "k8s/": lambda: modules_under("k8s"),
+    "wait/": lambda: modules_under("wait"),
+    "reconcile/": lambda: modules_under("reconcile"),
+    "upgrade/ cores": lambda: [p for p in modules_under("upgrade") if p.stem not in UPGRADE_SHELL],
+    "kube/": lambda: modules_under("kube"),
+    "runtime/": lambda: modules_under("runtime"),
+}
+
+
+def layer_table() -> dict[str, set[str]]:
+    """docs/architecture.md's "Layers" table: package -> the shared_svc modules it may
+    import (``k8s/`` -> ``shared_svc.k8s``)."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        allowed = re.findall(r"`([^`]+)`", cells[2])
+        rows[cells[0].strip("`")] = {"shared_svc." + a.rstrip("/") for a in allowed}
+    return rows
+
+
+def test_the_architecture_table_names_every_guarded_layer() -> None:
+    assert set(layer_table()) == set(LAYER_ROWS)
+
+
+@pytest.mark.parametrize("row", sorted(LAYER_ROWS))
+def test_each_layer_imports_only_what_the_architecture_table_allows(row: str) -> None:
+    allowed = layer_table()[row]
+    for path in LAYER_ROWS[row]():
+        own = module_name(path).split(".")[:2]
+        outside = sorted(
+            m
+            for m in imports_of(path)
+            if within(m, "shared_svc")
+            and not within(m, ".".join(own))
+            and not any(within(m, a) for a in allowed)
+            and m != "shared_svc"
+        )
+        assert not outside, f"{module_name(path)} ({row}) imports {outside}"

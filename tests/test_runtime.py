@@ -18,6 +18,7 @@ from shared_svc.wait.ratelimit import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
 )
+from shared_svc.wait.runnable import Runnable
 
 
 def test_exponential_limiter_doubles_per_key_caps_and_forgets() -> None:
@@ -219,8 +220,8 @@ async def test_controller_cooldown_spaces_reruns_and_holds_events_during_backoff
     await asyncio.wait_for(task, 1)
 
 
-class Probe:
-    """A runnable that records when it runs."""
+class Probe(Runnable):
+    """A runnable that records when it runs (the protocol's defaults answer the rest)."""
 
     def __init__(self, name: str, needs_leader: bool, crash: bool = False) -> None:
         self.name = name
@@ -238,15 +239,6 @@ class Probe:
             await stop.wait()
         finally:
             self.running = False
-
-    def ready(self) -> bool:
-        return True
-
-    def alive(self) -> bool:
-        return True
-
-    def status(self) -> dict[str, object]:
-        return {}
 
     def leadership_changed(self, leader: bool) -> None:
         self.leader.append(leader)
@@ -424,3 +416,75 @@ async def test_a_periodic_part_stuck_in_one_step_is_not_alive() -> None:
     await _until(lambda: part.alive())
     stop.set()
     await asyncio.wait_for(task, 1)
+
+
+# --- the caches are Runnables of the Manager (issue 21) ---
+
+
+def test_a_part_says_only_what_differs_from_the_runnable_defaults() -> None:
+    from shared_svc.http import HttpServer
+    from shared_svc.kube.lease import LeaseElector
+
+    class Bare(Runnable):
+        name = "bare"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+
+    bare = Bare()
+    assert (bare.needs_leader, bare.ready(), bare.alive(), bare.status()) == (
+        False,
+        True,
+        True,
+        {},
+    )
+    assert bare.leadership_changed(True) is None
+    # The HTTP server and the Lease (kube/, below the runtime) take them from the protocol.
+    for part in (HttpServer, LeaseElector, Periodic):
+        assert part.leadership_changed is Runnable.leadership_changed, part
+        assert part.ready is Runnable.ready, part
+
+
+def test_each_declared_cache_is_one_runnable_ready_once_synced() -> None:
+    from shared_svc import caches
+    from shared_svc.config import Config
+    from shared_svc.kube.registry import CacheRunnable, Informers
+
+    registry = Informers(object())  # type: ignore[arg-type]  # caches made, not run
+    declared = caches.declare(Config(upgrade_controller=True))
+    changes: list[str] = []
+    first = registry.informer(declared.daemonsets, on_change=lambda: changes.append("a"))
+    second = registry.informer(declared.daemonsets, on_change=lambda: changes.append("b"))
+    registry.informer(declared.pods, on_change=lambda: None)
+    assert first is second
+    runnables = registry.runnables()
+    assert [type(r) for r in runnables] == [CacheRunnable, CacheRunnable]
+    assert [r.name for r in runnables] == ["cache DaemonSet", "cache Pod in gpu-operator"]
+    daemonsets = runnables[0]
+    assert daemonsets.cache is first and not daemonsets.ready() and daemonsets.alive()
+    first.synced.set()
+    assert daemonsets.ready()
+    # Once handed to their runner, a reader may still share a cache, not add one (it would
+    # never run).
+    assert registry.informer(declared.daemonsets, on_change=lambda: None) is first
+    with pytest.raises(RuntimeError, match="cache Service in gpu-operator asked for after"):
+        registry.informer(declared.services, on_change=lambda: None)
+
+
+async def test_a_cache_that_ends_unexpectedly_ends_the_manager_as_a_crash() -> None:
+    from shared_svc.kube.registry import CacheRunnable
+    from shared_svc.kube.resources import Resource
+
+    class Ending:
+        resource = Resource("", "v1", "pods", "Pod", namespace="ns")
+        synced = asyncio.Event()
+
+        async def run(self, stop: asyncio.Event) -> None:
+            return None  # not asked to
+
+    controller = Probe("controller", False)
+    cache = CacheRunnable(Ending())  # type: ignore[arg-type]
+    manager = Manager([cache, controller], lambda: True)
+    crashed = await asyncio.wait_for(manager.run(asyncio.Event()), 1)
+    assert [str(e) for e in crashed] == ["cache Pod in ns ended unexpectedly"]
+    assert manager.stopped == ["controller", "cache Pod in ns"] and not controller.running

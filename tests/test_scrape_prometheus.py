@@ -36,9 +36,9 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from testenv import prometheus as prom_env
-from tests.kube import api_client, eventually, make_namespace, unique
+from tests.kube import eventually
 from tests.kubelet import Kubelet
-from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.svc import Kube, cp_body, gc_body, settle
 
 pytestmark = [
     pytest.mark.apiserver,
@@ -53,18 +53,6 @@ SAMPLE_SECONDS = 0.5
 # missing from (or doubled in) a job's targets.
 REFRESH_SAMPLES = math.ceil((prom_env.REFRESH_SECONDS + 1.0) / SAMPLE_SECONDS)
 JOBS = tuple(prom_env.JOBS)
-
-
-@pytest.fixture(scope="module")
-def kcm_plane() -> Iterator[testenv.ControlPlane]:
-    try:
-        cp = testenv.start(controller_manager=True)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"control plane with kube-controller-manager did not start: {exc}")
-    try:
-        yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
@@ -88,31 +76,6 @@ def prometheus(
         yield prom
     finally:
         prom.stop()
-
-
-@pytest.fixture
-async def kapi(kcm_plane: testenv.ControlPlane) -> AsyncIterator[ApiClient]:
-    c = await api_client(kcm_plane)
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
-@pytest.fixture
-async def kk(kapi: ApiClient) -> AsyncIterator[Kube]:
-    k = Kube(kapi, await make_namespace(kapi, unique("scrape")))
-    await k.clean_crs()
-    try:
-        yield k
-    finally:
-        await k.clean_crs()
-
-
-@pytest.fixture
-async def svc(kcm_plane: testenv.ControlPlane, kk: Kube) -> AsyncIterator[Service]:
-    async with running(service_config(kcm_plane, kk.ns)) as service:
-        yield service
 
 
 @dataclass

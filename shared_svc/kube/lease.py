@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.kube.writer import describe_error, object_path, raw_request
 from shared_svc.wait.loop import repeat
+from shared_svc.wait.runnable import Runnable
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class LeaseElector:
+class LeaseElector(Runnable):
     def __init__(
         self,
         api: ApiClient,
@@ -187,21 +188,9 @@ class LeaseElector:
         self.transitions = transitions
         return True
 
-    # --- the Runnable (shared_svc.runtime.runnable): started first, stopped last ---
+    # --- the Runnable (wait.runnable; the protocol's defaults answer the rest): started
+    # right after the HTTP server, stopped (released) after everything that writes ---
     name = "lease"
-    needs_leader = False
-
-    def ready(self) -> bool:
-        return True
-
-    def alive(self) -> bool:
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {}
-
-    def leadership_changed(self, leader: bool) -> None:
-        pass
 
     async def run(self, stop: asyncio.Event) -> None:
         """Campaigns and renews until ``stop``; then releases the Lease if held."""

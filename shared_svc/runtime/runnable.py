@@ -1,7 +1,8 @@
 """Runnables, the controller helper that runs workers over a work queue, and the manager.
 
-A :class:`Runnable` runs until its ``stop`` event is set and answers ``ready()`` (caches
-synced), ``alive()`` (not wedged), ``status()`` (for ``/status``) and
+A :class:`Runnable` (the protocol, with its defaults, is ``wait.runnable``'s: parts in
+``kube/`` are Runnables too) runs until its ``stop`` event is set and answers ``ready()``
+(caches synced), ``alive()`` (not wedged), ``status()`` (for ``/status``) and
 ``leadership_changed()``. One whose ``needs_leader`` is true runs only while this replica
 leads (the :class:`Manager` starts and stops it); one that plans on a standby too (both
 controllers: warm caches, take over at once) runs always and gates its own writes.
@@ -20,12 +21,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import RateLimiter
+from shared_svc.wait.runnable import Runnable as Runnable  # the protocol, below kube/
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +37,6 @@ K = TypeVar("K", bound=Hashable)
 # not alive (/livez fails, the kubelet restarts the pod).
 STALL_SECONDS = 120.0
 DRAIN_SECONDS = 30.0  # how long a stop waits for the keys in flight
-
-
-class Runnable(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def needs_leader(self) -> bool: ...
-    async def run(self, stop: asyncio.Event) -> None: ...
-    def ready(self) -> bool: ...
-    def alive(self) -> bool: ...
-    def status(self) -> dict[str, Any]: ...
-    def leadership_changed(self, leader: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -213,7 +203,7 @@ async def every(
     await repeat(stop, fn, seconds, name=name, at_once=False)
 
 
-class Periodic:
+class Periodic(Runnable):
     """A :class:`Runnable` that calls ``step`` at once and then every ``seconds()`` (or when
     ``wake`` is set) until stopped, then awaits ``on_stop``. For the parts that only look
     again from time to time: the Lease, the guard monitor, the certificate reload,
@@ -259,9 +249,6 @@ class Periodic:
                 await self._on_stop()
             self.stopped = True
 
-    def ready(self) -> bool:
-        return True
-
     def alive(self) -> bool:
         """Not stuck in one step for longer than ``STALL_SECONDS`` (/livez)."""
         since = self._in_step_since
@@ -269,9 +256,6 @@ class Periodic:
 
     def status(self) -> dict[str, Any]:
         return self._status() if self._status is not None else {}
-
-    def leadership_changed(self, leader: bool) -> None:
-        pass
 
 
 def _started_event(runnable: Runnable) -> asyncio.Event | None:
@@ -285,9 +269,12 @@ class Manager:
 
     They start in the order given, each one that has a ``started`` event only after the
     one before it has started (the HTTP server listens before the Lease is campaigned
-    for), and stop in the reverse order, each after the one after it has finished (the
-    controllers finish their reconcile in flight, then the Lease is released, then the
-    servers close). ``started`` is set once every runnable has started.
+    for); the others start at once, one after the other without waiting (the caches all
+    list at once, and the controllers after them wait for the caches they read to
+    sync). They stop in the reverse order, each after the one after it has finished (the
+    controllers finish their reconcile in flight, then the caches stop, then the Lease
+    is released, then the servers close). ``started`` is set once every runnable has
+    started.
     """
 
     def __init__(self, runnables: Sequence[Runnable], is_leader: Callable[[], bool]) -> None:

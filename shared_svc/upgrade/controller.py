@@ -206,10 +206,11 @@ class UpgradeController:
         }
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``; then the nodes in flight are finished (bounded). The caches and
-        the gate review run beside the workers, which start once the caches are synced (a
-        node is never planned without its DaemonSets); a cache that ends unexpectedly ends
-        the controller (the runner exits non-zero and Kubernetes restarts the pod)."""
+        """Until ``stop``; then the nodes in flight are finished (bounded). The caches it
+        reads are the Manager's (the runner's registry: started before, stopped after);
+        an io of its own (tests) runs its caches here, and one that ends unexpectedly
+        ends the controller. The gate review runs beside the workers, which start once
+        the caches are synced (a node is never planned without its DaemonSets)."""
         resync = self._config.upgrade_resync_seconds
         io = asyncio.ensure_future(self._io.run(stop))
         helpers = [

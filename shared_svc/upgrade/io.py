@@ -23,7 +23,7 @@ from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
 from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.registry import Cache, Informers, gather_until
+from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.store import EventHandler
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request
@@ -162,7 +162,9 @@ class KubeUpgradeIO:
         self._driver = driver_name
         # Every write waits for one of its tokens (``upgrade_write_limiter``).
         self._writes = write_limiter
-        # Shared with the Services controller when the runner passes its registry.
+        # Shared with the Services controller when the runner passes its registry (its
+        # Manager runs the caches); else this io's own, run by ``run``.
+        self._owns_registry = informers is None
         self._registry = informers or Informers(api)
         state_nodes, parked_nodes = node_resources(driver_name)
         # Node changes reach the controller as events (``add_node_handler``) only;
@@ -187,7 +189,12 @@ class KubeUpgradeIO:
         return self._cluster_policies.items()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await gather_until(stop, [self._registry.run(i, stop) for i in self._informers])
+        """Until ``stop``: runs the caches of this io's own registry (no Manager: tests,
+        tools); the runner's registry's caches are its Manager's Runnables."""
+        if self._owns_registry:
+            await self._registry.run(stop)
+        else:
+            await stop.wait()
 
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self._informers)
