@@ -17,7 +17,6 @@ already gone count as removed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -160,27 +159,10 @@ def _register_remove(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace, body: Callable[[Any], Awaitable[T]]) -> T:
-    """Connect (shared_svc.kubeconfig: --kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster),
-    run ``body(api)``, close; API trouble is one line."""
-    from aiohttp import ClientError
-    from kubernetes_asyncio.client.exceptions import ApiException
+    """Connect, run ``body(api)``, close; API trouble is one line (``commands.api``)."""
+    from shared_svc.commands.api import with_api
 
-    from shared_svc.commands.upgrade import _api_message
-    from shared_svc.kubeconfig import api_client
-
-    async def main() -> T:
-        api = await api_client(args.kubeconfig)
-        try:
-            return await body(api)
-        finally:
-            await api.close()
-
-    try:
-        return asyncio.run(main())
-    except ApiException as exc:
-        raise UsageError(f"the API server refused: {exc.status} {_api_message(exc)}") from None
-    except (TimeoutError, ClientError, OSError) as exc:
-        raise UsageError(f"cannot reach the API server: {exc or type(exc).__name__}") from None
+    return with_api(args.kubeconfig, body)
 
 
 def _status(exc: BaseException) -> int | None:

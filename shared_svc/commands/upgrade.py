@@ -20,7 +20,6 @@ the GPU. It reads what the service decided; it never re-decides with local setti
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import json
 import os
@@ -36,7 +35,6 @@ from shared_svc.k8s.labels import is_object_name
 
 if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that connect
     from kubernetes_asyncio.client import ApiClient
-    from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.k8s.selectors import Selector
     from shared_svc.upgrade.planner import NodeStatus
@@ -125,33 +123,11 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _run(args: argparse.Namespace, body: Callable[[ApiClient, Config], Awaitable[T]]) -> T:
-    """Connect, run ``body(api, config)``, close; API trouble becomes one line, not a traceback."""
-    from aiohttp import ClientError
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    from shared_svc.kubeconfig import api_client
+    """Connect, run ``body(api, config)``, close; API trouble is one line (``commands.api``)."""
+    from shared_svc.commands.api import with_api
 
     config = _config(args)
-
-    async def main() -> T:
-        api = await api_client(config.kubeconfig)
-        try:
-            return await body(api, config)
-        finally:
-            await api.close()
-
-    try:
-        return asyncio.run(main())
-    except ApiException as exc:
-        raise UsageError(f"the API server refused: {exc.status} {_api_message(exc)}") from None
-    except (TimeoutError, ClientError, OSError) as exc:
-        raise UsageError(f"cannot reach the API server: {exc or type(exc).__name__}") from None
-
-
-def _api_message(exc: ApiException) -> str:
-    from shared_svc.kube.writer import status_of
-
-    return str(status_of(exc).get("message") or exc.reason)
+    return with_api(config.kubeconfig, lambda api: body(api, config))
 
 
 def _consumer_selector(config: Config) -> Selector:
