@@ -64,7 +64,7 @@ def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
     return "none"
 
 
-class GuardMonitor:
+class GuardMonitor(Runnable):
     def __init__(
         self,
         api: ApiClient,
@@ -221,10 +221,9 @@ class GuardMonitor:
             key=f"{MISSING_REASON}/{self._ns}",
         )
 
-    # --- the Runnable (shared_svc.runtime.runnable): lists as a standby too; only the
-    # leader sends its Warnings ---
+    # --- the Runnable (shared_svc.wait.runnable; its defaults: ready, alive, deaf to
+    # leadership): lists as a standby too; only the leader sends its Warnings ---
     name = "admission-guard"
-    needs_leader = False
 
     async def run(self, stop: asyncio.Event) -> None:
         await repeat(stop, self._check_logged, lambda: self._interval, name=self.name)
@@ -234,15 +233,6 @@ class GuardMonitor:
             await self.check()
         except Exception as exc:  # never ends the service: /status shows the error
             log.warning("admission guard check failed", extra={"error": str(exc)})
-
-    def ready(self) -> bool:
-        return True
-
-    def alive(self) -> bool:
-        return True
-
-    def leadership_changed(self, leader: bool) -> None:
-        pass
 
     def status(self) -> dict[str, Any]:
         return {
