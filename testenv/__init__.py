@@ -52,20 +52,14 @@ def free_port() -> int:
 
 def build_binaries() -> Path:
     """Runs the cached Go build; returns the directory with ``etcd`` and ``kube-apiserver``."""
-    override = os.environ.get("SHARED_SVC_TESTENV_BIN")
-    if override:
-        return Path(override)
-    script = TESTENV_DIR / "build.sh"
-    if not script.exists():
-        raise ControlPlaneError(
-            f"{script} not found: the test control plane needs a source checkout"
-        )
-    proc = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
-    if proc.returncode != 0:
-        raise ControlPlaneError(
-            f"testenv build failed (exit {proc.returncode}); see the output above"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    from testenv.builds import cached_build
+
+    return cached_build(
+        TESTENV_DIR / "build.sh",
+        override_env="SHARED_SVC_TESTENV_BIN",
+        what="the test control plane",
+        error=ControlPlaneError,
+    )
 
 
 def _insecure_context() -> ssl.SSLContext:
