@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.decode import Decoder
 
 # Media types of answers (``Accept``): whole objects, or the API server's own
 # PartialObjectMetadata (one object, or each object of a watch) and its list.
@@ -85,6 +86,10 @@ class Resource:
     # each, merged into one store (``kube.union.UnionInformer``). Disjoint selectors keep
     # each object once.
     any_of: tuple[str, ...] = ()
+    # Decodes list pages and watch events into the fields ``project`` (or
+    # ``metadata_view``) reads, the rest skipped (``kube.decode``); None: ``json.loads``.
+    # One instance per shape (a module constant): declarations compare by it.
+    decoder: Decoder | None = None
 
     @property
     def gvr(self) -> GVR:
