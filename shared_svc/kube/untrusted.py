@@ -42,7 +42,11 @@ def json_depth(raw: bytes) -> int:
     when they are all gone the passes are the depth; a text whose brackets do not pair
     (not JSON) is counted by the running sum."""
     bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
-    brackets = b"".join(bare.split(b'"')[::2])
+    # Two adjacent quotes have no bracket between them: dropping them changes no other
+    # bracket's side of a string (the quotes before it stay even or odd). Nearly every
+    # quote goes so; of the few left (strings holding brackets), every other part.
+    bare = bare.replace(b'""', b"")
+    brackets = b"".join(bare.split(b'"')[::2]) if b'"' in bare else bare
     rest, passes = brackets.translate(_SQUARE), 0
     while rest and passes <= _MAX_PASSES:
         inner = rest.replace(b"[]", b"")
