@@ -39,7 +39,10 @@ the runtime's (``shared_svc.runtime.source``).
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
-planners read are kept and the whole object is dropped at once; what repeats across
+planners read are kept and the whole object is dropped at once; a resource with a
+``decoder`` (``kube.decode``: msgspec) builds only the fields its projection reads from
+the page's bytes, the rest skipped, not built, and leaves to ``json.loads`` any text it
+could read differently (the same kept objects, the same errors); what repeats across
 objects (label sets, conditions, strings) is kept once (:class:`SharedValues`). A ``metadata_only``
 resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
 only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
