@@ -1,7 +1,7 @@
-"""The caches' decoders (``kube.decode``: msgspec, the fields a projection reads, the rest
-skipped) keep what ``json.loads`` and the projection keep, or leave the page or event to
+"""The caches' decoders (``kube.decode``: msgspec, the fields a projection or a metadata
+view reads, the rest skipped) keep what ``json.loads`` and the projection keep, or leave the page or event to
 them: the same kept objects, keys, resourceVersions and continue token, the same pruned
-objects, the same error, for any list page or watch event of pods or DaemonSets, wrong
+objects, the same error, for any list page or watch event of pods, DaemonSets or metadata-only nodes, wrong
 types and hostile text included (issue 22)."""
 
 from __future__ import annotations
@@ -17,12 +17,26 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from proptests.strategies import json_values, set_at
 from proptests.test_plan_json_props import DROPPED, FORMATS, HOLE, HOSTILE, pod_texts
 from proptests.test_projection_props import PATHS as DS_PATHS
-from shared_svc.caches import ALL_DAEMONSETS, operator_pods
+from shared_svc.caches import ALL_DAEMONSETS, node_resources, operator_pods
 from shared_svc.kube.reflector import Listed, Resource, read_page, watch_event
 from shared_svc.kube.store import key_of
-from tests.realistic import api_daemonset, api_pod
+from tests.realistic import _fields, api_daemonset, api_node_labels, api_node_status, api_pod
 
 PODS = operator_pods("gpu-operator")
+NODES = node_resources("gpu")[0]
+RESOURCES = st.sampled_from([PODS, ALL_DAEMONSETS, NODES])
+NODE_PATHS = (
+    ("metadata",),
+    ("metadata", "name"),
+    ("metadata", "labels"),
+    ("metadata", "annotations"),
+    ("metadata", "uid"),
+    ("metadata", "resourceVersion"),
+    ("metadata", "managedFields"),
+    ("metadata", "zzz"),  # not a field of ObjectMeta: read the exact way
+    ("kind",),
+    ("zzz",),
+)
 EVENT_TYPES = st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", "OTHER"])
 
 
@@ -46,8 +60,46 @@ def daemonset_texts(draw: st.DrawFn, fmt: dict[str, Any]) -> str:
     return text
 
 
+@st.composite
+def node_texts(draw: st.DrawFn, fmt: dict[str, Any]) -> str:
+    """A Node as PartialObjectMetadata (its managedFields too), odd values and hostile text."""
+    name = draw(st.sampled_from(["node-0", "node-1"]))
+    status = api_node_status(name)
+    node: Any = {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {
+            "name": name,
+            "uid": "6f1c",
+            "resourceVersion": "812",
+            "creationTimestamp": "2026-12-01T12:00:00Z",
+            "labels": api_node_labels(name),
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": [
+                {
+                    "manager": "kubelet",
+                    "operation": "Update",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": _fields({"status": status}),
+                    "subresource": "status",
+                }
+            ],
+        },
+    }
+    for _ in range(draw(st.integers(0, 3))):
+        set_at(node, draw(st.sampled_from(NODE_PATHS)), draw(json_values | st.floats()))
+    for _ in range(draw(st.integers(0, 2))):
+        set_at(node, draw(st.sampled_from(NODE_PATHS)), HOLE)
+    text = json.dumps(node, allow_nan=True, **fmt)
+    while json.dumps(HOLE) in text:
+        text = text.replace(json.dumps(HOLE), draw(HOSTILE), 1)
+    return text
+
+
 def objects(resource: Resource, fmt: dict[str, Any]) -> st.SearchStrategy[str]:
-    return pod_texts(fmt) if resource.kind == "Pod" else daemonset_texts(fmt)
+    if resource.kind == "Pod":
+        return pod_texts(fmt)
+    return daemonset_texts(fmt) if resource.kind == "DaemonSet" else node_texts(fmt)
 
 
 LIST_METAS = st.sampled_from(
@@ -64,7 +116,7 @@ LIST_METAS = st.sampled_from(
 
 @st.composite
 def pages(draw: st.DrawFn) -> tuple[Resource, bytes]:
-    resource = draw(st.sampled_from([PODS, ALL_DAEMONSETS]))
+    resource = draw(RESOURCES)
     fmt = draw(FORMATS)
     items = draw(st.lists(objects(resource, fmt), max_size=3))
     body = (
@@ -78,7 +130,7 @@ def pages(draw: st.DrawFn) -> tuple[Resource, bytes]:
 
 @st.composite
 def events(draw: st.DrawFn) -> tuple[Resource, bytes]:
-    resource = draw(st.sampled_from([PODS, ALL_DAEMONSETS]))
+    resource = draw(RESOURCES)
     obj = draw(
         objects(resource, draw(FORMATS))
         | st.sampled_from(

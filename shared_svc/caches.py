@@ -22,6 +22,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.projections import DAEMONSET_READS, daemonset_fields
 from shared_svc.kube.decode import ALL, Decoder
 from shared_svc.kube.registry import Informers
+from shared_svc.kube.resources import METADATA_DECODER as METADATA
 from shared_svc.kube.resources import Resource
 from shared_svc.reconcile.names import APP_LABEL, COMMON_LABEL, DRA_APP, LEGACY_APP
 from shared_svc.reconcile.selectors import pod_fields
@@ -78,8 +79,12 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     node's status is 10-30 KiB, rewritten by its kubelet)."""
     state, parked = state_label_key(driver_name), parked_label_key(driver_name)
     return (
-        Resource("", "v1", "nodes", "Node", label_selector=state, metadata_only=True),
-        Resource("", "v1", "nodes", "Node", label_selector=parked, metadata_only=True),
+        Resource(
+            "", "v1", "nodes", "Node", label_selector=state, metadata_only=True, decoder=METADATA
+        ),
+        Resource(
+            "", "v1", "nodes", "Node", label_selector=parked, metadata_only=True, decoder=METADATA
+        ),
     )
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
-from proptests.test_cache_decode_props import PODS, event_outcome, exact, page_outcome
+from proptests.test_cache_decode_props import NODES, PODS, event_outcome, exact, page_outcome
 from shared_svc.caches import POD_DECODER
+from shared_svc.kube.resources import METADATA_DECODER
 from shared_svc.kube.untrusted import MAX_DEPTH
 from tests.realistic import api_pod
 
@@ -89,3 +91,31 @@ def test_an_error_event_raises_as_before() -> None:
     assert POD_DECODER.event(raw) is None
     assert event_outcome(raw, PODS) == event_outcome(raw, exact(PODS))
     assert event_outcome(raw, PODS)[:2] == ("raised", 500)
+
+
+NODE = {
+    "kind": "PartialObjectMetadata",
+    "apiVersion": "meta.k8s.io/v1",
+    "metadata": {
+        "name": "node-0",
+        "resourceVersion": "9",
+        "labels": {"a": "b"},
+        "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+    },
+}
+
+
+def test_a_metadata_only_node_is_decoded_without_building_its_managed_fields() -> None:
+    raw = json.dumps({"type": "MODIFIED", "object": NODE}).encode()
+    event = METADATA_DECODER.event(raw)
+    assert event is not None
+    assert isinstance(event["object"]["metadata"]["managedFields"], msgspec.Raw)
+    assert event_outcome(raw, NODES) == event_outcome(raw, exact(NODES))
+    assert "managedFields" not in event_outcome(raw, NODES)[3]["metadata"]
+
+
+def test_a_metadata_key_outside_object_meta_is_read_the_exact_way() -> None:
+    node = {**NODE, "metadata": {**NODE["metadata"], "zzz": 1}}
+    raw = json.dumps({"type": "MODIFIED", "object": node}).encode()
+    assert METADATA_DECODER.event(raw) is None
+    assert event_outcome(raw, NODES)[3]["metadata"]["zzz"] == 1

@@ -36,7 +36,19 @@ ALL: Any = None
 
 Shape = Any
 """``ALL``, ``{key: Shape}`` (a mapping: those keys of it, each of its shape) or
-``[Shape]`` (a list, each item of the shape). The same convention as ``manifests.Shape``."""
+``[Shape]`` (a list, each item of the shape). The same convention as ``manifests.Shape``;
+besides, :class:`Closed` and :data:`SKIP`."""
+
+SKIP: Any = msgspec.Raw
+"""In a :class:`Closed` shape: a key whose value is parsed, not built (a ``msgspec.Raw``
+left in the decoded mapping, for the projection to drop)."""
+
+
+class Closed(dict[str, Any]):
+    """A mapping shape of every key the mapping may have: a text whose mapping holds
+    another is read the exact way (msgspec's ``forbid_unknown_fields``). For a projection
+    that keeps every key but a few (``metadata_view``): the few are :data:`SKIP`."""
+
 
 # Each object's identity and version: the key and the resourceVersion of the cache.
 _IDENTITY: Shape = {"metadata": {"name": ALL, "namespace": ALL, "resourceVersion": ALL}}
@@ -51,9 +63,9 @@ def merge(a: Shape, b: Shape) -> Shape:
     if isinstance(a, list) and isinstance(b, list):
         return [merge(a[0], b[0])]
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return {
-            k: merge(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}
-        }
+        keys = {**a, **b}
+        out = {k: merge(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in keys}
+        return Closed(out) if isinstance(a, Closed) or isinstance(b, Closed) else out
     raise ValueError(f"shapes of different kinds: {a!r}, {b!r}")
 
 
@@ -62,6 +74,8 @@ def _struct(shape: Shape, name: str) -> Any:
     are all optional (UNSET when absent, left out by ``to_builtins``)."""
     if shape is ALL:
         return Any
+    if shape is SKIP:
+        return msgspec.Raw
     if isinstance(shape, list):
         return list[_struct(shape[0], name)]  # type: ignore[misc]
     fields = []
@@ -69,7 +83,7 @@ def _struct(shape: Shape, name: str) -> Any:
         kind = _struct(sub, f"{name}_{key}")
         typ = Any if kind is Any else kind | UnsetType
         fields.append((f"f_{key}", typ, msgspec.field(default=UNSET, name=key)))
-    return msgspec.defstruct(name, fields)
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=isinstance(shape, Closed))
 
 
 class Decoder:
@@ -121,5 +135,5 @@ class Decoder:
             value = decoder.decode(raw)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return None
-        # Plain dicts and lists in the structs' order, unset fields left out.
-        return msgspec.to_builtins(value)
+        # Plain dicts and lists in the structs' order, unset fields left out, SKIP's as Raw.
+        return msgspec.to_builtins(value, builtin_types=(msgspec.Raw,))
