@@ -59,3 +59,22 @@ def test_escapes_next_to_quotes_and_brackets() -> None:
     ):
         raw = json.dumps(value).encode()
         assert json_depth(raw) == depth(value), raw
+
+
+_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+
+
+def running_sum_depth(raw: bytes) -> int:
+    """The implementation before issue 22's passes: strings cut by splitting on every
+    quote, then the running sum of the brackets left."""
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _QUOTE_OR_BRACKET)
+    brackets = b"".join(bare.split(b'"')[::2])
+    return max(accumulate(1 if b in b"[{" else -1 for b in brackets), default=0)
+
+
+@given(st.binary() | st.text(alphabet='"\\[]{}ax', max_size=40).map(str.encode))
+def test_json_depth_of_any_text_is_what_the_running_sum_gave(raw: bytes) -> None:
+    """Not JSON too (unpaired brackets or quotes, stray escapes): the depth decides whether
+    a text is pruned before it is parsed, so a text ``json.loads`` refuses must be refused
+    with the same error as before."""
+    assert json_depth(raw) == running_sum_depth(raw)

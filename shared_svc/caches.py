@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.config import Config
-from shared_svc.k8s.projections import daemonset_fields
+from shared_svc.k8s.projections import DAEMONSET_READS, daemonset_fields
+from shared_svc.kube.decode import ALL, Decoder
 from shared_svc.kube.registry import Informers
+from shared_svc.kube.resources import METADATA_DECODER as METADATA
 from shared_svc.kube.resources import Resource
 from shared_svc.reconcile.names import APP_LABEL, COMMON_LABEL, DRA_APP, LEGACY_APP
 from shared_svc.reconcile.selectors import pod_fields
@@ -37,10 +39,30 @@ GPU_CLUSTERS = Resource(
 )
 
 
+# What is decoded of each object (kube.decode; the rest of the text is skipped): the
+# fields its projection reads (proptests/test_cache_decode_props.py: the same kept objects).
+DAEMONSET_DECODER = Decoder(DAEMONSET_READS)
+POD_DECODER = Decoder(
+    {
+        "apiVersion": ALL,
+        "kind": ALL,
+        "metadata": dict.fromkeys(("name", "namespace", "labels", "deletionTimestamp"), ALL),
+        "spec": {"nodeName": ALL},
+        "status": {"conditions": [{"type": ALL, "status": ALL}]},
+    }
+)
+
+
 def daemonsets(namespace: str | None) -> Resource:
     """DaemonSets of ``namespace`` (None: all namespaces), kept as ``daemonset_fields``."""
     return Resource(
-        "apps", "v1", "daemonsets", "DaemonSet", namespace=namespace, project=daemonset_fields
+        "apps",
+        "v1",
+        "daemonsets",
+        "DaemonSet",
+        namespace=namespace,
+        project=daemonset_fields,
+        decoder=DAEMONSET_DECODER,
     )
 
 
@@ -57,8 +79,12 @@ def node_resources(driver_name: str) -> tuple[Resource, Resource]:
     node's status is 10-30 KiB, rewritten by its kubelet)."""
     state, parked = state_label_key(driver_name), parked_label_key(driver_name)
     return (
-        Resource("", "v1", "nodes", "Node", label_selector=state, metadata_only=True),
-        Resource("", "v1", "nodes", "Node", label_selector=parked, metadata_only=True),
+        Resource(
+            "", "v1", "nodes", "Node", label_selector=state, metadata_only=True, decoder=METADATA
+        ),
+        Resource(
+            "", "v1", "nodes", "Node", label_selector=parked, metadata_only=True, decoder=METADATA
+        ),
     )
 
 
@@ -89,6 +115,7 @@ def operator_pods(namespace: str) -> Resource:
         namespace=namespace,
         project=pod_fields,
         any_of=dcgm_pod_selectors(),
+        decoder=POD_DECODER,
     )
 
 

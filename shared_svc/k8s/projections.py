@@ -25,6 +25,23 @@ _DS_STATUS = (
 )
 
 
+_DS_TEMPLATE_SPEC = ("affinity", "nodeSelector")
+
+DAEMONSET_READS = {
+    "apiVersion": None,
+    "kind": None,
+    "metadata": dict.fromkeys(_DS_METADATA),
+    "status": dict.fromkeys(_DS_STATUS),
+    "spec": {
+        "selector": None,
+        "updateStrategy": None,
+        "template": {"metadata": {"labels": None}, "spec": dict.fromkeys(_DS_TEMPLATE_SPEC)},
+    },
+}
+"""What :func:`daemonset_fields` reads of a DaemonSet, as a shape (``kube.decode.Shape``:
+None is a value whole): a cache decodes only these from the wire."""
+
+
 def daemonset_fields(daemonset: K8sObject) -> K8sObject:
     """The parts of a DaemonSet that planning reads, as they are (wrong types included).
 
@@ -56,7 +73,7 @@ def daemonset_fields(daemonset: K8sObject) -> K8sObject:
                         else {}
                     ),
                     **(
-                        {"spec": _pick(template["spec"], ("affinity", "nodeSelector"))}
+                        {"spec": _pick(template["spec"], _DS_TEMPLATE_SPEC)}
                         if "spec" in template
                         else {}
                     ),

@@ -39,7 +39,10 @@ the runtime's (``shared_svc.runtime.source``).
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
-planners read are kept and the whole object is dropped at once; what repeats across
+planners read are kept and the whole object is dropped at once; a resource with a
+``decoder`` (``kube.decode``: msgspec) builds only the fields its projection reads from
+the page's bytes, the rest skipped, not built, and leaves to ``json.loads`` any text it
+could read differently (the same kept objects, the same errors); what repeats across
 objects (label sets, conditions, strings) is kept once (:class:`SharedValues`). A ``metadata_only``
 resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
 only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
@@ -140,7 +143,6 @@ async def list_pages(
     """Every page of the list (``get(params, timeout=...)``), each object kept (``keep``)
     as its page is read (None: the resource is not served). An object whose resourceVersion
     is the ``cached`` one keeps its cached object."""
-    cached_items, cached_versions = cached
     listed = Listed({}, {}, "", set())
     token = ""
     while True:
@@ -162,34 +164,54 @@ async def list_pages(
             raw = await resp.read()
         finally:
             resp.release()
-        data, pruned = loads(raw, envelope=2)
+        token = read_page(raw, resource, listed, cached, keep)
         del raw
-        meta = data.get("metadata") or {}
-        listed.resource_version = meta.get("resourceVersion", "") or listed.resource_version
-        for item in data.get("items") or []:
-            key = key_of(item)
-            if pruned and has_pruned(item):
-                listed.pruned.add(key)
-            version = item.get("metadata", {}).get("resourceVersion", "")
-            listed.versions[key] = version
-            # Unchanged since cached (same resourceVersion): keep the cached object,
-            # so an unchanged world is held once, not twice, and not projected again.
-            cached_item = cached_items.get(key) if version else None
-            if cached_item is not None and cached_versions.get(key) == version:
-                listed.items[key] = cached_item
-                continue
-            listed.items[key] = keep(item)
-        del data
-        token = meta.get("continue") or ""
         if not token:
             return listed
 
 
-def watch_event(line: bytes) -> tuple[str | None, K8sObject, bool]:
-    """One line of a watch stream: its type, its object and whether a subtree was cut.
+def read_page(
+    raw: bytes,
+    resource: Resource,
+    listed: Listed,
+    cached: tuple[dict[Key, K8sObject], dict[Key, str]],
+    keep: Callable[[K8sObject], K8sObject],
+) -> str:
+    """One list page's objects added to ``listed``, each kept (``keep``) but those whose
+    resourceVersion is the ``cached`` one (their cached object is); the continue token.
+    Of each object only the fields ``resource.decoder`` reads are decoded, when it has
+    one (``untrusted.loads``: the same value or the same error)."""
+    cached_items, cached_versions = cached
+    fast = resource.decoder.page if resource.decoder else None
+    data, pruned = loads(raw, envelope=2, fast=fast)
+    meta = data.get("metadata") or {}
+    listed.resource_version = meta.get("resourceVersion", "") or listed.resource_version
+    for item in data.get("items") or []:
+        key = key_of(item)
+        if pruned and has_pruned(item):
+            listed.pruned.add(key)
+        version = item.get("metadata", {}).get("resourceVersion", "")
+        listed.versions[key] = version
+        # Unchanged since cached (same resourceVersion): keep the cached object,
+        # so an unchanged world is held once, not twice, and not projected again.
+        cached_item = cached_items.get(key) if version else None
+        if cached_item is not None and cached_versions.get(key) == version:
+            listed.items[key] = cached_item
+            continue
+        listed.items[key] = keep(item)
+    token: str = meta.get("continue") or ""
+    return token
+
+
+def watch_event(
+    line: bytes, resource: Resource | None = None
+) -> tuple[str | None, K8sObject, bool]:
+    """One line of a watch stream: its type, its object and whether a subtree was cut
+    (of the object, the fields ``resource.decoder`` reads, when it has one).
     An ERROR event raises as the :class:`ApiException` it stands for, except ``410 Gone``
     (the watch cannot resume: re-list), returned as type ``ERROR``."""
-    event, pruned = loads(line, envelope=1)
+    decoder = resource.decoder if resource is not None else None
+    event, pruned = loads(line, envelope=1, fast=decoder.event if decoder else None)
     etype, obj = event.get("type"), event.get("object") or {}
     if etype == "ERROR" and obj.get("code") != 410:
         exc = ApiException(status=obj.get("code", 500), reason=obj.get("reason") or "watch error")
@@ -373,7 +395,7 @@ class Informer(Store):
                     return "idle"
                 if not line:
                     return "timeout"
-                etype, obj, pruned = watch_event(line)
+                etype, obj, pruned = watch_event(line, self.resource)
                 if etype == "ERROR":  # 410 Gone (any other ERROR raised)
                     return "gone"
                 rv = obj.get("metadata", {}).get("resourceVersion")

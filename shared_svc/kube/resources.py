@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.decode import ALL, SKIP, Closed, Decoder
 
 # Media types of answers (``Accept``): whole objects, or the API server's own
 # PartialObjectMetadata (one object, or each object of a watch) and its list.
@@ -85,6 +86,10 @@ class Resource:
     # each, merged into one store (``kube.union.UnionInformer``). Disjoint selectors keep
     # each object once.
     any_of: tuple[str, ...] = ()
+    # Decodes list pages and watch events into the fields ``project`` (or
+    # ``metadata_view``) reads, the rest skipped (``kube.decode``); None: ``json.loads``.
+    # One instance per shape (a module constant): declarations compare by it.
+    decoder: Decoder | None = None
 
     @property
     def gvr(self) -> GVR:
@@ -129,3 +134,32 @@ def metadata_view(obj: K8sObject, api_version: str, kind: str) -> K8sObject:
     meta = obj.get("metadata")
     kept = {k: v for k, v in meta.items() if k != "managedFields"} if isinstance(meta, dict) else {}
     return {"apiVersion": api_version, "kind": kind, "metadata": kept}
+
+
+# Every field of ObjectMeta (k8s.io/apimachinery meta/v1): a metadata view keeps all but
+# managedFields, so a metadata-only cache decodes these and skips that one; a text whose
+# metadata holds another key is read the exact way.
+OBJECT_META = (
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+)
+METADATA_DECODER = Decoder(
+    {
+        "apiVersion": ALL,
+        "kind": ALL,
+        "metadata": Closed({**dict.fromkeys(OBJECT_META, ALL), "managedFields": SKIP}),
+    }
+)
+"""The decoder of a ``metadata_only`` resource (what :func:`metadata_view` reads)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
@@ -21,6 +22,8 @@ PRUNED = f"<pruned by shared-svc: {TOO_DEEP}>"
 
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+_SQUARE = bytes.maketrans(b"{}", b"[]")
+_MAX_PASSES = 4 * MAX_DEPTH  # deeper (a hostile text): the running sum, one pass
 _STEP = [0] * 256
 for _b in b"[{":
     _STEP[_b] = 1
@@ -34,10 +37,24 @@ def json_depth(raw: bytes) -> int:
     Escaped backslashes, then escaped quotes, are dropped (JSON pairs backslashes from
     the left, as ``replace`` does), so every remaining quote opens or closes a string;
     of the quotes and brackets left, the brackets outside strings count. Bytes-level
-    C operations only, but the final sum: it runs on every page of a re-list.
-    """
+    C operations only: it runs on every page of a re-list and every watch event. Each
+    pass drops every innermost pair of brackets (``[]`` or ``{}`` alike), one level:
+    when they are all gone the passes are the depth; a text whose brackets do not pair
+    (not JSON) is counted by the running sum."""
     bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_QUOTE_OR_BRACKET)
-    brackets = b"".join(bare.split(b'"')[::2])
+    # Two adjacent quotes have no bracket between them: dropping them changes no other
+    # bracket's side of a string (the quotes before it stay even or odd). Nearly every
+    # quote goes so; of the few left (strings holding brackets), every other part.
+    bare = bare.replace(b'""', b"")
+    brackets = b"".join(bare.split(b'"')[::2]) if b'"' in bare else bare
+    rest, passes = brackets.translate(_SQUARE), 0
+    while rest and passes <= _MAX_PASSES:
+        inner = rest.replace(b"[]", b"")
+        if len(inner) == len(rest):
+            break
+        rest, passes = inner, passes + 1
+    if not rest:
+        return passes
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
@@ -60,14 +77,21 @@ def _prune(raw: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
-def loads(raw: bytes, *, envelope: int = 0) -> tuple[Any, bool]:
+def loads(
+    raw: bytes, *, envelope: int = 0, fast: Callable[[bytes], Any] | None = None
+) -> tuple[Any, bool]:
     """``json.loads``, but an object nested deeper than MAX_DEPTH keeps its shallower
     fields and gets PRUNED in place of the too-deep subtrees (``envelope``: container
     levels around the objects, 1 for a watch event, 2 for a list). Returns the value and
-    whether anything was pruned."""
+    whether anything was pruned.
+
+    ``fast`` (``kube.decode.Decoder``: the fields a cache reads, the rest skipped) is
+    tried first on a text within the bound; where it answers None, ``json.loads`` reads
+    it (the same value or the same error). A text past the bound is never given to it."""
     limit = MAX_DEPTH + envelope
     if raw.count(b"{") + raw.count(b"[") <= limit or json_depth(raw) <= limit:
-        return json.loads(raw), False
+        value = fast(raw) if fast is not None else None
+        return (json.loads(raw) if value is None else value), False
     return json.loads(_prune(raw, limit)), True
 
 
