@@ -819,7 +819,10 @@ async def test_a_wave_reads_each_freed_node_s_pods_once_without_the_operands_and
             await create(api, ex.declared_pod(f"{node}-{i}", namespace=ns, node_name=node))
     # Only a change starts a pass: no poll, no resync in the test's time.
     running = start(upgrade_poll_seconds=600.0, upgrade_resync_seconds=600.0)
-    await eventually(lambda: _true(waiting in running.controller.status()["nodes"]), 30)
+    # Every node's first pass is done (none of them read a pod: none is being freed).
+    await eventually(
+        lambda: _true({*wave, waiting} <= set(running.controller.status()["nodes"])), 30
+    )
     for node in wave:
         await set_state(api, node, "cordon-required")
     for node in wave:
