@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 
@@ -439,6 +440,47 @@ async def test_the_echo_of_a_patch_that_comes_before_its_answer_is_no_change_and
         await asyncio.sleep(0.3)
         assert controller.reconciles == (2 if foreign else 1)
         assert len(io.pod_lists) == controller.reconciles
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+class HeldLists(ex.FakeUpgradeIO):
+    """Holds every pod list until ``want`` are in flight at once (bounded: after 5 s the
+    lists are let go, and the peak says how many there were)."""
+
+    def __init__(self, *args: object, want: int, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.want, self.now, self.peak = want, 0, 0
+        self.all_in = asyncio.Event()
+
+    async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list:  # type: ignore[type-arg]
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        if self.now >= self.want:
+            self.all_in.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_in.wait(), 5)
+            return await super().pods_on_node(name, skip_namespace)
+        finally:
+            self.now -= 1
+
+
+async def test_a_wave_is_planned_64_nodes_at_once_by_default() -> None:
+    """Issue 22: the passes of a wave wait for the API server, not for its CPU; 64 at
+    once, as wide as the bare wave, by default (32 left a queue of hundreds of nodes)."""
+    workers = Config().upgrade_workers
+    assert workers == 64
+    nodes = [ex.node(f"node-{i}", state="cordon-required") for i in range(workers + 6)]
+    io = HeldLists(nodes, [], want=workers)
+    controller, _ = make(io)
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        controller.trigger()
+        await eventually(lambda: _true(controller.reconciles >= len(nodes)), 30)
+        assert io.peak == workers
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
