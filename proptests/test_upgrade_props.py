@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shared_svc.upgrade import daemonsets as daemonsets_module
 from shared_svc.upgrade import record, states
-from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node
+from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node, pods_read
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -251,3 +252,95 @@ def test_a_record_never_says_deleted_for_a_pod_whose_delete_did_not_succeed_and_
 
 def has_record(node: dict) -> bool:
     return RECORD in (node["metadata"].get("annotations") or {})
+
+
+# --- issue 22: a pass reads only the pods its plan depends on ---
+
+DS_KINDS = ("declared", "hook", "partial", "other")
+NAMESPACES = ("ml", "gpu-operator")
+
+
+def build_daemonset(kind: str, namespace: str) -> dict:
+    if kind == "declared":
+        return ex.daemonset(f"ds-{kind}", namespace=namespace, declared=True)
+    if kind == "hook":
+        return ex.daemonset(
+            f"ds-{kind}",
+            namespace=namespace,
+            node_selector={"nvidia.com/gpu.deploy.client": "true"},
+        )
+    if kind == "partial":
+        plain = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+        ds = ex.daemonset(f"ds-{kind}", namespace=namespace, declared=True, terms=[plain])
+        terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        terms.append(plain)  # one term without the parked requirement
+        return ds
+    return ex.daemonset(f"ds-{kind}", namespace=namespace)
+
+
+@given(
+    pod_traits=st.lists(st.tuples(traits, st.sampled_from(NAMESPACES)), max_size=5),
+    daemonsets=st.lists(
+        st.tuples(
+            st.sampled_from(DS_KINDS),
+            st.sampled_from(NAMESPACES),
+            st.booleans(),  # its pod carries the consumer label
+            st.sampled_from(["Running", "Succeeded"]),
+        ),
+        max_size=4,
+        unique_by=lambda d: (d[0], d[1]),
+    ),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from([*sorted(states.ALL_STATES), None]),
+            st.integers(0, 400),
+            st.booleans(),  # the kubelet finishes terminating pods before this step
+            st.sampled_from(NAMESPACES),  # the operator namespace setting of this pass
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    detection=st.sampled_from(["off", "report", "evict"]),
+)
+def test_a_plan_over_the_pods_the_pass_reads_is_the_plan_over_every_pod_of_the_node(
+    pod_traits: list[tuple[Traits, str]],
+    daemonsets: list[tuple[str, str, bool, str]],
+    steps: list[tuple[str | None, int, bool, str]],
+    detection: str,
+) -> None:
+    """``pods_read`` decides before the list which pods a pass reads (none, or all but the
+    operator namespace's); whatever the node, its record, the DaemonSets and the operator
+    namespace setting, the plan on those pods equals the plan on every pod bound to it."""
+    ds_objects = [build_daemonset(kind, ns) for kind, ns, _, _ in daemonsets]
+    pods = []
+    for i, (t, ns) in enumerate(pod_traits):
+        pod = build_pod(i, t)
+        if t.exclusion != "operator_ns":
+            pod["metadata"]["namespace"] = ns
+            pod["metadata"]["uid"] = f"uid-{ns}-p{i}"
+        pods.append(pod)
+    for ds, (_, _, labelled, phase) in zip(ds_objects, daemonsets, strict=True):
+        labels = {"nvidia.com/gpu-driver-upgrade.consumer": "true"} if labelled else {}
+        pods.append(ex.daemonset_pod(ds, labels=labels, phase=phase))
+    blocked = frozenset(  # a PodDisruptionBudget refuses their evictions
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p, (t, _) in zip(pods, pod_traits, strict=False)
+        if t.blocked
+    )
+    node = ex.node(state=None)
+    now = 1_700_000_000.0
+    for state, dt, kubelet, operator_ns in steps:
+        now += dt
+        if kubelet:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        node = with_state(node, state)
+        settings = UpgradeSettings(detection=detection, operator_namespace=operator_ns)  # type: ignore[arg-type]
+        index = daemonsets_module.index_daemonsets(ds_objects, PARKED)
+        read = pods_read(node, index, settings)
+        everything = plan_node(node, pods, ds_objects, settings, now)
+        assert plan_node(node, [p for p in pods if read.admits(p)], ds_objects, settings, now) == (
+            everything
+        )
+        node, pods = apply(node, pods, everything, "all", blocked)

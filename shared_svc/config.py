@@ -199,7 +199,7 @@ class Config(BaseSettings):
         description="Reconcile every upgrading node again from the caches (gpu-operator requeues every 2 min).",
     )
     upgrade_workers: int = Field(
-        default=32,
+        default=64,
         ge=1,
         le=64,
         description="Nodes handled at once by the driver-upgrade controller (each sends its evictions at once).",

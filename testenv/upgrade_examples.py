@@ -272,6 +272,7 @@ class FakeUpgradeIO:
         self.on_change: Callable[[], None] | None = None
         self.node_handlers: list[Any] = []  # kube.store.EventHandler: told of set_node
         self.fail_next: list[Exception] = []
+        self.pod_lists: list[tuple[str, str | None]] = []  # (node, skip_namespace) of each list
 
     async def run(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -308,8 +309,9 @@ class FakeUpgradeIO:
             raise self.fail_next.pop(0)
         return self.nodes.get(name)
 
-    async def pods_on_node(self, name: str) -> list[K8sObject]:
-        return list(self.pods.get(name, []))
+    async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
+        self.pod_lists.append((name, skip_namespace))
+        return [p for p in self.pods.get(name, []) if p["metadata"]["namespace"] != skip_namespace]
 
     async def patch_node(self, patch: NodePatch) -> str:
         self.writes.append(patch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 
@@ -394,3 +395,92 @@ def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
         passed = [newest(Event("add", None, obj)) for obj in (first, second, new, old)]
         # The newer copy counts once, whichever cache brings it first; an older one never.
         assert passed == ([True, True, False, False] if first is old else [True] + [False] * 3)
+
+
+class EchoBeforeAnswer(ex.FakeUpgradeIO):
+    """Both node caches deliver the node as a patch left it before the patch's answer
+    comes (two connections: seen on the real API server under load), and ``foreign``
+    changes the node by someone else while the patch is in flight."""
+
+    foreign = False
+
+    async def patch_node(self, patch: NodePatch) -> str:
+        version = await super().patch_node(patch)
+        echo = copy.deepcopy(self.nodes[patch.node])
+        self.set_node(copy.deepcopy(echo))
+        self.set_node(copy.deepcopy(echo))
+        if self.foreign:
+            self.foreign = False
+            changed = copy.deepcopy(echo)
+            changed["metadata"]["labels"]["example.com/other"] = "x"
+            changed["metadata"]["resourceVersion"] = str(int(version) + 1)
+            self.set_node(changed)
+        await asyncio.sleep(0)  # the events are handled before the answer
+        return version
+
+
+@pytest.mark.parametrize("foreign", [False, True])
+async def test_the_echo_of_a_patch_that_comes_before_its_answer_is_no_change_and_a_foreign_change_is(
+    foreign: bool,
+) -> None:
+    """Issue 22: the pass that wrote the record is the only pass of a node whose consumers
+    are leaving, whichever of the patch's answer and its watch event comes first; a change
+    by someone else while the patch is in flight is looked at again."""
+    io = EchoBeforeAnswer([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    io.foreign = foreign
+    controller, _ = make(io, upgrade_poll_seconds=600.0)
+    io.on_change = None  # the node caches tell of changes by events only, as KubeUpgradeIO's
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        io.set_node(copy.deepcopy(io.nodes["node-1"]))  # the first list: an add
+        await eventually(lambda: _true(len(io.writes) == 2))  # the record patch, the eviction
+        if foreign:
+            await eventually(lambda: _true(controller.reconciles == 2))
+        await asyncio.sleep(0.3)
+        assert controller.reconciles == (2 if foreign else 1)
+        assert len(io.pod_lists) == controller.reconciles
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+class HeldLists(ex.FakeUpgradeIO):
+    """Holds every pod list until ``want`` are in flight at once (bounded: after 5 s the
+    lists are let go, and the peak says how many there were)."""
+
+    def __init__(self, *args: object, want: int, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.want, self.now, self.peak = want, 0, 0
+        self.all_in = asyncio.Event()
+
+    async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list:  # type: ignore[type-arg]
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        if self.now >= self.want:
+            self.all_in.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_in.wait(), 5)
+            return await super().pods_on_node(name, skip_namespace)
+        finally:
+            self.now -= 1
+
+
+async def test_a_wave_is_planned_64_nodes_at_once_by_default() -> None:
+    """Issue 22: the passes of a wave wait for the API server, not for its CPU; 64 at
+    once, as wide as the bare wave, by default (32 left a queue of hundreds of nodes)."""
+    workers = Config().upgrade_workers
+    assert workers == 64
+    nodes = [ex.node(f"node-{i}", state="cordon-required") for i in range(workers + 6)]
+    io = HeldLists(nodes, [], want=workers)
+    controller, _ = make(io)
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+        controller.trigger()
+        await eventually(lambda: _true(controller.reconciles >= len(nodes)), 30)
+        assert io.peak == workers
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

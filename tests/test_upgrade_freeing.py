@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -775,6 +776,83 @@ def test_the_upgrade_controller_builds_its_bucket_from_the_settings() -> None:
 
     bucket = upgrade_write_limiter(settings(upgrade_writes_per_second=7.0, upgrade_writes_burst=9))
     assert (bucket.rate, bucket.burst) == (7.0, 9.0)
+
+
+async def test_a_wave_reads_each_freed_node_s_pods_once_without_the_operands_and_no_pod_of_a_waiting_node(
+    api: ApiClient,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    start: Callable[..., Running],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 22, requests per node of a wave, on the real API server: a node entering
+    ``cordon-required`` costs one pod list (its operands in the operator namespace left out
+    by the field selector: none of them is read), one node patch and its evictions; a node
+    in ``upgrade-required`` (no record) costs no request at all."""
+    from shared_svc.upgrade import io as upgrade_io
+
+    real = upgrade_io.raw_request
+    sent: list[tuple[str, str, str]] = []  # method, path, field selector
+    read: list[str] = []  # namespace/name of every pod a list answered
+
+    async def recording(client: ApiClient, method: str, path: str, **kw: Any) -> Any:
+        selector = dict(kw.get("query") or []).get("fieldSelector", "")
+        sent.append((method, path, selector))
+        answer = await real(client, method, path, **kw)
+        if method == "GET" and path == "/api/v1/pods":
+            read.extend(
+                f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in answer["items"]
+            )
+        return answer
+
+    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    wave = [await nodes("upgrade-required") for _ in range(3)]
+    waiting = await nodes("upgrade-required")
+    operands = []
+    for node in [*wave, waiting]:
+        operand = unique("dcgm")  # a detected consumer, were it not an operand
+        operands.append(f"{OPERATOR_NS}/{operand}")
+        await create(
+            api, ex.pod(operand, namespace=OPERATOR_NS, node_name=node, runtime_class="nvidia")
+        )
+        for i in (1, 2):
+            await create(api, ex.declared_pod(f"{node}-{i}", namespace=ns, node_name=node))
+    # Only a change starts a pass: no poll, no resync in the test's time.
+    running = start(upgrade_poll_seconds=600.0, upgrade_resync_seconds=600.0)
+    # Every node's first pass is done (none of them read a pod: none is being freed).
+    await eventually(
+        lambda: _true({*wave, waiting} <= set(running.controller.status()["nodes"])), 30
+    )
+    for node in wave:
+        await set_state(api, node, "cordon-required")
+    for node in wave:
+        for i in (1, 2):
+            await eventually(lambda: pod_state_is(api, ns, f"{node}-{i}", "terminating"), 30)  # noqa: B023
+    await asyncio.sleep(0.5)  # a second pass, were there one, has run
+
+    def requests_of(node: str) -> Counter[str]:
+        return Counter(
+            f"{method} {path.rsplit('/', 1)[-1] if path.endswith('/eviction') else path}"
+            for method, path, selector in sent
+            if path == f"/api/v1/nodes/{node}"
+            or selector.startswith(f"spec.nodeName={node},")
+            or selector == f"spec.nodeName={node}"
+            or (path.endswith("/eviction") and f"/pods/{node}-" in path)
+        )
+
+    for node in wave:
+        assert requests_of(node) == {
+            "GET /api/v1/pods": 1,
+            f"PATCH /api/v1/nodes/{node}": 1,
+            "POST eviction": 2,
+        }, (node, sent)
+    assert requests_of(waiting) == {}, sent
+    assert not set(operands) & set(read), read
+    assert {f"{ns}/{node}-{i}" for node in wave for i in (1, 2)} <= set(read)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 # --- issue 19 item 1: a delete after the eviction timeout that fails ---

@@ -69,7 +69,7 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
         write_limiter=upgrade_write_limiter(Config()),
     )
 
-    async def no_pods(name: str) -> list[K8sObject]:
+    async def no_pods(name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         return []
 
     monkeypatch.setattr(io, "pods_on_node", no_pods)

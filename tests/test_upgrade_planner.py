@@ -459,3 +459,66 @@ def test_the_planner_settings_take_their_defaults_from_config() -> None:
     from shared_svc.config import Config
 
     assert UpgradeSettings() == UpgradeSettings.from_config(Config.model_construct())
+
+
+# --- issue 22: which pods a pass reads ---
+
+
+def _index(*daemonsets):
+    from shared_svc.upgrade.daemonsets import index_daemonsets
+
+    return index_daemonsets(daemonsets, PARKED)
+
+
+def test_a_node_being_freed_reads_its_pods_but_the_operator_namespace_s() -> None:
+    from shared_svc.upgrade.planner import pods_read
+
+    operand = ex.daemonset("nvidia-dcgm-exporter", namespace="gpu-operator")
+    read = pods_read(ex.node(state="cordon-required"), _index(operand), S)
+    assert (read.needed, read.skip_namespace) == (True, "gpu-operator")
+    assert not read.admits(ex.daemonset_pod(operand))
+    assert read.admits(ex.declared_pod("job"))
+
+
+def test_a_node_neither_freed_nor_recorded_reads_no_pod() -> None:
+    from shared_svc.upgrade.planner import pods_read
+
+    for state in (None, "upgrade-required", "upgrade-done", "validation-required"):
+        assert not pods_read(ex.node(state=state), {}, S).needed, state
+    freed, _ = step(ex.node(state="cordon-required"), [], plan(ex.node(state="cordon-required")))
+    for state in ("upgrade-done", "validation-required", None):  # a record of ours: read
+        assert pods_read(at_state(freed, state), {}, S).needed, state
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_declared_or_hook_daemonset_in_the_operator_namespace_makes_the_pass_read_it(
+    hook: bool,
+) -> None:
+    from shared_svc.upgrade.planner import pods_read
+
+    ds = ex.daemonset(
+        "exporter",
+        namespace="gpu-operator",
+        declared=not hook,
+        node_selector={"nvidia.com/gpu.deploy.client": "true"} if hook else None,
+    )
+    node = ex.node(state="cordon-required")
+    read = pods_read(node, _index(ds), S)
+    assert read.skip_namespace is None
+    # ... as its pod holds the node (declared) or is shown (hook):
+    shown = plan(node, [ex.daemonset_pod(ds)], [ds]).status
+    assert (shown.operator_hook_pods if hook else shown.daemonset_pods) == (
+        "gpu-operator/exporter-node-1",
+    )
+
+
+def test_a_record_naming_a_pod_of_the_operator_namespace_makes_the_pass_read_it() -> None:
+    """A record written under another ``namespace`` setting: its pod's outcome is read."""
+    from shared_svc.upgrade.planner import pods_read
+
+    node = ex.node(state="cordon-required")
+    pods = [ex.declared_pod("job", namespace="ml")]
+    node, pods = step(node, pods, plan(node, pods), blocked=frozenset({"ml/job"}))
+    moved = replace(S, operator_namespace="ml")
+    assert pods_read(node, {}, moved).skip_namespace is None
+    assert plan(node, pods, settings=moved, now=T0 + 1).status.refused == ("ml/job",)

@@ -35,10 +35,10 @@ from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.kube.events import Emitter, EventPublisher
 from shared_svc.runtime.metrics import RuntimeMetrics
 from shared_svc.runtime.runnable import Controller, Result, every
-from shared_svc.runtime.source import Enqueue, NewestVersions, OwnWrites
+from shared_svc.runtime.source import Enqueue, NewestVersions
 from shared_svc.upgrade.announce import Announcer
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
-from shared_svc.upgrade.executor import PlanExecutor
+from shared_svc.upgrade.executor import PlanExecutor, WritesInFlight
 from shared_svc.upgrade.gate import GateCheck, check_gate
 from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
 from shared_svc.upgrade.planner import (
@@ -47,6 +47,7 @@ from shared_svc.upgrade.planner import (
     NodeStatus,
     PodAction,
     plan_node,
+    pods_read,
 )
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.upgrade.status import gate_json, nodes_json
@@ -78,7 +79,10 @@ class UpgradeIO(Protocol):
     def daemonset_objects(self) -> tuple[K8sObject, ...]: ...
     def cluster_policies(self) -> tuple[K8sObject, ...]: ...
     async def get_node(self, name: str) -> K8sObject | None: ...  # from a cache, no request
-    async def pods_on_node(self, name: str) -> list[K8sObject]: ...
+    # The pods bound to the node, but those of ``skip_namespace`` (``planner.pods_read``).
+    async def pods_on_node(
+        self, name: str, skip_namespace: str | None = None
+    ) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
     async def evict(self, action: PodAction) -> str: ...
     async def delete_pod(self, action: PodAction) -> str: ...
@@ -126,7 +130,7 @@ class UpgradeController:
         # that wrote it planned on what it wrote, and asked to be polled while consumers
         # leave).
         self._newest: NewestVersions[str] = NewestVersions(name_of)
-        self._own: OwnWrites[str] = OwnWrites(name_of)
+        self._own = WritesInFlight(name_of, release=self._runtime.enqueue)
         self.node_events = Enqueue(self._runtime.enqueue, name_of, (self._newest, self._own))
         self._io.add_node_handler(self.node_events)
         events = (
@@ -309,11 +313,13 @@ class UpgradeController:
             self._newest.forget(name)
             self._own.forget(name)
             return None
-        pods = await self._io.pods_on_node(name)
         objects = self._io.daemonset_objects()
-        plan = plan_node(
-            node, pods, objects, self.settings, now=self._clock(), ds_index=self._ds_index(objects)
-        )
+        ds_index = self._ds_index(objects)
+        # Only the pods the plan depends on: none for a node not being freed and without
+        # a record, and not the operator's own operands (issue 22).
+        read = pods_read(node, ds_index, self.settings)
+        pods = await self._io.pods_on_node(name, read.skip_namespace) if read.needed else []
+        plan = plan_node(node, pods, objects, self.settings, now=self._clock(), ds_index=ds_index)
         self._statuses[name] = plan.status
         if self._writing():
             await self._executor.carry_out(plan)

@@ -68,10 +68,21 @@ async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
     return list(data.get("items") or [])
 
 
-async def pods_on_node(api: ApiClient, node: str) -> list[K8sObject]:
-    data = await raw_request(
-        api, "GET", PODS.collection(), query=[("fieldSelector", f"spec.nodeName={node}")]
-    )
+def pods_field_selector(node: str, skip_namespace: str | None = None) -> str:
+    """The pods bound to ``node``, but those of ``skip_namespace`` (``planner.pods_read``).
+    The API server's watch cache of pods is indexed by ``spec.nodeName``: the other
+    requirement filters the node's few pods, not the cluster's."""
+    selector = f"spec.nodeName={node}"
+    return selector + (f",metadata.namespace!={skip_namespace}" if skip_namespace else "")
+
+
+async def pods_on_node(
+    api: ApiClient, node: str, skip_namespace: str | None = None
+) -> list[K8sObject]:
+    """A consistent list (no ``resourceVersion``: as of now, served from the API server's
+    watch cache once it has caught up; docs/decisions.md): a pod bound just before is in it."""
+    query = [("fieldSelector", pods_field_selector(node, skip_namespace))]
+    data = await raw_request(api, "GET", PODS.collection(), query=query)
     return list(data.get("items") or [])
 
 
@@ -226,8 +237,8 @@ class KubeUpgradeIO:
         copies = [n for n in (i.get(name) for i in self._node_informers) if n is not None]
         return max(copies, key=_version, default=None)
 
-    async def pods_on_node(self, name: str) -> list[K8sObject]:
-        return await pods_on_node(self._api, name)
+    async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
+        return await pods_on_node(self._api, name, skip_namespace)
 
     async def patch_node(self, patch: NodePatch) -> str:
         """Sends the patch; returns the node's resourceVersion after it."""

@@ -572,6 +572,52 @@ def _read_record(raw: str | None) -> tuple[Record | None, str | None]:
         return None, str(exc)
 
 
+@dataclass(frozen=True)
+class PodRead:
+    """Which of a node's pods its plan reads (``pods_read``): none (``needed`` false), or
+    every pod bound to it but those of ``skip_namespace``."""
+
+    needed: bool
+    skip_namespace: str | None = None
+
+    def admits(self, pod: K8sObject) -> bool:
+        return self.needed and objects.namespace_of(pod) != self.skip_namespace
+
+
+def pods_read(
+    node: K8sObject, ds_index: Mapping[str, daemonsets.DaemonSetRef], settings: UpgradeSettings
+) -> PodRead:
+    """The pods ``plan_node`` of this node depends on, before they are read: its plan is
+    the same on every pod bound to the node as on those ``PodRead.admits``
+    (proptests/test_upgrade_props.py). Issue 22: at fleet scale a GPU node runs eight or
+    more operand pods of 15-22 KiB in the operator namespace, and reading them for every
+    pass is most of what a pass costs the API server and this process.
+
+    - No pod at all for a node that is not being freed and carries no record of ours
+      (``upgrade-required`` for weeks, no label): its plan has no pod in it.
+    - Not the operator namespace's pods: every rule excludes them (``consumers.exclusion``,
+      DaemonSet pods too), unless a declared or operator-hook DaemonSet lives there (its
+      pods hold or are shown on the node) or the record names a pod there (written under
+      another ``namespace`` setting: its outcome is read from the pods).
+    """
+    raw = objects.annotations_of(node).get(record.record_annotation_key(settings.driver_name))
+    mode = states.mode_for(
+        objects.labels_of(node).get(states.state_label_key(settings.driver_name))
+    )
+    if mode != "free" and raw is None:
+        return PodRead(needed=False)
+    ns = settings.operator_namespace
+    if any(
+        ref.namespace == ns and ref.kind in ("declared", "operator-hook")
+        for ref in ds_index.values()
+    ):
+        return PodRead(needed=True)
+    current, _ = _read_record(raw)
+    if current is not None and any(entry.namespace == ns for entry in current.pods):
+        return PodRead(needed=True)
+    return PodRead(needed=True, skip_namespace=ns)
+
+
 def plan_node(
     node: K8sObject,
     pods: Iterable[K8sObject],
