@@ -19,6 +19,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.reflector import Informer
 from shared_svc.kube.registry import Informers
 from shared_svc.kube.union import UnionInformer
 from shared_svc.metrics import Metrics
@@ -40,7 +41,8 @@ class Recorder:
 class NoWriter:
     """A standby's writer: it plans, never writes."""
 
-    writes: dict[str, int] = {}
+    def __init__(self) -> None:
+        self.writes: dict[str, int] = {}
 
 
 def _versioned(objects: list[K8sObject], first: int) -> list[K8sObject]:
@@ -80,6 +82,12 @@ def _controller() -> ServicesController:
     fill(ctrl._informers["gpuclusters"], _versioned([worlds.gpu_cluster()], 2))
     fill(ctrl._informers["services"], [])
     return ctrl
+
+
+async def _watch(monkeypatch: pytest.MonkeyPatch, informer: Informer, event: K8sObject) -> None:
+    """``informer`` brings one watch event, as the API server sends it."""
+    monkeypatch.setattr(informer, "_open_watch", lambda params, timeout: one_event(event))
+    assert await informer.watch_once() == "timeout"
 
 
 def _union(ctrl: ServicesController) -> UnionInformer:
@@ -124,10 +132,7 @@ async def test_a_watch_event_is_a_new_tuple_and_a_change_the_projection_drops_is
         ({"type": "ADDED", "object": plain_pod("c", "5")}, False),
         ({"type": "DELETED", "object": plain_pod("b", "6")}, False),
     ):
-        monkeypatch.setattr(
-            informer, "_open_watch", lambda params, timeout, event=event: one_event(event)
-        )
-        assert await informer.watch_once() == "timeout"
+        await _watch(monkeypatch, informer, event)
         after = informer.items()
         assert (after is before) == same
         assert after == tuple(informer._items[k] for k in sorted(informer._items))
@@ -155,12 +160,7 @@ async def test_the_union_hands_out_the_same_tuple_until_a_part_changes_a_move_in
     moved = copy.deepcopy(old)
     moved["metadata"]["resourceVersion"] = "5000"
     moved["metadata"]["labels"]["app"] = "someone-else"
-    monkeypatch.setattr(
-        union.parts[1],
-        "_open_watch",
-        lambda params, timeout: one_event({"type": "ADDED", "object": moved}),
-    )
-    assert await union.parts[1].watch_once() == "timeout"
+    await _watch(monkeypatch, union.parts[1], {"type": "ADDED", "object": moved})
     CountingStore.passes = 0
     newer = union.get(name, worlds.NS)
     assert CountingStore.passes == 0, "get merged the changed parts"
@@ -173,12 +173,7 @@ async def test_the_union_hands_out_the_same_tuple_until_a_part_changes_a_move_in
     # ... then leaves the first one.
     gone = copy.deepcopy(old)
     gone["metadata"]["resourceVersion"] = "5001"
-    monkeypatch.setattr(
-        union.parts[0],
-        "_open_watch",
-        lambda params, timeout: one_event({"type": "DELETED", "object": gone}),
-    )
-    assert await union.parts[0].watch_once() == "timeout"
+    await _watch(monkeypatch, union.parts[0], {"type": "DELETED", "object": gone})
     moved_items = union.items()
     assert moved_items is not in_both and moved_items == in_both
     assert union.get(name, worlds.NS) is newer
@@ -210,12 +205,8 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     )
     changed["metadata"]["resourceVersion"] = "3000"
     cps = ctrl._informers["clusterpolicies"]
-    monkeypatch.setattr(
-        cps,
-        "_open_watch",
-        lambda params, timeout: one_event({"type": "MODIFIED", "object": changed}),
-    )
-    assert await cps.watch_once() == "timeout"
+    assert isinstance(cps, Informer)
+    await _watch(monkeypatch, cps, {"type": "MODIFIED", "object": changed})
     assert await ctrl.reconcile_once()
     ctrl.status()
     assert indexed == [4 * NODES], "the pods were indexed again for a ClusterPolicy change"
@@ -231,12 +222,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     straggler = worlds.pod("nvidia-dcgm", "nvidia-dcgm-1", node="node-1", common=False)
     straggler["metadata"]["resourceVersion"] = "3001"
     part = _union(ctrl).parts[0]
-    monkeypatch.setattr(
-        part,
-        "_open_watch",
-        lambda params, timeout: one_event({"type": "MODIFIED", "object": straggler}),
-    )
-    assert await part.watch_once() == "timeout"
+    await _watch(monkeypatch, part, {"type": "MODIFIED", "object": straggler})
     assert await ctrl.reconcile_once()
     assert len(indexed) == 3
     kept = ctrl.last_plan
