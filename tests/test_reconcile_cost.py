@@ -11,6 +11,7 @@ from a stream of one watch event, as the API server sends it."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from shared_svc.config import Config
 from shared_svc.controller import ServicesController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.k8s.selectors import Selector
 from shared_svc.kube.reflector import Informer
 from shared_svc.kube.registry import Informers
 from shared_svc.kube.union import UnionInformer
@@ -28,6 +30,7 @@ from shared_svc.reconcile.planner import plan
 from tests import worlds
 from tests.test_informer_events import fill, one_event, pods_cache
 from tests.test_informer_events import pod as plain_pod
+from tests.test_reconcile_hold import add_cluster_policy, gpu_cluster_running, held_messages
 from tests.test_upgrade_node_events import CountingStore
 
 NODES = 20
@@ -229,3 +232,31 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     assert kept != second  # one more straggler
     selectors.pod_index.clear()
     assert kept == plan(ctrl.snapshot(), settings)
+
+
+def test_a_held_selector_counts_the_covered_nodes_once_while_the_pods_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hold asks which nodes two selectors cover (a pass over the serving pods): asked
+    again after a change of the CRs alone, the pods are not passed over again."""
+    matched: list[int] = []
+    matches = Selector.matches
+    monkeypatch.setattr(
+        Selector, "matches", lambda self, labels: matched.append(1) or matches(self, labels)
+    )
+    selectors.pod_index.clear()
+    held = add_cluster_policy(gpu_cluster_running(["a", "b"]), [])
+    settings = Config().core_settings(service_monitor_served=False)
+    first = plan(held, settings)
+    assert held_messages(first) and matched
+    matched.clear()
+    changed = worlds.cluster_policy(
+        spec={"dcgmExporter": {"enabled": False}, "dcgm": {"enabled": True}}
+    )
+    cr_only = replace(held, cluster_policies=(changed,))
+    assert cr_only.pods is held.pods
+    again = plan(cr_only, settings)
+    assert held_messages(again) == held_messages(first)
+    assert matched == [], "the serving pods were matched again"
+    selectors.pod_index.clear()
+    assert again == plan(cr_only, settings)
