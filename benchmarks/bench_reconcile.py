@@ -3,7 +3,7 @@ fleet's DCGM pods in its real caches (issue 22).
 
 The controller runs as a standby (it plans, never writes) on its real caches, filled as a
 complete list fills them (``_replace``): ``--nodes`` nodes x 4 DCGM pods
-(``tests/realistic.py`` pods, projected as the pod cache keeps them; written once to
+(``tests/realistic.py`` pods, projected and shared as the pod cache keeps them; written once to
 ~/.cache/shared-svc/bench-reconcile), the four DaemonSets and both CRs. It times the
 snapshot, the plan and the whole ``reconcile_once`` after a ClusterPolicy change, and the
 whole reconcile after one pod change. In-process wall times: label them with the machine's
@@ -94,8 +94,8 @@ async def measure(nodes: int, repeat: int) -> None:
     assert isinstance(union, UnionInformer)
     keys = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p, _ in pods]
     part = union.parts[0]  # every pod has a DCGM app: the first part's
-    part._replace(
-        {k: p for k, (p, _) in zip(keys, pods, strict=True)},
+    part._replace(  # kept as the cache keeps them: repeated subtrees shared (SharedValues)
+        {k: part._shared(p) for k, (p, _) in zip(keys, pods, strict=True)},
         {k: v for k, (_, v) in zip(keys, pods, strict=True)},
         served=True,
         resource_version="5000",
