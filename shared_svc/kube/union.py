@@ -25,7 +25,10 @@ class UnionInformer:
 
     Read as one store without merging on every read: ``items()`` and ``cached_keys()``
     are merged once per change of a part (``generation``, the parts' own) and hand out
-    the very same tuple until the next; ``get`` asks each part for the one key."""
+    the very same tuple until the next; ``get`` asks each part for the one key. (A watch
+    event that changes only the resourceVersion of a kept object is no change of its
+    part: it cannot change which of two copies is newer, since a part's stream is in
+    resourceVersion order and tells of a pod leaving its selector before of its return.)"""
 
     def __init__(
         self,

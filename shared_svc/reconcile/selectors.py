@@ -102,9 +102,19 @@ def build_pod_index(pods: Iterable[K8sObject], namespace: str) -> PodIndex:
     by_app: dict[str, list[K8sObject]] = {}
     serving: list[tuple[Mapping[str, str], str]] = []
     stragglers: dict[str, list[str]] = {}
+    # The pods of one DaemonSet revision share one label set as the caches keep them
+    # (``kube.store.SharedValues``): each set is read once (by identity; the set is kept
+    # here, so its id cannot pass to another during the pass).
+    label_sets: dict[int, tuple[Any, Mapping[str, str]]] = {}
     for pod in pods:
         if isinstance(pod, dict) and in_namespace(pod, namespace):
-            labels = labels_of(pod)
+            raw = meta(pod).get("labels")
+            seen = label_sets.get(id(raw))
+            if seen is not None and seen[0] is raw:
+                labels = seen[1]
+            else:
+                labels = labels_of(pod)
+                label_sets[id(raw)] = (raw, labels)
             app = labels.get(APP_LABEL)
             if app is not None:
                 by_app.setdefault(app, []).append(pod)
