@@ -260,3 +260,23 @@ def test_a_held_selector_counts_the_covered_nodes_once_while_the_pods_stay(
     assert matched == [], "the serving pods were matched again"
     selectors.pod_index.clear()
     assert again == plan(cr_only, settings)
+
+
+def test_the_kept_pod_index_holds_the_pods_own_label_sets_not_a_copy_per_pod() -> None:
+    """The index outlives its plan (kept for the next), so it holds no object per pod of
+    its own: every full garbage collection passes over what lives long."""
+    pods = tuple(
+        worlds.pod(app, f"{app}-{n}", node=f"node-{n}", common=n % 2 == 0)
+        for app in worlds.APPS.values()
+        for n in range(5)
+    )
+    index = selectors.build_pod_index(pods, worlds.NS)
+    assert len(index.serving_labels) == len(pods)
+    assert all(
+        labels is pod["metadata"]["labels"]
+        for labels, pod in zip(index.serving_labels, pods, strict=True)
+    )
+    odd = worlds.pod("nvidia-dcgm", "odd", node="node-0")
+    odd["metadata"]["labels"]["n"] = 1  # not text: left out, as labels_of does
+    (labels,) = selectors.build_pod_index((odd,), worlds.NS).serving_labels
+    assert "n" not in labels and labels["app"] == "nvidia-dcgm"

@@ -40,11 +40,15 @@ _STRAGGLERS_NAMED = 5
 
 @dataclass(frozen=True)
 class PodIndex:
-    """The pods of the namespace as planning reads them, built in one pass."""
+    """The pods of the namespace as planning reads them, built in one pass. Kept from one
+    plan to the next (:func:`pod_index`), so it holds few objects of its own (a long-lived
+    object per pod would make every full garbage collection slower): the labels are the
+    pods' own label sets, and the serving pods two parallel tuples."""
 
     by_app: Mapping[str, tuple[K8sObject, ...]]  # by ``app`` label
-    # (labels, node) of every ready, running pod of the namespace that is bound to a node
-    serving: tuple[tuple[Mapping[str, str], str], ...]
+    # the labels and node of every ready, running pod of the namespace bound to a node
+    serving_labels: tuple[Mapping[str, str], ...]
+    serving_nodes: tuple[str, ...]
     # the gate's stragglers: per DCGM ``app``, the sorted names of its pods that lack the
     # common label of its component
     stragglers: Mapping[str, tuple[str, ...]]
@@ -53,13 +57,22 @@ class PodIndex:
         default_factory=dict, compare=False, repr=False
     )
 
+    @property
+    def serving(self) -> tuple[tuple[Mapping[str, str], str], ...]:
+        """(labels, node) of every serving pod."""
+        return tuple(zip(self.serving_labels, self.serving_nodes, strict=True))
+
     def covered(self, selector: Mapping[str, str]) -> frozenset[str]:
         """Nodes on which ``selector`` selects a serving pod (once per selector)."""
         key = frozenset(selector.items())
         found = self._covered.get(key)
         if found is None:
             matcher = selector_from_set(selector)
-            found = frozenset(node for labels, node in self.serving if matcher.matches(labels))
+            found = frozenset(
+                node
+                for labels, node in zip(self.serving_labels, self.serving_nodes, strict=True)
+                if matcher.matches(labels)
+            )
             self._covered[key] = found
         return found
 
@@ -100,21 +113,12 @@ def index_workloads(world: World, namespace: str) -> Workloads:
 def build_pod_index(pods: Iterable[K8sObject], namespace: str) -> PodIndex:
     """One pass over the pods: by ``app``, the serving ones and the gate's stragglers."""
     by_app: dict[str, list[K8sObject]] = {}
-    serving: list[tuple[Mapping[str, str], str]] = []
+    serving_labels: list[Mapping[str, str]] = []
+    serving_nodes: list[str] = []
     stragglers: dict[str, list[str]] = {}
-    # The pods of one DaemonSet revision share one label set as the caches keep them
-    # (``kube.store.SharedValues``): each set is read once (by identity; the set is kept
-    # here, so its id cannot pass to another during the pass).
-    label_sets: dict[int, tuple[Any, Mapping[str, str]]] = {}
     for pod in pods:
         if isinstance(pod, dict) and in_namespace(pod, namespace):
-            raw = meta(pod).get("labels")
-            seen = label_sets.get(id(raw))
-            if seen is not None and seen[0] is raw:
-                labels = seen[1]
-            else:
-                labels = labels_of(pod)
-                label_sets[id(raw)] = (raw, labels)
+            labels = _labels(pod)
             app = labels.get(APP_LABEL)
             if app is not None:
                 by_app.setdefault(app, []).append(pod)
@@ -124,12 +128,25 @@ def build_pod_index(pods: Iterable[K8sObject], namespace: str) -> PodIndex:
                     stragglers.setdefault(app, []).append(name_of(pod))
             node = serving_node(pod)
             if node is not None:
-                serving.append((labels, node))
+                serving_labels.append(labels)
+                serving_nodes.append(node)
     return PodIndex(
         {k: tuple(v) for k, v in by_app.items()},
-        tuple(serving),
+        tuple(serving_labels),
+        tuple(serving_nodes),
         {k: tuple(sorted(v)) for k, v in stragglers.items()},
     )
+
+
+def _labels(pod: K8sObject) -> Mapping[str, str]:
+    """``labels_of(pod)``: the pod's own label set when it is all text (as the API server
+    sends it; read-only, as every object of a world), else the text entries of it."""
+    raw = meta(pod).get("labels")
+    if isinstance(raw, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        return raw
+    return labels_of(pod)
 
 
 class _LastPodIndex:
