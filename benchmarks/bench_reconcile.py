@@ -26,29 +26,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared_svc.config import Config
-from shared_svc.controller import ServicesController
-from shared_svc.k8s.events import Report
-from shared_svc.kube.registry import Informers
 from shared_svc.kube.union import UnionInformer
-from shared_svc.metrics import Metrics
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import pod_fields
 from tests.realistic import api_daemonset, api_pod
 from tests.test_informer_events import fill
+from tests.test_reconcile_cost import standby
 from tests.worlds import APPS, cluster_policy, gc_spec, gpu_cluster
 
 CACHE = Path.home() / ".cache" / "shared-svc" / "bench-reconcile"
-
-
-class Recorder:
-    async def emit(self, report: Report) -> bool:
-        return True
-
-
-class NoWriter:
-    def __init__(self) -> None:
-        self.writes: dict[str, int] = {}
 
 
 def projected_pods(nodes: int, namespace: str) -> list[tuple[dict[str, Any], str]]:
@@ -77,18 +63,9 @@ def figures(seconds: list[float]) -> str:
 
 
 async def measure(nodes: int, repeat: int) -> None:
-    config = Config()
+    ctrl = standby()
+    config = ctrl._config
     ns = config.namespace
-    ctrl = ServicesController(
-        object(),  # type: ignore[arg-type]  # no request is sent: the caches are filled here
-        config,
-        recorder=Recorder(),
-        writer=NoWriter(),  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: False,
-        informers=Informers(object()),  # type: ignore[arg-type]
-    )
-    ctrl._informers = {name: ctrl._informer(res) for name, res in ctrl._resources().items()}
     pods = projected_pods(nodes, ns)
     union = ctrl._informers["pods"]
     assert isinstance(union, UnionInformer)

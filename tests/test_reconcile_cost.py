@@ -54,9 +54,11 @@ def _versioned(objects: list[K8sObject], first: int) -> list[K8sObject]:
     return objects
 
 
-def _controller() -> ServicesController:
+def standby() -> ServicesController:
+    """The Services controller as a standby (it plans, never writes) on its real caches,
+    made but not run: no request is sent (also ``benchmarks/bench_reconcile.py``'s)."""
     ctrl = ServicesController(
-        object(),  # type: ignore[arg-type]  # no request is sent: the caches are filled here
+        object(),  # type: ignore[arg-type]
         Config(),
         recorder=Recorder(),
         writer=NoWriter(),  # type: ignore[arg-type]
@@ -65,6 +67,11 @@ def _controller() -> ServicesController:
         informers=Informers(object()),  # type: ignore[arg-type]
     )
     ctrl._informers = {name: ctrl._informer(res) for name, res in ctrl._resources().items()}
+    return ctrl
+
+
+def _controller() -> ServicesController:
+    ctrl = standby()
     pods = _versioned(
         [
             worlds.pod(app, f"{app}-{n}", node=f"node-{n}", common=n % 7 != 0)
