@@ -1,10 +1,20 @@
 """The store of one cache (client-go's ``tools/cache`` store and its handler fan-out).
 
 Objects by ``(namespace, name)`` with their resourceVersions, read by the controllers
-(``get``, ``items``, ``cached_keys``); ``synced`` and the readers told of it;
-every :class:`EventHandler` handed each add, update and delete with the kept objects, and
-the ``on_change`` listeners told once per change. What is kept is shared across objects
-(:class:`SharedValues`). Filling the store is the reflector's (``kube.reflector``).
+(``get``, ``items``, ``cached_keys``); ``synced`` and the readers told of it
+(:class:`Listeners`); every :class:`EventHandler` handed each add, update and delete with
+the kept objects, and the ``on_change`` listeners told once per change. What is kept is
+shared across objects (:class:`SharedValues`). Filling the store is the reflector's
+(``kube.reflector``).
+
+Reading costs nothing while nothing changes: a store counts its changes (``generation``)
+and ``items()``/``cached_keys()`` hand out the very same tuple until the next one, so a
+reconcile after a change elsewhere (a ClusterPolicy) neither sorts nor copies 20,000
+cached pods, and a reader can key what it derives on that tuple's identity
+(``reconcile.selectors.index_workloads``). Every change of the contents passes a
+counting point: replacing ``_items`` (a re-list), and the hand-out of each add, update
+and delete (``_added``, ``_updated``, ``_deleted``), which the reflector calls right after
+it changes ``_items``, before any handler or listener runs.
 """
 
 from __future__ import annotations
@@ -88,31 +98,71 @@ def key_of(obj: K8sObject) -> tuple[str, str]:
     return meta.get("namespace", ""), meta.get("name", "")
 
 
+class Listeners:
+    """The readers of one cache (``kube.registry.Informers`` lets several share it): each
+    told of every change, and of ``synced`` whenever it changes (a reader added later is
+    told of it at once)."""
+
+    def __init__(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        self.synced = asyncio.Event()
+        self._on_change: list[Callable[[], None]] = []
+        self._on_synced: list[Callable[[bool], None]] = []
+        self.add(on_change, on_synced)
+
+    def add(
+        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
+    ) -> None:
+        self._on_change.append(on_change)
+        if on_synced:
+            self._on_synced.append(on_synced)
+            on_synced(self.synced.is_set())
+
+    def changed(self) -> None:
+        for listener in self._on_change:
+            listener()
+
+    def set_synced(self, value: bool) -> None:
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        for listener in self._on_synced:
+            listener(value)
+
+
 class Store:
     """The objects of one cache, the readers told of its changes and of ``synced``."""
 
     def __init__(
         self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
     ) -> None:
-        # Several readers may share one cache (``kube.registry.Informers``): each has its
-        # triggers.
-        self._change_listeners = [on_change]
+        self.generation = 0  # changes of the contents so far (module docstring)
+        self._sorted: tuple[int, tuple[Key, ...]] = (-1, ())  # (generation, sorted keys)
+        self._objects: tuple[int, tuple[K8sObject, ...]] = (-1, ())  # (generation, items())
+        self._listeners = Listeners(on_change, on_synced)
+        self.synced = self._listeners.synced
         self._handlers: list[EventHandler] = []
-        self._synced_listeners = [on_synced] if on_synced else []
-        self._items: dict[Key, K8sObject] = {}
+        self._items = {}
         self._versions: dict[Key, str] = {}  # key -> resourceVersion
-        self.synced = asyncio.Event()
-        if on_synced:
-            on_synced(False)
+
+    @property
+    def _items(self) -> dict[Key, K8sObject]:
+        return self._contents
+
+    @_items.setter
+    def _items(self, items: dict[Key, K8sObject]) -> None:
+        self._contents = items
+        self.generation += 1
 
     def add_listener(
         self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
     ) -> None:
         """Another reader of this cache: told of every change (and of ``synced``) too."""
-        self._change_listeners.append(on_change)
-        if on_synced:
-            self._synced_listeners.append(on_synced)
-            on_synced(self.synced.is_set())
+        self._listeners.add(on_change, on_synced)
 
     def add_handler(self, handler: EventHandler) -> None:
         """``handler`` is told of every add, update and delete from now on; a synced cache
@@ -123,18 +173,21 @@ class Store:
                 handler.on_add(obj)
 
     def _on_change(self) -> None:
-        for listener in self._change_listeners:
-            listener()
+        self.generation += 1
+        self._listeners.changed()
 
     def _added(self, new: K8sObject) -> None:
+        self.generation += 1
         for handler in self._handlers:
             handler.on_add(new)
 
     def _updated(self, old: K8sObject, new: K8sObject) -> None:
+        self.generation += 1
         for handler in self._handlers:
             handler.on_update(old, new)
 
     def _deleted(self, old: K8sObject) -> None:
+        self.generation += 1
         for handler in self._handlers:
             handler.on_delete(old)
 
@@ -143,21 +196,25 @@ class Store:
         return self._items.get((namespace, name))
 
     def items(self) -> tuple[K8sObject, ...]:
-        return tuple(self._items[k] for k in sorted(self._items))
+        """Every cached object, by (namespace, name): the same tuple until a change."""
+        at, objects = self._objects
+        if at != self.generation:
+            items = self._items
+            objects = tuple(items[k] for k in self.cached_keys())
+            self._objects = (self.generation, objects)
+        return objects
 
-    def cached_keys(self) -> list[Key]:
-        """The (namespace, name) of every cached object."""
-        return list(self._items)
+    def cached_keys(self) -> tuple[Key, ...]:
+        """The (namespace, name) of every cached object, sorted: the same tuple until a
+        change."""
+        at, keys = self._sorted
+        if at != self.generation:
+            keys = tuple(sorted(self._items))
+            self._sorted = (self.generation, keys)
+        return keys
 
     def _set_synced(self, value: bool) -> None:
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        for listener in self._synced_listeners:
-            listener(value)
+        self._listeners.set_synced(value)
 
     def _hand_out_difference(
         self, old_items: dict[Key, K8sObject], old_versions: dict[Key, str]

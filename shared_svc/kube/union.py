@@ -12,7 +12,7 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Informer
 from shared_svc.kube.resources import Resource
-from shared_svc.kube.store import EventHandler, Key
+from shared_svc.kube.store import EventHandler, Key, Listeners
 
 
 class UnionInformer:
@@ -21,7 +21,14 @@ class UnionInformer:
     re-lists and backoff), read as one store. Requirements of one selector are ANDed, so
     a union takes several watches; with disjoint selectors each object is held once (an
     object that moves from one to another is, for a moment, in both: the newer copy is
-    read). Synced when every part is."""
+    read). Synced when every part is.
+
+    Read as one store without merging on every read: ``items()`` and ``cached_keys()``
+    are merged once per change of a part (``generation``, the parts' own) and hand out
+    the very same tuple until the next; ``get`` asks each part for the one key. (A watch
+    event that changes only the resourceVersion of a kept object is no change of its
+    part: it cannot change which of two copies is newer, since a part's stream is in
+    resourceVersion order and tells of a pod leaving its selector before of its return.)"""
 
     def __init__(
         self,
@@ -34,9 +41,9 @@ class UnionInformer:
         **options: Any,
     ) -> None:
         self.resource = resource
-        self.synced = asyncio.Event()
-        self._change_listeners = [on_change]
-        self._synced_listeners = [on_synced] if on_synced else []
+        self._listeners = Listeners(on_change, on_synced)
+        self.synced = self._listeners.synced
+        self._merged: tuple[tuple[int, ...], tuple[Key, ...], tuple[K8sObject, ...]] | None = None
         self.parts: tuple[Informer, ...] = ()
         self.parts = tuple(
             Informer(
@@ -49,8 +56,6 @@ class UnionInformer:
             )
             for selector in resource.any_of
         )
-        if on_synced:
-            on_synced(False)
 
     async def relist(self) -> None:
         """A complete list of every part (each one list: ``relists`` counts them all)."""
@@ -60,50 +65,56 @@ class UnionInformer:
     def add_listener(
         self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
     ) -> None:
-        self._change_listeners.append(on_change)
-        if on_synced:
-            self._synced_listeners.append(on_synced)
-            on_synced(self.synced.is_set())
+        self._listeners.add(on_change, on_synced)
 
     def add_handler(self, handler: EventHandler) -> None:
         for part in self.parts:
             part.add_handler(handler)
 
     def _on_change(self) -> None:
-        for listener in self._change_listeners:
-            listener()
+        self._listeners.changed()
 
     def _part_synced(self, _: bool) -> None:
-        value = bool(self.parts) and all(part.synced.is_set() for part in self.parts)
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        for listener in self._synced_listeners:
-            listener(value)
+        self._listeners.set_synced(bool(self.parts) and all(p.synced.is_set() for p in self.parts))
 
-    def _store(self) -> dict[Key, K8sObject]:
-        store: dict[Key, K8sObject] = {}
-        newest: dict[Key, int] = {}
-        for part in self.parts:
-            for key, obj in part._items.items():
-                version = part._versions.get(key, "")
-                rank = int(version) if version.isdigit() else 0
-                if key not in store or rank > newest[key]:
-                    store[key], newest[key] = obj, rank
-        return store
+    @property
+    def generation(self) -> tuple[int, ...]:
+        """The parts' generations: equal while no part changed."""
+        return tuple(part.generation for part in self.parts)
+
+    def _merge(self) -> tuple[tuple[Key, ...], tuple[K8sObject, ...]]:
+        """The sorted keys and objects of the union (of a key in two parts, the newer
+        copy), merged again only after a part changed."""
+        generation = self.generation
+        if self._merged is None or self._merged[0] != generation:
+            store: dict[Key, K8sObject] = {}
+            newest: dict[Key, int] = {}
+            for part in self.parts:
+                for key, obj in part._items.items():
+                    rank = _rank(part._versions.get(key, ""))
+                    if key not in store or rank > newest[key]:
+                        store[key], newest[key] = obj, rank
+            keys = tuple(sorted(store))
+            self._merged = (generation, keys, tuple(store[k] for k in keys))
+        return self._merged[1], self._merged[2]
 
     def get(self, name: str, namespace: str = "") -> K8sObject | None:
-        return self._store().get((namespace, name))
+        """The newer copy of the parts' (no request, no merge)."""
+        key = (namespace, name)
+        found, newest = None, 0
+        for part in self.parts:
+            obj = part._items.get(key)
+            if obj is not None:
+                rank = _rank(part._versions.get(key, ""))
+                if found is None or rank > newest:
+                    found, newest = obj, rank
+        return found
 
     def items(self) -> tuple[K8sObject, ...]:
-        store = self._store()
-        return tuple(store[k] for k in sorted(store))
+        return self._merge()[1]
 
-    def cached_keys(self) -> list[Key]:
-        return list(self._store())
+    def cached_keys(self) -> tuple[Key, ...]:
+        return self._merge()[0]
 
     @property
     def served(self) -> bool:
@@ -124,3 +135,8 @@ class UnionInformer:
     async def run(self, stop: asyncio.Event) -> None:
         """Every part's list+watch, until ``stop``."""
         await asyncio.gather(*(part.run(stop) for part in self.parts))
+
+
+def _rank(version: str) -> int:
+    """A resourceVersion as a number to compare copies by (0 when it is not one)."""
+    return int(version) if version.isdigit() else 0

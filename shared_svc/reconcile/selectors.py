@@ -11,8 +11,8 @@ consumer is the scraper, kept whole by the scrape annotations and the write orde
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared_svc.k8s.objects import K8sObject, in_namespace, labels_of, meta, name_of, spec
@@ -39,32 +39,140 @@ _STRAGGLERS_NAMED = 5
 
 
 @dataclass(frozen=True)
+class PodIndex:
+    """The pods of the namespace as planning reads them, built in one pass. Kept from one
+    plan to the next (:func:`pod_index`), so it holds few objects of its own (a long-lived
+    object per pod would make every full garbage collection slower): the labels are the
+    pods' own label sets, and the serving pods two parallel tuples."""
+
+    by_app: Mapping[str, tuple[K8sObject, ...]]  # by ``app`` label
+    # the labels and node of every ready, running pod of the namespace bound to a node
+    serving_labels: tuple[Mapping[str, str], ...]
+    serving_nodes: tuple[str, ...]
+    # the gate's stragglers: per DCGM ``app``, the sorted names of its pods that lack the
+    # common label of its component
+    stragglers: Mapping[str, tuple[str, ...]]
+    # covered nodes by selector, as asked (``covered_nodes``; the hold asks of a few)
+    _covered: dict[frozenset[tuple[str, str]], frozenset[str]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def serving(self) -> tuple[tuple[Mapping[str, str], str], ...]:
+        """(labels, node) of every serving pod."""
+        return tuple(zip(self.serving_labels, self.serving_nodes, strict=True))
+
+    def covered(self, selector: Mapping[str, str]) -> frozenset[str]:
+        """Nodes on which ``selector`` selects a serving pod (once per selector)."""
+        key = frozenset(selector.items())
+        found = self._covered.get(key)
+        if found is None:
+            matcher = selector_from_set(selector)
+            found = frozenset(
+                node
+                for labels, node in zip(self.serving_labels, self.serving_nodes, strict=True)
+                if matcher.matches(labels)
+            )
+            self._covered[key] = found
+        return found
+
+
+@dataclass(frozen=True)
 class Workloads:
-    """DaemonSets by name and pods by ``app`` label: built once, so planning stays linear."""
+    """DaemonSets by name and the pod index: built once, so planning stays linear."""
 
     daemonsets: Mapping[str, K8sObject]
-    pods_by_app: Mapping[str, tuple[K8sObject, ...]]
-    # (labels, node) of every ready, running pod of the namespace that is bound to a node
-    serving: tuple[tuple[Mapping[str, str], str], ...] = ()
+    pods: PodIndex
+
+    @property
+    def pods_by_app(self) -> Mapping[str, tuple[K8sObject, ...]]:
+        return self.pods.by_app
+
+    @property
+    def serving(self) -> tuple[tuple[Mapping[str, str], str], ...]:
+        return self.pods.serving
+
+
+# The common label of each DCGM ``app`` (the gate's: ``app_label_of`` and ``COMMON_LABEL``).
+_COMMON_OF_APP: Mapping[str, str] = {
+    app: COMMON_LABEL[component]
+    for apps in (LEGACY_APP, DRA_APP)
+    for component, app in apps.items()
+}
 
 
 def index_workloads(world: World, namespace: str) -> Workloads:
+    """The DaemonSets (a few) indexed anew; the pods' index is :func:`pod_index`'s."""
     daemonsets: dict[str, K8sObject] = {}
     for ds in world.daemonsets:
         if isinstance(ds, dict) and in_namespace(ds, namespace):
             daemonsets[name_of(ds)] = ds
-    pods: dict[str, list[K8sObject]] = {}
-    serving: list[tuple[Mapping[str, str], str]] = []
-    for pod in world.pods:
+    return Workloads(daemonsets, pod_index(world.pods, namespace))
+
+
+def build_pod_index(pods: Iterable[K8sObject], namespace: str) -> PodIndex:
+    """One pass over the pods: by ``app``, the serving ones and the gate's stragglers."""
+    by_app: dict[str, list[K8sObject]] = {}
+    serving_labels: list[Mapping[str, str]] = []
+    serving_nodes: list[str] = []
+    stragglers: dict[str, list[str]] = {}
+    for pod in pods:
         if isinstance(pod, dict) and in_namespace(pod, namespace):
-            labels = labels_of(pod)
+            labels = _labels(pod)
             app = labels.get(APP_LABEL)
             if app is not None:
-                pods.setdefault(app, []).append(pod)
+                by_app.setdefault(app, []).append(pod)
+                common = _COMMON_OF_APP.get(app)
+                # Pods being deleted still count: they may be serving until they are gone.
+                if common is not None and labels.get(common) != "true":
+                    stragglers.setdefault(app, []).append(name_of(pod))
             node = serving_node(pod)
             if node is not None:
-                serving.append((labels, node))
-    return Workloads(daemonsets, {k: tuple(v) for k, v in pods.items()}, tuple(serving))
+                serving_labels.append(labels)
+                serving_nodes.append(node)
+    return PodIndex(
+        {k: tuple(v) for k, v in by_app.items()},
+        tuple(serving_labels),
+        tuple(serving_nodes),
+        {k: tuple(sorted(v)) for k, v in stragglers.items()},
+    )
+
+
+def _labels(pod: K8sObject) -> Mapping[str, str]:
+    """``labels_of(pod)``: the pod's own label set when it is all text (as the API server
+    sends it; read-only, as every object of a world), else the text entries of it."""
+    raw = meta(pod).get("labels")
+    if isinstance(raw, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        return raw
+    return labels_of(pod)
+
+
+class _LastPodIndex:
+    """The last pod index, with the very tuple of pods it was built from (kept, so its
+    identity cannot pass to another tuple). The caches hand out the same tuple until a
+    pod changes (``kube.store``) and a tuple cannot change, so a reconcile after a change
+    of anything but the pods reuses the index; any other sequence builds it as before.
+    The objects of a world are read-only, as everywhere in the core."""
+
+    def __init__(self) -> None:
+        self.last: tuple[tuple[K8sObject, ...], str, PodIndex] | None = None
+
+    def __call__(self, pods: Iterable[K8sObject], namespace: str) -> PodIndex:
+        last = self.last
+        if last is not None and last[0] is pods and last[1] == namespace:
+            return last[2]
+        index = build_pod_index(pods, namespace)
+        # A list or generator may change or be spent: only a tuple is remembered.
+        self.last = (pods, namespace, index) if type(pods) is tuple else None
+        return index
+
+    def clear(self) -> None:
+        self.last = None
+
+
+pod_index = _LastPodIndex()
 
 
 _POD_METADATA = ("name", "namespace", "labels", "deletionTimestamp")
@@ -126,8 +234,7 @@ def covered_nodes(selector: Mapping[str, str], workloads: Workloads) -> frozense
     A Service without a selector selects no pods (its endpoints are not managed)."""
     if not selector:
         return frozenset()
-    matcher = selector_from_set(selector)
-    return frozenset(node for labels, node in workloads.serving if matcher.matches(labels))
+    return workloads.pods.covered(selector)
 
 
 def app_label_of(stack: CRKind, component: Component) -> str:
@@ -171,10 +278,7 @@ def gate_open(stack: CRKind, component: Component, workloads: Workloads) -> Gate
                 f"DaemonSet {app}: rollout incomplete (updatedNumberScheduled {updated}, "
                 f"desiredNumberScheduled {desired}, numberAvailable {available})"
             )
-    # Pods being deleted still count: they may be serving until they are gone.
-    stragglers = sorted(
-        name_of(p) for p in workloads.pods_by_app.get(app, ()) if labels_of(p).get(common) != "true"
-    )
+    stragglers = list(workloads.pods.stragglers.get(app, ()))
     if stragglers:
         failing.append(
             f"{len(stragglers)} pod(s) with {APP_LABEL}={app} lack label {common}=true: "
