@@ -137,8 +137,9 @@ class ThrottlingProxy:
         self.throttled = 0  # 429s answered
         self.watches = 0  # watch requests passed through
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
-        self._faults: list[tuple[str, str]] = []  # (method, path suffix) to answer 500 once
-        self.faulted: list[tuple[str, str]] = []  # (method, path) of the requests answered 500
+        # (method, path suffix, status) to answer once with that status (500 or 429)
+        self._faults: list[tuple[str, str, int]] = []
+        self.faulted: list[tuple[str, str]] = []  # (method, path) of the requests so answered
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
         self.port = 0
@@ -173,32 +174,11 @@ class ThrottlingProxy:
             if request.method == fault[0] and request.rel_url.path.endswith(fault[1]):
                 self._faults.remove(fault)
                 self.faulted.append((request.method, request.rel_url.path))
-                return web.json_response(
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "status": "Failure",
-                        "message": 'an error on the server ("test fault") has prevented the request from succeeding',
-                        "reason": "InternalError",
-                        "code": 500,
-                    },
-                    status=500,
-                )
+                return self._refusal(fault[2])
         if request.query.get("watch") in ("true", "1"):
             if self.throttle_watches:
                 self.throttled += 1
-                return web.json_response(
-                    {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "status": "Failure",
-                        "message": "too many requests, please try again later",
-                        "reason": "TooManyRequests",
-                        "code": 429,
-                    },
-                    status=429,
-                    headers={"Retry-After": str(self.retry_after)},
-                )
+                return self._refusal(429)
             self.watches += 1
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
@@ -233,9 +213,32 @@ class ThrottlingProxy:
             await resp.write_eof()
             return resp
 
-    def fail_once(self, method: str, path_suffix: str) -> None:
-        """The next ``method`` request whose path ends with ``path_suffix`` gets a 500."""
-        self._faults.append((method, path_suffix))
+    def _refusal(self, code: int) -> web.Response:
+        """A Status as the API server sends it: 500, or 429 with ``Retry-After`` (its own
+        throttling: no cause, unlike a PodDisruptionBudget's refusal of an eviction)."""
+        if code == 429:
+            message, reason = "too many requests, please try again later", "TooManyRequests"
+            headers = {"Retry-After": str(self.retry_after)}
+        else:
+            message = (
+                'an error on the server ("test fault") has prevented the request from succeeding'
+            )
+            reason, headers = "InternalError", {}
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+        return web.json_response(body, status=code, headers=headers)
+
+    def fail_once(self, method: str, path_suffix: str, *, status: int = 500) -> None:
+        """The next ``method`` request whose path ends with ``path_suffix`` gets a 500
+        (``status`` 429: the API server's own throttling, as API Priority and Fairness
+        answers, with ``Retry-After`` and no cause)."""
+        self._faults.append((method, path_suffix, status))
 
     def throttle(self) -> None:
         """From now on every watch request gets 429; the open watches end (cleanly, as at

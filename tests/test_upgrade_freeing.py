@@ -1004,5 +1004,40 @@ async def test_a_transient_500_on_the_delete_after_the_timeout_warns_once_and_re
     assert (pod["blocked"], pod["deleted"]) == (True, True)
 
 
+async def test_an_eviction_the_api_server_throttles_is_retried_and_never_reported_as_a_budget_refusal(
+    api: ApiClient,
+    control_plane: testenv.ControlPlane,
+    ns: str,
+    nodes: Callable[..., Awaitable[str]],
+    tmp_path: Path,
+) -> None:
+    """A 429 without the DisruptionBudget cause is the API server shedding load (API
+    Priority and Fairness), as a 64-wide wave may meet: the pass is retried after the
+    backoff and the pod evicted, with no GPUConsumerEvictionBlocked Warning and nothing
+    recorded blocked, although the refusals last past the eviction timeout."""
+    node = await nodes()
+    await create(api, ex.declared_pod("x", namespace=ns, node_name=node))
+    proxy = await ThrottlingProxy.start(control_plane)
+    throttled = 5  # about 1.5 s of backoff from 0.05 s: past the 0.5 s timeout
+    for _ in range(throttled):
+        proxy.fail_once("POST", f"/namespaces/{ns}/pods/x/eviction", status=429)
+    config = settings(upgrade_eviction_timeout_seconds=0.5)
+    proxied = await api_client(
+        control_plane, str(kubeconfig_via(control_plane, proxy.url, tmp_path / "kc"))
+    )
+    running = Running(proxied, config)
+    try:
+        await set_state(api, node, "cordon-required")
+        await eventually(lambda: pod_state_is(api, ns, "x", "terminating"), 30)
+        assert not running.controller.status()["nodes"][node]["blocked"]
+    finally:
+        await running.stop()
+        await proxied.close()
+        await proxy.close()
+    assert proxy.faulted == [("POST", f"/api/v1/namespaces/{ns}/pods/x/eviction")] * throttled
+    assert await blocked_warnings(api, node) == []
+    assert (await recorded_pod(api, node))["blocked"] is False
+
+
 async def _recorded_deleted(api: ApiClient, node: str) -> bool:
     return bool((await recorded_pod(api, node))["deleted"])

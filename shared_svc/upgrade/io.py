@@ -26,13 +26,30 @@ from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
 from shared_svc.kube.store import EventHandler
-from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request
+from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
 from shared_svc.wait.ratelimit import BucketRateLimiter
 
 EvictOutcome = Literal["evicted", "blocked", "gone"]
+
+# The cause every PodDisruptionBudget refusal of an eviction carries (policy/v1
+# ``DisruptionBudgetCause``; kube-apiserver's pod eviction REST: no status yet, not
+# allowed now, or a conflict while it checked).
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
+
+
+def refused_by_disruption_budget(exc: ApiException) -> bool:
+    """Whether a 429 on an eviction is a PodDisruptionBudget's refusal (its Status names
+    the cause), rather than the API server's own throttling (no such cause)."""
+    details = status_of(exc).get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get("type") == DISRUPTION_BUDGET_CAUSE for c in causes
+    )
+
+
 FIELD_MANAGER = "shared-svc-upgrade"
 
 
@@ -274,8 +291,10 @@ class KubeUpgradeIO:
                 self._api, "POST", PODS.item(action.name, action.namespace, "eviction"), body=body
             )
         except ApiException as exc:
-            if exc.status == 429:
+            if exc.status == 429 and refused_by_disruption_budget(exc):
                 return "blocked"  # a PodDisruptionBudget says no (for now)
+            # Any other 429 is the API server shedding load (API Priority and Fairness,
+            # max-in-flight), not a budget: the pass fails and is retried after the backoff.
             if exc.status in (404, 409):
                 return "gone"  # gone, or a successor with another uid: not ours to evict
             raise
