@@ -14,8 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from proptests.strategies import json_values, set_at
-from proptests.test_plan_json_props import DROPPED, FORMATS, HOLE, HOSTILE, pod_texts
+from proptests.test_plan_json_props import DROPPED, FORMATS, odd_text, pod_texts
 from proptests.test_projection_props import PATHS as DS_PATHS
 from shared_svc.caches import ALL_DAEMONSETS, node_resources, operator_pods
 from shared_svc.kube.reflector import Listed, Resource, read_page, watch_event
@@ -50,14 +49,7 @@ def daemonset_texts(draw: st.DrawFn, fmt: dict[str, Any]) -> str:
     """A DaemonSet's JSON with odd values in kept and dropped fields, and hostile tokens."""
     ds: Any = api_daemonset(draw(st.sampled_from(["nvidia-dcgm", "other"])), 3)
     paths = DS_PATHS + DROPPED + (("spec", "template", "spec", "containers"),)
-    for _ in range(draw(st.integers(0, 3))):
-        set_at(ds, draw(st.sampled_from(paths)), draw(json_values | st.floats()))
-    for _ in range(draw(st.integers(0, 2))):
-        set_at(ds, draw(st.sampled_from(paths)), HOLE)
-    text = json.dumps(ds, allow_nan=True, **fmt)
-    while json.dumps(HOLE) in text:
-        text = text.replace(json.dumps(HOLE), draw(HOSTILE), 1)
-    return text
+    return odd_text(draw, ds, paths, fmt)
 
 
 @st.composite
@@ -86,14 +78,7 @@ def node_texts(draw: st.DrawFn, fmt: dict[str, Any]) -> str:
             ],
         },
     }
-    for _ in range(draw(st.integers(0, 3))):
-        set_at(node, draw(st.sampled_from(NODE_PATHS)), draw(json_values | st.floats()))
-    for _ in range(draw(st.integers(0, 2))):
-        set_at(node, draw(st.sampled_from(NODE_PATHS)), HOLE)
-    text = json.dumps(node, allow_nan=True, **fmt)
-    while json.dumps(HOLE) in text:
-        text = text.replace(json.dumps(HOLE), draw(HOSTILE), 1)
-    return text
+    return odd_text(draw, node, NODE_PATHS, fmt)
 
 
 def objects(resource: Resource, fmt: dict[str, Any]) -> st.SearchStrategy[str]:

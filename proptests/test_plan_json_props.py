@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import example, given
@@ -58,20 +59,28 @@ FORMATS = st.fixed_dictionaries(
 )
 
 
+def odd_text(
+    draw: st.DrawFn, obj: Any, paths: Sequence[tuple[str, ...]], fmt: dict[str, Any]
+) -> str:
+    """``obj``'s JSON (as ``fmt`` writes it) after up to three odd values and two hostile
+    tokens (``HOSTILE``, in place of a ``HOLE``) at some of ``paths``."""
+    for _ in range(draw(st.integers(0, 3))):
+        set_at(obj, draw(st.sampled_from(paths)), draw(json_values | st.floats()))
+    for _ in range(draw(st.integers(0, 2))):
+        set_at(obj, draw(st.sampled_from(paths)), HOLE)
+    text = json.dumps(obj, allow_nan=True, **fmt)
+    while json.dumps(HOLE) in text:
+        text = text.replace(json.dumps(HOLE), draw(HOSTILE), 1)
+    return text
+
+
 @st.composite
 def pod_texts(draw: st.DrawFn, fmt: dict[str, Any]) -> str:
     """A realistic Pod's JSON, with odd values in kept and dropped fields, duplicate keys,
     hostile tokens, as the API server or kubectl writes it (compact or indented)."""
     app = draw(st.sampled_from(["nvidia-dcgm", "nvidia-dcgm-exporter", "other"]))
     pod: Any = api_pod(app, draw(st.sampled_from(["p-0", "p-1"])), "node-0")
-    for _ in range(draw(st.integers(0, 3))):
-        set_at(pod, draw(st.sampled_from(PATHS + DROPPED)), draw(json_values | st.floats()))
-    holes = draw(st.integers(0, 2))
-    for _ in range(holes):
-        set_at(pod, draw(st.sampled_from(PATHS + DROPPED)), HOLE)
-    text = json.dumps(pod, allow_nan=True, **fmt)
-    while json.dumps(HOLE) in text:
-        text = text.replace(json.dumps(HOLE), draw(HOSTILE), 1)
+    text = odd_text(draw, pod, PATHS + DROPPED, fmt)
     if draw(st.booleans()):  # a duplicate key: the last one wins (or an odd one first)
         key = draw(st.sampled_from(["kind", "metadata", "spec", "status", "apiVersion"]))
         value = json.dumps(draw(json_values))
