@@ -246,12 +246,11 @@ def print_changes(controller_ms: list[float], bare_ms: list[float]) -> tuple[flo
 
 
 def _leading(port: int) -> bool:
+    """Ready, then leading (``bench_memory.Run._ready``'s order)."""
+    if http_get(port, "/readyz")[0] != 200:
+        return False
     code, body = http_get(port, "/status")
-    return (
-        code == 200
-        and json.loads(body).get("leader") is True
-        and http_get(port, "/readyz")[0] == 200
-    )
+    return code == 200 and json.loads(body).get("leader") is True
 
 
 async def _apply(core: client.CoreV1Api, ns: str, policy: str) -> None:

@@ -296,12 +296,12 @@ class Run:
             await asyncio.sleep(0.2)
 
     def _ready(self) -> bool:
+        """Ready (polled as a kubelet polls), then leading: ``/status`` is asked only once
+        the caches synced (it serializes every upgrading node's status)."""
+        if http_get(self.port, "/readyz")[0] != 200:
+            return False
         code, body = http_get(self.port, "/status")
-        return (
-            code == 200
-            and json.loads(body).get("leader") is True
-            and http_get(self.port, "/readyz")[0] == 200
-        )
+        return code == 200 and json.loads(body).get("leader") is True
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -42,6 +42,7 @@ CHART_VALUES = {
     "resync_seconds": "tuning.resyncSeconds",
     "discovery_seconds": "tuning.discoverySeconds",
     "coalesce_seconds": "tuning.coalesceSeconds",
+    "api_compression": "tuning.apiCompression",
     "backoff_base_seconds": "tuning.backoffBaseSeconds",
     "backoff_max_seconds": "tuning.backoffMaxSeconds",
     "writes_per_second": "tuning.writesPerSecond",

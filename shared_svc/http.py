@@ -10,12 +10,12 @@ waits an hour).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -41,9 +41,10 @@ def make_app(
         return web.Response(text="ok\n" if ok else "caches not synced\n", status=200 if ok else 503)
 
     async def status_view(_: web.Request) -> web.Response:
-        return web.Response(
-            text=json.dumps(status(), indent=2, default=str) + "\n", content_type="application/json"
-        )
+        # msgspec, not json.dumps(indent=2) (pure Python with an indent: 60 ms of the event
+        # loop for 500 upgrading nodes); a value of another type is written as its str.
+        body = msgspec.json.format(msgspec.json.encode(status(), enc_hook=str), indent=2)
+        return web.Response(body=body + b"\n", content_type="application/json")
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)

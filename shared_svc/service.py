@@ -23,7 +23,7 @@ from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.events import EventPublisher, EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
-from shared_svc.kubeconfig import api_client
+from shared_svc.kubeconfig import api_client, without_compression
 from shared_svc.metrics import Metrics
 from shared_svc.runtime.runnable import Manager, Runnable
 
@@ -91,6 +91,8 @@ class Service:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         self.api = api = await api_client(cfg.kubeconfig)
+        if not cfg.api_compression:
+            without_compression(api)
         try:
             self.manager = Manager(self._build(api), self.is_leader)
             # Until SIGTERM or a part ending unexpectedly; then every part stops, in the

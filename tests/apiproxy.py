@@ -7,7 +7,8 @@
 - :class:`ThrottlingProxy` terminates TLS with the API server's own certificate and
   forwards each HTTP request; while ``throttle_watches`` is set it answers every watch
   request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does;
-  it records every request's method and path (``requests``); ``fail_once(method, suffix)``
+  it records every request's method and path (``requests``), and the encodings asked
+  for and answered (``encodings``); ``fail_once(method, suffix)``
   answers the next such request ``500 Internal Server Error`` (a transient server fault).
 """
 
@@ -137,6 +138,9 @@ class ThrottlingProxy:
         self.throttled = 0  # 429s answered
         self.watches = 0  # watch requests passed through
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
+        # (path, the request's Accept-Encoding, the API server's Content-Encoding) of each
+        # request passed through
+        self.encodings: list[tuple[str, str, str]] = []
         # (method, path suffix, status) to answer once with that status (500 or 429)
         self._faults: list[tuple[str, str, int]] = []
         self.faulted: list[tuple[str, str]] = []  # (method, path) of the requests so answered
@@ -188,6 +192,13 @@ class ThrottlingProxy:
             headers=headers,
             data=await request.read() if request.can_read_body else None,
         ) as upstream:
+            self.encodings.append(
+                (
+                    request.rel_url.path,
+                    request.headers.get("Accept-Encoding", ""),
+                    upstream.headers.get("Content-Encoding", ""),
+                )
+            )
             resp = web.StreamResponse(
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP},
@@ -248,6 +259,10 @@ class ThrottlingProxy:
             ender.set()
 
     async def close(self) -> None:
+        # The streams still open (watches) end first: the runner's cleanup waits for every
+        # handler, up to aiohttp's 60 s shutdown timeout.
+        for ender in self._enders:
+            ender.set()
         if self._runner:
             await self._runner.cleanup()
         if self._session:

@@ -12,8 +12,9 @@ import pytest
 
 from proptests.test_cache_decode_props import NODES, PODS, event_outcome, exact, page_outcome
 from shared_svc.caches import POD_DECODER
+from shared_svc.kube import untrusted
 from shared_svc.kube.resources import METADATA_DECODER
-from shared_svc.kube.untrusted import MAX_DEPTH
+from shared_svc.kube.untrusted import MAX_DEPTH, PRUNED
 from tests.realistic import api_pod
 
 
@@ -69,12 +70,47 @@ def test_a_long_integer_stops_the_list_with_the_exact_readers_error() -> None:
 
 
 @pytest.mark.parametrize("levels", [MAX_DEPTH - 5, MAX_DEPTH + 5, 990, 5000])
-def test_deep_nesting_in_a_dropped_field_is_cut_as_by_the_exact_reader(levels: int) -> None:
+def test_deep_nesting_in_a_dropped_field_is_skipped_as_the_exact_reader_drops_it(
+    levels: int,
+) -> None:
+    """Cut or skipped, a field nobody reads is not kept: the object is kept whole and not
+    reported as cut, by both readers."""
     raw = _page(dict(POD, spec=dict(POD["spec"])), _nested(levels))
     token, listed = page_outcome(raw, PODS)
     assert (token, listed) == page_outcome(raw, exact(PODS))
-    assert listed.pruned == ({("gpu-operator", "p-0")} if levels > MAX_DEPTH - 4 else set())
+    assert listed.pruned == set()
     assert listed.items[("gpu-operator", "p-0")]["spec"] == {"nodeName": "node-0"}
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 5, MAX_DEPTH + 5, 990, 5000])
+def test_deep_nesting_in_a_kept_field_is_cut_and_reported_as_by_the_exact_reader(
+    levels: int,
+) -> None:
+    """A label value nested deep (no API server serves one; a hostile text may): msgspec
+    builds it, the bound refuses what it built, the exact reader cuts it and the object is
+    reported as cut."""
+    pod = dict(POD, metadata=dict(POD["metadata"], labels={"app": "HOLE"}))
+    text = json.dumps({"metadata": {"resourceVersion": "5"}, "items": [pod]}).encode()
+    raw = text.replace(b'"HOLE"', _nested(levels))
+    token, listed = page_outcome(raw, PODS)
+    assert (token, listed) == page_outcome(raw, exact(PODS))
+    cut = levels + 4 > MAX_DEPTH + 2  # the page, its items, the pod, its metadata, the labels
+    assert listed.pruned == ({("gpu-operator", "p-0")} if cut else set())
+    assert (PRUNED in str(listed.items[("gpu-operator", "p-0")])) is cut
+
+
+def test_a_realistic_page_is_not_scanned_for_its_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path bounds what it built, not the text (the bytes-level scan was most of
+    a pod's decoding)."""
+
+    scans: list[bytes] = []
+    monkeypatch.setattr(untrusted, "json_depth", lambda raw: scans.append(raw) or 0)
+    pods = [dict(POD, metadata=dict(POD["metadata"], name=f"p-{i}")) for i in range(3)]
+    raw = json.dumps({"metadata": {"resourceVersion": "5"}, "items": pods}).encode()
+    _, listed = page_outcome(raw, PODS)
+    assert len(listed.items) == 3 and scans == []
+    page_outcome(raw, exact(PODS))  # the exact reader scans a page of more brackets than the bound
+    assert scans == [raw]
 
 
 @pytest.mark.parametrize("levels", [990, 5000, 100_000])

@@ -524,6 +524,7 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
     "tuning.resyncSeconds=600": ("SHARED_SVC_RESYNC_SECONDS", "resync_seconds", 600.0),
     "tuning.discoverySeconds=30": ("SHARED_SVC_DISCOVERY_SECONDS", "discovery_seconds", 30.0),
     "tuning.coalesceSeconds=0.5": ("SHARED_SVC_COALESCE_SECONDS", "coalesce_seconds", 0.5),
+    "tuning.apiCompression=true": ("SHARED_SVC_API_COMPRESSION", "api_compression", True),
     "tuning.backoffBaseSeconds=0.01": (
         "SHARED_SVC_BACKOFF_BASE_SECONDS",
         "backoff_base_seconds",

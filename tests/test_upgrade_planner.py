@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from shared_svc.upgrade import record, states
-from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node
+from shared_svc.upgrade.planner import NodePlan, NodeStatus, deleted_patch, plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -522,3 +522,27 @@ def test_a_record_naming_a_pod_of_the_operator_namespace_makes_the_pass_read_it(
     moved = replace(S, operator_namespace="ml")
     assert pods_read(node, {}, moved).skip_namespace is None
     assert plan(node, pods, settings=moved, now=T0 + 1).status.refused == ("ml/job",)
+
+
+def test_a_node_status_as_a_dict_is_every_field_with_tuples_as_lists() -> None:
+    """``/status`` serializes hundreds of node statuses on every call: ``as_dict`` reads the
+    fields flat instead of ``dataclasses.asdict``'s deep copy, and says the same."""
+    import dataclasses
+
+    status = NodeStatus(
+        node="n",
+        state="upgrade-required",
+        mode="free",
+        phase="freeing",
+        parked_label=False,
+        parked_by_us=False,
+        since="2026-12-01T00:00:00Z",
+        freed_at=None,
+        pending=("ns/a", "ns/b"),
+        record_error="x",
+    )
+    expected = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(status).items()
+    }
+    assert status.as_dict() == expected
+    assert list(status.as_dict()) == [f.name for f in dataclasses.fields(NodeStatus)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -80,4 +81,10 @@ _UPPER_AFTER_UNDERSCORE = re.compile(r"_([a-z0-9])")
 def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
     """The keys of ``fields`` in camelCase, as Kubernetes spells JSON (``freed_at`` ->
     ``freedAt``): ``/status`` and ``shared-svc upgrade status -o json`` both use it."""
-    return {_UPPER_AFTER_UNDERSCORE.sub(lambda m: m[1].upper(), k): v for k, v in fields.items()}
+    return {_camel(k): v for k, v in fields.items()}
+
+
+@functools.lru_cache(maxsize=512)
+def _camel(key: str) -> str:
+    """One field name in camelCase (the names are a program's few: converted once each)."""
+    return _UPPER_AFTER_UNDERSCORE.sub(lambda m: m[1].upper(), key)

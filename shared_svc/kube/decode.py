@@ -17,9 +17,10 @@ syntax error), an integer longer than Python's ``int`` reads (``json.loads`` ref
 even in a dropped field; msgspec would skip it), a byte that is not UTF-8 (idem), an
 ERROR event (its Status fields are not an object's), and a struct with
 ``forbid_unknown_fields`` meeting a key it does not declare. The nesting bound stays the
-caller's (``untrusted.loads``: a text nested deeper than ``MAX_DEPTH`` is pruned the exact
-way, never given to msgspec, whose own limit is Python's recursion limit, about 1,000
-levels, skipped fields included; a RecursionError is answered None all the same).
+caller's (``untrusted.loads``): msgspec reads any text, its own limit being Python's
+recursion limit (about 1,000 levels, skipped fields included; a RecursionError is answered
+None), and what it built is taken only when nested within ``MAX_DEPTH``, else the text is
+pruned the exact way.
 """
 
 from __future__ import annotations

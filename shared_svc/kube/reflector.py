@@ -188,7 +188,7 @@ def read_page(
     listed.resource_version = meta.get("resourceVersion", "") or listed.resource_version
     for item in data.get("items") or []:
         key = key_of(item)
-        if pruned and has_pruned(item):
+        if pruned and has_pruned(resource.kept(item)):  # what is kept lost a subtree
             listed.pruned.add(key)
         version = item.get("metadata", {}).get("resourceVersion", "")
         listed.versions[key] = version
@@ -207,7 +207,7 @@ def watch_event(
     line: bytes, resource: Resource | None = None
 ) -> tuple[str | None, K8sObject, bool]:
     """One line of a watch stream: its type, its object and whether a subtree was cut
-    (of the object, the fields ``resource.decoder`` reads, when it has one).
+    (the caller asks whether the cut was in what it keeps: ``has_pruned``).
     An ERROR event raises as the :class:`ApiException` it stands for, except ``410 Gone``
     (the watch cannot resume: re-list), returned as type ``ERROR``."""
     decoder = resource.decoder if resource is not None else None
@@ -404,7 +404,7 @@ class Informer(Store):
                 if etype == "BOOKMARK":
                     continue
                 key = key_of(obj)
-                if pruned and etype != "DELETED":
+                if pruned and etype != "DELETED" and has_pruned(self.resource.kept(obj)):
                     self._note_pruned(self.pruned | {key})
                 elif key in self.pruned:
                     self._note_pruned(self.pruned - {key})

@@ -86,13 +86,36 @@ def loads(
     whether anything was pruned.
 
     ``fast`` (``kube.decode.Decoder``: the fields a cache reads, the rest skipped) is
-    tried first on a text within the bound; where it answers None, ``json.loads`` reads
-    it (the same value or the same error). A text past the bound is never given to it."""
+    tried first, on any text: msgspec skips the unread fields within its own recursion
+    guard (deeper: a RecursionError, answered None), and what it built is taken when it
+    is nested within the bound (:func:`within_depth`, a walk of the few kept fields,
+    not of the text). Then nothing a cache keeps was cut: a too-deep subtree in a field
+    nobody reads is skipped, as it is dropped after the exact reader cuts it (issue 22:
+    the bytes-level depth check was 70 % of a pod's decoding). Where it answers None or
+    built something too deep, the text is read the exact way (the same value or the
+    same error)."""
     limit = MAX_DEPTH + envelope
+    if fast is not None:
+        value = fast(raw)
+        if value is not None and within_depth(value, limit):
+            return value, False
     if raw.count(b"{") + raw.count(b"[") <= limit or json_depth(raw) <= limit:
-        value = fast(raw) if fast is not None else None
-        return (json.loads(raw) if value is None else value), False
+        return json.loads(raw), False
     return json.loads(_prune(raw, limit)), True
+
+
+def within_depth(value: Any, limit: int) -> bool:
+    """Is ``value`` (parsed) nested at most ``limit`` levels of arrays and objects, as
+    :func:`json_depth` counts them? Level by level, no recursion."""
+    level, frontier = 0, [value]
+    while True:
+        containers = [v for v in frontier if isinstance(v, dict | list)]
+        if not containers:
+            return True
+        level += 1
+        if level > limit:
+            return False
+        frontier = [x for v in containers for x in (v.values() if isinstance(v, dict) else v)]
 
 
 def has_pruned(value: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -100,7 +100,15 @@ class NodeStatus:
     record_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """Every field, tuples as lists (the fields are flat: no ``asdict`` deep copy, which
+        made ``/status`` of 500 upgrading nodes cost 0.1 s of the event loop)."""
+        return {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in ((k, getattr(self, k)) for k in _STATUS_FIELDS)
+        }
+
+
+_STATUS_FIELDS = tuple(f.name for f in fields(NodeStatus))
 
 
 @dataclass(frozen=True)
