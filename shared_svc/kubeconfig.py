@@ -104,6 +104,21 @@ async def api_client(
     return proxy_once(client.ApiClient(configuration=configuration))
 
 
+TLS_READ_BUFFER_BYTES = 64 * 1024
+
+
+def small_tls_reads() -> None:
+    """asyncio's TLS transport (CPython 3.11's ``sslproto``) reads each connection into a
+    buffer of its own of ``SSLProtocol.max_size``, 256 KiB (cpython#109534): a driver
+    upgrade wave of 500 nodes opens the client's whole pool, 100 connections, 25 MiB of
+    buffers alone (issue 22). 64 KiB is four TLS records per read: the lists of a
+    5,000-node start-up read as fast. Process-wide (``run`` calls it)."""
+    from asyncio import sslproto
+
+    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_BUFFER_BYTES:
+        sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
+
+
 def without_compression(api: ApiClient) -> ApiClient:
     """``api`` asking for uncompressed answers (``Accept-Encoding: identity`` on every
     request, where aiohttp would ask for gzip): the API server gzips a list answer over

@@ -23,7 +23,7 @@ from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.events import EventPublisher, EventRecorder
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.writer import Writer
-from shared_svc.kubeconfig import api_client, without_compression
+from shared_svc.kubeconfig import api_client, small_tls_reads, without_compression
 from shared_svc.metrics import Metrics
 from shared_svc.runtime.runnable import Manager, Runnable
 
@@ -90,6 +90,7 @@ class Service:
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
+        small_tls_reads()  # a wave opens 100 connections (kubeconfig.small_tls_reads)
         self.api = api = await api_client(cfg.kubeconfig)
         if not cfg.api_compression:
             without_compression(api)

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import copy
 import logging
+import weakref
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -484,3 +486,52 @@ async def test_a_wave_is_planned_64_nodes_at_once_by_default() -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+class _Pods(list):  # type: ignore[type-arg]
+    """A pod list a weak reference can follow."""
+
+
+class _Pod(dict):  # type: ignore[type-arg]
+    """A pod a weak reference can follow."""
+
+
+class WatchedLists(ex.FakeUpgradeIO):
+    """Hands out copies of the pods, and at each write says whether any list or pod it
+    handed out is still alive."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.handed: list[weakref.ref[Any]] = []
+        self.alive_at_writes: list[int] = []
+
+    async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list:  # type: ignore[type-arg]
+        pods = _Pods(
+            _Pod(copy.deepcopy(p)) for p in await super().pods_on_node(name, skip_namespace)
+        )
+        self.handed += [weakref.ref(pods), *map(weakref.ref, pods)]
+        return pods
+
+    def _alive(self) -> None:
+        self.alive_at_writes.append(sum(ref() is not None for ref in self.handed))
+
+    async def patch_node(self, patch: NodePatch) -> str:
+        self._alive()
+        return await super().patch_node(patch)
+
+    async def evict(self, action: Any) -> str:
+        self._alive()
+        return await super().evict(action)
+
+
+async def test_a_pass_lets_the_pods_it_listed_go_before_its_writes() -> None:
+    """A wave runs 64 passes at once, each waiting on its writes: the pods a pass listed
+    (whole objects, 15-22 KiB of JSON each) are not held while its writes go out, only
+    its plan (issue 22: the wave's memory peak)."""
+    io = WatchedLists(
+        [ex.node(state="cordon-required")], [ex.declared_pod("a"), ex.declared_pod("b")]
+    )
+    controller, _ = make(io)
+    await controller.reconcile("node-1")
+    assert len(io.handed) == 3 and len(io.alive_at_writes) == 3  # the node patch, 2 evictions
+    assert io.alive_at_writes == [0, 0, 0]

@@ -320,6 +320,9 @@ class UpgradeController:
         read = pods_read(node, ds_index, self.settings)
         pods = await self._io.pods_on_node(name, read.skip_namespace) if read.needed else []
         plan = plan_node(node, pods, objects, self.settings, now=self._clock(), ds_index=ds_index)
+        # The pass holds its plan, not the pods, while its writes go out: 64 passes of a
+        # wave at once each held a node's list of whole pods (issue 22: the wave's peak).
+        del pods
         self._statuses[name] = plan.status
         if self._writing():
             await self._executor.carry_out(plan)
