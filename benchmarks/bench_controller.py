@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import statistics
@@ -33,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_memory import http_get, leading, memory
 from kubernetes_asyncio import client, watch
 
 import testenv
@@ -52,24 +51,6 @@ BARE = "bench-bare-exporter"
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def memory(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of ``pid`` in MiB."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
-
-
-def http_get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except OSError as exc:
-        return getattr(exc, "code", 0) or 0, ""
 
 
 def counter(metrics: str, name: str) -> float:
@@ -142,7 +123,7 @@ async def main(changes: int, burst: int, pause: float) -> None:
         exe = Path(sys.executable).with_name("shared-svc")
         proc = subprocess.Popen([str(exe), "run"], env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + 60
-        while not _leading(port):
+        while not leading(port):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"shared-svc run did not become ready; log: {log_name}")
             await asyncio.sleep(0.1)
@@ -243,14 +224,6 @@ def print_changes(controller_ms: list[float], bare_ms: list[float]) -> tuple[flo
     print(f"{'bare Service apply -> seen':34}{med_b:11.1f}{p99_b:11.1f}")
     print(f"{'ratio (controller / bare)':34}{med_c / med_b:11.2f}{p99_c / p99_b:11.2f}")
     return med_c / med_b, p99_c / p99_b
-
-
-def _leading(port: int) -> bool:
-    """Ready, then leading (``bench_memory.Run._ready``'s order)."""
-    if http_get(port, "/readyz")[0] != 200:
-        return False
-    code, body = http_get(port, "/status")
-    return code == 200 and json.loads(body).get("leader") is True
 
 
 async def _apply(core: client.CoreV1Api, ns: str, policy: str) -> None:

@@ -95,6 +95,15 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return getattr(exc, "code", 0) or 0, ""
 
 
+def leading(port: int) -> bool:
+    """Ready (polled as a kubelet polls), then leading: ``/status`` is asked only once
+    the caches synced (it serializes every upgrading node's status)."""
+    if http_get(port, "/readyz")[0] != 200:
+        return False
+    code, body = http_get(port, "/status")
+    return code == 200 and json.loads(body).get("leader") is True
+
+
 def request_counts(cp: testenv.ControlPlane) -> dict[tuple[str, str], int]:
     """The API server's own ``apiserver_request_total`` so far, by verb and resource
     (``pods/eviction`` for a subresource)."""
@@ -296,12 +305,7 @@ class Run:
             await asyncio.sleep(0.2)
 
     def _ready(self) -> bool:
-        """Ready (polled as a kubelet polls), then leading: ``/status`` is asked only once
-        the caches synced (it serializes every upgrading node's status)."""
-        if http_get(self.port, "/readyz")[0] != 200:
-            return False
-        code, body = http_get(self.port, "/status")
-        return code == 200 and json.loads(body).get("leader") is True
+        return leading(self.port)
 
     def stop(self) -> None:
         self.proc.terminate()
