@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus lint typecheck unit proptest-long bench lock
+.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck unit proptest-long bench lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,11 @@ testenv-gpu-operator:
 testenv-prometheus:
 	nice -n 10 bash testenv/prometheus/build.sh >/dev/null
 
+# The real upgrade state machine of k8s-operator-libs for the tests marked upgrade_libs (its
+# own cached build; minutes when cold).
+testenv-upgrade-libs:
+	nice -n 10 bash testenv/upgrade-libs/build.sh >/dev/null
+
 # requirements.lock, the image's dependencies pinned with hashes, from pyproject.toml
 # (pip-tools; keeps the pins that still fit, UPGRADE=1 takes the newest allowed).
 # tests/test_packaging.py fails while it is stale.
@@ -38,7 +43,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv testenv-gpu-operator testenv-prometheus lint typecheck
+test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 
 # make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).

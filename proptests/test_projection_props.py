@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from proptests.test_pod_fields_props import fleshed_out
 from shared_svc.caches import dcgm_pod_selectors
-from shared_svc.k8s.objects import labels_of
-from shared_svc.k8s.projections import daemonset_fields
+from shared_svc.k8s.objects import key_of, labels_of
+from shared_svc.k8s.projections import DRIVER_CONFIG_DIGEST, daemonset_fields
 from shared_svc.k8s.selectors import parse_selector
 from shared_svc.kube.store import SharedValues
 from shared_svc.reconcile.model import Settings, World
@@ -33,7 +33,10 @@ from shared_svc.upgrade.daemonsets import (
     classify_daemonset,
     index_daemonsets,
     parked_label_key,
+    template_spec,
 )
+from shared_svc.upgrade.paths import config_digest, verdict_holds
+from shared_svc.upgrade.record import Record, RestartOnly
 
 PARKED = parked_label_key("gpu")
 # Where a DaemonSet's read fields live, and what a hostile or odd one may carry there.
@@ -50,6 +53,8 @@ PATHS = (
     ("spec", "template", "spec"),
     ("spec", "template", "spec", "affinity"),
     ("spec", "template", "spec", "nodeSelector"),
+    ("spec", "template", "spec", "containers"),
+    ("spec", "template", "spec", "initContainers"),
     ("status",),
     ("status", "observedGeneration"),
     ("status", "numberAvailable"),
@@ -75,6 +80,17 @@ terms = st.lists(
 )
 
 
+digest_entries = st.one_of(
+    st.fixed_dictionaries(
+        {"name": st.just(DRIVER_CONFIG_DIGEST), "value": st.sampled_from(["", "abc", "xyz"])}
+    ),
+    st.just({"name": DRIVER_CONFIG_DIGEST, "valueFrom": {"fieldRef": {"fieldPath": "x"}}}),
+    st.just({"name": "OTHER", "value": "abc"}),
+    st.just({"name": DRIVER_CONFIG_DIGEST}),
+    json_values,
+)
+
+
 @st.composite
 def whole_daemonset(draw: st.DrawFn, ds: dict[str, Any]) -> dict[str, Any]:
     """``ds`` with what the API server and its controller add, a template spec the
@@ -90,6 +106,10 @@ def whole_daemonset(draw: st.DrawFn, ds: dict[str, Any]) -> dict[str, Any]:
     template = out.setdefault("spec", {}).setdefault("template", {})
     tspec = template.setdefault("spec", {})
     tspec["containers"] = [{"name": "c", "image": "i", "env": [{"name": "A", "value": "b"}]}]
+    for key in draw(st.lists(st.sampled_from(["containers", "initContainers"]), max_size=2)):
+        # gpu-operator's driver template: the digest on its containers, maybe several forms
+        env = draw(st.lists(digest_entries, max_size=3))
+        tspec.setdefault(key, []).insert(draw(st.integers(0, 1)), {"name": "d", "env": env})
     required = draw(terms)
     if required:
         tspec["affinity"] = {
@@ -134,6 +154,23 @@ def test_the_upgrade_daemonset_index_over_projected_daemonsets_is_the_same(
         classify_daemonset(d, PARKED) for d in whole
     ]
     assert index_daemonsets(cached, PARKED) == index_daemonsets(whole, PARKED)
+
+
+@given(worlds(), st.data())
+def test_the_restart_only_rule_over_projected_daemonsets_is_the_same(
+    w: World, data: st.DataObject
+) -> None:
+    """The digest of a cached DaemonSet's template is the whole one's (any container
+    layout, any form of the env entry, odd values where planning reads)."""
+    whole = [data.draw(whole_daemonset(d)) for d in w.daemonsets]
+    for ds in whole:
+        cached = daemonset_fields(ds)
+        assert config_digest(template_spec(cached)) == config_digest(template_spec(ds))
+        rec = replace(
+            Record.new(0.0, parked_label=False),
+            restart_only=RestartOnly(key_of(ds), config_digest(template_spec(ds)) or "abc"),
+        )
+        assert verdict_holds(rec, [cached]) == verdict_holds(rec, [ds])
 
 
 def _well_typed(ds: dict[str, Any]) -> bool:

@@ -303,17 +303,37 @@ def build_daemonset(kind: str, namespace: str) -> dict:
         max_size=8,
     ),
     detection=st.sampled_from(["off", "report", "evict"]),
+    driver=st.none()
+    | st.tuples(
+        st.sampled_from(["d1", "d2", None]),  # the driver pod's digest
+        st.sampled_from(["d1", None]),  # the template's
+        st.booleans(),  # the driver pod is terminating
+        st.sampled_from([1, 2]),  # its pod-template-generation (the DaemonSet's is 2)
+    ),
+    bumps=st.lists(st.booleans(), max_size=8),  # the driver's digest changes before a step
 )
 def test_a_plan_over_the_pods_the_pass_reads_is_the_plan_over_every_pod_of_the_node(
     pod_traits: list[tuple[Traits, str]],
     daemonsets: list[tuple[str, str, bool, str]],
     steps: list[tuple[str | None, int, bool, str]],
     detection: str,
+    driver: tuple[str | None, str | None, bool, int] | None,
+    bumps: list[bool],
 ) -> None:
     """``pods_read`` decides before the list which pods a pass reads (none, or all but the
-    operator namespace's); whatever the node, its record, the DaemonSets and the operator
-    namespace setting, the plan on those pods equals the plan on every pod bound to it."""
+    operator namespace's, and maybe its driver pods); whatever the node, its record (the
+    restart-only verdict too), the DaemonSets (the driver's too) and the operator namespace
+    setting, the plan on those pods equals the plan on every pod bound to it."""
     ds_objects = [build_daemonset(kind, ns) for kind, ns, _, _ in daemonsets]
+    driver_pods = []
+    if driver is not None:
+        pod_digest, template_digest, terminating, generation = driver
+        ds_objects.append(ex.driver_daemonset(template_digest, generation=2))
+        driver_pods.append(
+            ex.driver_pod(
+                ds_objects[-1], digest=pod_digest, generation=generation, terminating=terminating
+            )
+        )
     pods = []
     for i, (t, ns) in enumerate(pod_traits):
         pod = build_pod(i, t)
@@ -321,9 +341,10 @@ def test_a_plan_over_the_pods_the_pass_reads_is_the_plan_over_every_pod_of_the_n
             pod["metadata"]["namespace"] = ns
             pod["metadata"]["uid"] = f"uid-{ns}-p{i}"
         pods.append(pod)
-    for ds, (_, _, labelled, phase) in zip(ds_objects, daemonsets, strict=True):
+    for ds, (_, _, labelled, phase) in zip(ds_objects[: len(daemonsets)], daemonsets, strict=True):
         labels = {"nvidia.com/gpu-driver-upgrade.consumer": "true"} if labelled else {}
         pods.append(ex.daemonset_pod(ds, labels=labels, phase=phase))
+    pods += driver_pods
     blocked = frozenset(  # a PodDisruptionBudget refuses their evictions
         f"{p['metadata']['namespace']}/{p['metadata']['name']}"
         for p, (t, _) in zip(pods, pod_traits, strict=False)
@@ -331,16 +352,119 @@ def test_a_plan_over_the_pods_the_pass_reads_is_the_plan_over_every_pod_of_the_n
     )
     node = ex.node(state=None)
     now = 1_700_000_000.0
-    for state, dt, kubelet, operator_ns in steps:
+    for (state, dt, kubelet, operator_ns), bump in zip(steps, [*bumps, *[False] * 8], strict=False):
         now += dt
         if kubelet:
             pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        if bump and driver is not None:
+            ds_objects[-1] = ex.driver_daemonset(f"d{now:.0f}", generation=3)
         node = with_state(node, state)
         settings = UpgradeSettings(detection=detection, operator_namespace=operator_ns)  # type: ignore[arg-type]
         index = daemonsets_module.index_daemonsets(ds_objects, PARKED)
-        read = pods_read(node, index, settings)
+        read = pods_read(node, index, settings, ds_objects)
         everything = plan_node(node, pods, ds_objects, settings, now)
         assert plan_node(node, [p for p in pods if read.admits(p)], ds_objects, settings, now) == (
             everything
         )
         node, pods = apply(node, pods, everything, "all", blocked)
+
+
+# --- issue 28: the restart-only path and the full path, shared-svc down at any step ---
+
+# (state, the driver pod on the node): "old" of the template before the change, "leaving"
+# that pod terminating (the libs deleted it), "new" of the current template.
+RESTART_ONLY_FLOW = (
+    ("upgrade-done", "old"),
+    ("upgrade-required", "old"),
+    ("pod-restart-required", "old"),
+    ("pod-restart-required", "leaving"),
+    ("pod-restart-required", "new"),
+    ("validation-required", "new"),
+    ("uncordon-required", "new"),
+    ("upgrade-done", "new"),
+)
+FULL_FLOW = (
+    ("upgrade-done", "old"),
+    ("upgrade-required", "old"),
+    ("cordon-required", "old"),
+    ("wait-for-jobs-required", "old"),
+    ("pod-deletion-required", "old"),
+    ("pod-restart-required", "old"),
+    ("pod-restart-required", "leaving"),
+    ("pod-restart-required", "new"),
+    ("validation-required", "new"),
+    ("uncordon-required", "new"),
+    ("upgrade-done", "new"),
+)
+
+
+@given(
+    restart_only=st.booleans(),
+    looks=st.lists(st.sampled_from(["all", "patch-only", "none", "down"]), min_size=11),
+)
+def test_the_restart_only_path_frees_nothing_and_the_full_path_frees_whatever_shared_svc_missed(
+    restart_only: bool, looks: list[str]
+) -> None:
+    """The libs' two paths, step by step, with shared-svc down (``down``: no plan), or
+    crashing after the node patch (``patch-only``) or before it (``none``), at any step; it
+    always sees the last. On the restart-only path nothing is evicted or parked once a
+    verdict was written while the old driver pod was there; otherwise it guessed, frees,
+    and said so once. On the full path it never takes the restart-only side. Either way
+    the node ends as it began."""
+    flow = RESTART_ONLY_FLOW if restart_only else FULL_FLOW
+    driver = ex.driver_daemonset("d1" if restart_only else "d2", generation=2)
+    exporter = ex.daemonset("dcgm-exporter", declared=True)
+    node = ex.node(state=None, labels={"kubernetes.io/hostname": "node-1"})
+    before = comparable(node)
+    consumer = ex.declared_pod("triton")
+    driver_pods = {
+        "old": ex.driver_pod(driver, digest="d1", generation=1),
+        "leaving": ex.driver_pod(driver, digest="d1", generation=1, terminating=True),
+        "new": new_pod(driver),
+    }
+    now = 1_700_000_000.0
+    sent: list[str] = []  # the reasons of the reports of plans whose patch landed
+    evicted = parked = False
+    decided: str | None = None  # what the first landed plan in pod-restart-required saw
+    steps = list(zip(flow, [*looks[: len(flow) - 1], "all"], strict=True))
+    for (state, driver_pod), look in steps:
+        now += 10
+        node = with_state(node, state)
+        parked_now = PARKED in node["metadata"]["labels"]
+        pods = [driver_pods[driver_pod]]
+        if not evicted:
+            pods.append(consumer)
+        if not parked_now:
+            pods.append(ex.daemonset_pod(exporter))  # the DaemonSet controller's
+        if look == "down":
+            continue
+        plan = plan_node(node, pods, [driver, exporter], UpgradeSettings(), now)
+        assert plan.record is None or plan.record.restart_only is None or restart_only
+        if look == "none" or (plan.patch is None and look != "all"):
+            continue
+        if plan.patch is not None:
+            node = ex.apply_patch(node, plan.patch)
+            parked = parked or PARKED in dict(plan.patch.labels)
+            if state == "pod-restart-required" and decided is None:
+                decided = driver_pod
+        sent += [r.reason for r in plan.reports]
+        if look == "all":
+            evicted = evicted or any(a.key == "ml/triton" for a in plan.pod_actions)
+    if restart_only and decided in ("old", "leaving"):
+        assert not evicted and not parked, sent
+        assert sent.count("UpgradeRestartOnly") == 1 and "UpgradePathGuessed" not in sent
+    elif restart_only and decided == "new":  # the old driver pod was gone: no evidence
+        assert parked and sent.count("UpgradePathGuessed") == 1, sent
+        assert "UpgradeRestartOnly" not in sent and "GPUConsumersRestored" in sent, sent
+    elif restart_only:  # never saw pod-restart-required: nothing to do
+        assert not evicted and not parked and sent == [], sent
+    else:
+        assert "UpgradeRestartOnly" not in sent, sent
+        assert "UpgradePathGuessed" not in sent or decided == "new", sent
+        assert parked == ("GPUConsumersRestored" in sent), sent
+    assert comparable(node) == before
+
+
+def new_pod(driver: dict) -> dict:
+    digest = driver["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"]
+    return ex.driver_pod(driver, digest=digest, generation=2, suffix="new")

@@ -12,6 +12,7 @@ from typing import Any
 
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.paths import is_driver_pod
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 
@@ -168,6 +169,83 @@ def daemonset_pod(ds: K8sObject, node_name: str = "node-1", **kw: Any) -> K8sObj
     )
 
 
+DRIVER_LABELS = {"app": "nvidia-driver-daemonset", "app.kubernetes.io/component": "nvidia-driver"}
+
+
+def _digest_env(digest: str | None) -> list[dict[str, str]]:
+    return [] if digest is None else [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]
+
+
+def driver_daemonset(
+    digest: str | None = "d1",
+    *,
+    name: str = "nvidia-driver-daemonset",
+    namespace: str = "gpu-operator",
+    generation: int = 1,
+) -> K8sObject:
+    """gpu-operator's driver DaemonSet: its labels, and ``DRIVER_CONFIG_DIGEST`` (None: none,
+    as before v26.7.0) on the driver container and the driver-manager init container."""
+    env = _digest_env(digest)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-ds-{namespace}-{name}",
+            "resourceVersion": "1",
+            "generation": generation,
+            "labels": dict(DRIVER_LABELS),
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app": DRIVER_LABELS["app"]}},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": {
+                "metadata": {"labels": dict(DRIVER_LABELS)},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
+                    "initContainers": [
+                        {"name": "k8s-driver-manager", "image": "dm:1", "env": list(env)}
+                    ],
+                    "containers": [
+                        {
+                            "name": "nvidia-driver-ctr",
+                            "image": "driver:1",
+                            "env": [{"name": "NODE_NAME", "value": "x"}, *env],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def driver_pod(
+    ds: K8sObject,
+    node_name: str = "node-1",
+    *,
+    digest: str | None = "d1",
+    generation: int = 1,
+    terminating: bool = False,
+    suffix: str = "old",
+) -> K8sObject:
+    """A pod of ``ds`` created from the template of ``generation`` with ``digest``."""
+    p = pod(
+        f"{ds['metadata']['name']}-{suffix}",
+        namespace=ds["metadata"]["namespace"],
+        node_name=node_name,
+        labels={**DRIVER_LABELS, "pod-template-generation": str(generation)},
+        owner_kind="DaemonSet",
+        owner_uid=ds["metadata"]["uid"],
+        owner_name=ds["metadata"]["name"],
+        env={"NODE_NAME": node_name},
+        terminating=terminating,
+    )
+    p["spec"]["containers"][0]["env"] += _digest_env(digest)
+    p["spec"]["initContainers"] = [{"name": "k8s-driver-manager", "env": _digest_env(digest)}]
+    return p
+
+
 def cluster_policy(
     name: str = "cluster-policy",
     *,
@@ -273,6 +351,7 @@ class FakeUpgradeIO:
         self.node_handlers: list[Any] = []  # kube.store.EventHandler: told of set_node
         self.fail_next: list[Exception] = []
         self.pod_lists: list[tuple[str, str | None]] = []  # (node, skip_namespace) of each list
+        self.driver_lists: list[tuple[str, str]] = []  # (node, namespace) of each driver list
 
     async def run(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -312,6 +391,10 @@ class FakeUpgradeIO:
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         self.pod_lists.append((name, skip_namespace))
         return [p for p in self.pods.get(name, []) if p["metadata"]["namespace"] != skip_namespace]
+
+    async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]:
+        self.driver_lists.append((name, namespace))
+        return [p for p in self.pods.get(name, []) if is_driver_pod(p, namespace)]
 
     async def patch_node(self, patch: NodePatch) -> str:
         self.writes.append(patch)

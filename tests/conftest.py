@@ -15,6 +15,7 @@ import testenv
 from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
 from testenv import prometheus as prom_env
+from testenv import upgrade_libs as libs_env
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube, running, service_config
 
@@ -22,14 +23,16 @@ from tests.svc import Kube, running, service_config
 UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
 
 # A test that builds (or starts) the Go binaries of testenv/build.sh (etcd, kube-apiserver,
-# kube-controller-manager, helmrender), of testenv/gpu-operator/build.sh or of
-# testenv/prometheus/build.sh carries one of these markers (pyproject.toml), so `-m "not
-# apiserver and not controller_manager and not gpu_operator and not helm and not prometheus"`
-# never starts a Go build. Enforced: such a test without one fails.
+# kube-controller-manager, helmrender), of testenv/gpu-operator/build.sh, of
+# testenv/prometheus/build.sh or of testenv/upgrade-libs/build.sh carries one of these
+# markers (pyproject.toml), so `-m "not apiserver and not controller_manager and not
+# gpu_operator and not helm and not prometheus and not upgrade_libs"` never starts a Go
+# build. Enforced: such a test without one fails.
 BUILD_MARKERS = {
     "testenv/build.sh": frozenset({"apiserver", "controller_manager", "gpu_operator", "helm"}),
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
     "testenv/prometheus/build.sh": frozenset({"prometheus"}),
+    "testenv/upgrade-libs/build.sh": frozenset({"upgrade_libs"}),
 }
 _running: list[pytest.Item] = []
 
@@ -56,6 +59,7 @@ def _only_for_marked_tests(script: str, build: Callable[[], Path]) -> Callable[[
 testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.build_binaries)
 gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
 prom_env.build = _only_for_marked_tests("testenv/prometheus/build.sh", prom_env.build)
+libs_env.build = _only_for_marked_tests("testenv/upgrade-libs/build.sh", libs_env.build)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -41,6 +41,9 @@ STATUS_NODE_KEYS = {
     "operatorHookPods",
     "partialDaemonsets",
     "restartRace",
+    "path",
+    "pathEvidence",
+    "driverDaemonset",
     "unknownState",
     "recordError",
 }
@@ -196,6 +199,80 @@ def test_prepare_refuses_operator_operands(
         == 2
     )
     assert "operand" in capsys.readouterr().err
+
+
+# --- gpu-operator's client hook, nvidia.com/gpu.deploy.client (issue 28) ---
+
+HOOK = "nvidia.com/gpu.deploy.client"
+
+
+def _client_labelled_nodes(cp: testenv.ControlPlane) -> list[str]:
+    listed = _ok(cp.request("GET", f"/api/v1/nodes?labelSelector={HOOK}"))
+    return [n["metadata"]["name"] for n in listed["items"]]  # type: ignore[index]
+
+
+def _run(cp: testenv.ControlPlane, *args: str) -> int:
+    return main(["upgrade", *args, "--kubeconfig", str(cp.kubeconfig)])
+
+
+def test_prepare_leaves_a_client_hook_daemonset_to_gpu_operator_or_says_it_never_schedules(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = _namespace(control_plane)
+    target = _daemonset(control_plane, ns, node_selector={HOOK: "true"})
+    generation = _generation(control_plane, target)
+    assert _client_labelled_nodes(control_plane) == []  # no gpu-operator >= v26.7.0 here
+    assert _run(control_plane, "prepare-daemonset", target) == 2
+    err = capsys.readouterr().err.strip()
+    assert "runs nowhere" in err and "\n" not in err and "remove that nodeselector" in err.lower()
+    node = _node(control_plane, "upgrade-done", labels={HOOK: "true"})
+    try:
+        assert _run(control_plane, "prepare-daemonset", target) == 0
+        out = capsys.readouterr().out
+        assert "leaves it to gpu-operator" in out and "Nothing to do" in out
+        assert _generation(control_plane, target) == generation  # not touched
+    finally:
+        control_plane.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def test_prepare_and_status_report_a_daemonset_prepared_both_ways(
+    control_plane: testenv.ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = _namespace(control_plane)
+    both = _daemonset(control_plane, ns, declared=True, node_selector={HOOK: "true"})
+    hooked = ex.daemonset("hooked", namespace=ns, node_selector={HOOK: "true"})
+    for key in ("uid", "resourceVersion"):
+        del hooked["metadata"][key]
+    _ok(control_plane.request("POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", hooked))
+    node = _node(control_plane, "upgrade-done", labels={HOOK: "paused-for-driver-upgrade"})
+    try:
+        generation = _generation(control_plane, both)
+        assert _run(control_plane, "prepare-daemonset", both) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("warning: ") and "prepared both ways" in out
+        assert _generation(control_plane, both) == generation
+        assert _run(control_plane, "status") == 0
+        out = capsys.readouterr().out
+        assert "client hook (nvidia.com/gpu.deploy.client)" in out
+        assert f"WARNING: DaemonSet {both} is prepared both ways" in out
+        assert f"DaemonSet {ns}/hooked selects" in out and "leaves it to gpu-operator" in out
+        assert _run(control_plane, "status", "-o", "json") == 0
+        mine = {
+            h["daemonSet"]: h["finding"]
+            for h in json.loads(capsys.readouterr().out)["clientHook"]
+            if h["daemonSet"].startswith(f"{ns}/")
+        }
+        assert mine == {both: "both", f"{ns}/hooked": "left-to-operator"}
+    finally:
+        control_plane.request("DELETE", f"/api/v1/nodes/{node}")
+    # No node carries the label any more (gpu-operator before v26.7.0, or GPUCluster mode).
+    assert _run(control_plane, "status", "-o", "json") == 0
+    mine = {
+        h["daemonSet"]: h["finding"]
+        for h in json.loads(capsys.readouterr().out)["clientHook"]
+        if h["daemonSet"].startswith(f"{ns}/")
+    }
+    assert mine == {both: "never-schedules", f"{ns}/hooked": "never-schedules"}
 
 
 def test_status_lists_upgrading_nodes(

@@ -206,7 +206,7 @@ async def test_unknown_state_is_warned_once_per_node_and_value(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     io = ex.FakeUpgradeIO(
-        [ex.node("a", state="node-maintenance-required"), ex.node("b", state="future-state")], []
+        [ex.node("a", state="another-future-state"), ex.node("b", state="future-state")], []
     )
     controller, recorder = make(io)
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -222,7 +222,7 @@ async def test_unknown_state_is_warned_once_per_node_and_value(
     assert all("UpgradeStateUnknown" in line and "keep" in line for line in warned)
     sent = [(r.reason, r.type, r.regarding.name) for r in recorder.reports]
     assert sent == [("UpgradeStateUnknown", "Warning", n) for n in ("a", "b", "a")]
-    assert "node-maintenance-required" in recorder.reports[0].note
+    assert "another-future-state" in recorder.reports[0].note
     assert controller.status()["nodes"]["a"]["unknownState"] is True
     # The same keys as `shared-svc upgrade status -o json` (tests/test_upgrade_cli.py).
     assert set(controller.status()["nodes"]["a"]) == STATUS_NODE_KEYS

@@ -101,3 +101,28 @@ def test_pods_are_matched_to_their_daemonset_by_uid() -> None:
     assert ref is not None and ref.key == "monitoring/dcgm" and ref.kind == "declared"
     assert owning_daemonset(ex.daemonset_pod(other), index) is None
     assert owning_daemonset(ex.pod("p"), index) is None
+
+
+def test_client_hook_use_left_to_gpu_operator_never_scheduled_or_prepared_both_ways() -> None:
+    from shared_svc.upgrade.daemonsets import client_hook_use, client_hook_uses
+
+    hook = {"nvidia.com/gpu.deploy.client": "true"}
+    plain = ex.daemonset("plain")
+    hooked = ex.daemonset("hooked", node_selector=hook)
+    both = ex.daemonset("both", node_selector=hook, declared=True)
+    other = ex.daemonset("other", node_selector={"nvidia.com/gpu.deploy.client": "false"})
+    assert client_hook_use(plain, KEY, True) is None
+    assert client_hook_use(other, KEY, True) is None
+    left = client_hook_use(hooked, KEY, True)
+    assert left is not None and left.finding == "left-to-operator" and not left.warns
+    assert "leaves it to gpu-operator" in left.message
+    nowhere = client_hook_use(hooked, KEY, False)
+    assert nowhere is not None and nowhere.finding == "never-schedules" and nowhere.warns
+    assert "prepare-daemonset monitoring/hooked" in nowhere.message
+    twice = client_hook_use(both, KEY, True)
+    assert twice is not None and twice.finding == "both" and twice.warns
+    assert [u.daemonset for u in client_hook_uses([plain, both, hooked], KEY, True)] == [
+        "monitoring/both",
+        "monitoring/hooked",
+    ]
+    assert client_hook_use(both, KEY, False).finding == "never-schedules"  # type: ignore[union-attr]

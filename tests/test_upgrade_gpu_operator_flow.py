@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,48 +39,48 @@ from shared_svc.upgrade.io import FIELD_MANAGER
 from testenv import ControlPlane
 from testenv import gpu_operator as gpu_env
 from tests.kube import api_client, eventually
-from tests.svc import running, service_config
+from tests.svc import running
 from tests.upgrade_flow import (
+    APPS,
     DRIVER_DS,
-    HASH,
+    EXPORTER,
+    GRACE,
+    NODES,
     OPERATOR_NS,
     PARKED,
     RECORD,
-    STATE,
-    VALIDATOR_APP,
+    UPGRADE_POLICY,
     Cluster,
     K8sObject,
     Recorder,
+    consumer_stop_seconds,
     explained,
-    is_ready,
+    exporter_daemonset,
+    is_consumer,
     list_items,
+    node_events,
+    pod_key,
+    post,
+    recording,
+    unsettled_nodes,
+    upgrade_service_config,
+    wait_until,
+    workloads,
 )
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.gpu_operator]
 
-NODES = ("gpu-node-0", "gpu-node-1")
-APPS = "ml"  # the consumers' namespace
-CONSUMER_KEY = "nvidia.com/gpu-driver-upgrade.consumer"
-CONSUMER = {CONSUMER_KEY: "true"}
-EXPORTER = "gpu-exporter"  # the prepared DaemonSet
-GRACE = 5
 CP_PATH = f"/apis/nvidia.com/v1/clusterpolicies/{gpu_env.CLUSTER_POLICY}"
 SPEC: dict[str, Any] = {
     "daemonsets": {"updateStrategy": "OnDelete", "rollingUpdate": None},
     "driver": {
         "enabled": True,
-        "upgradePolicy": {
-            "autoUpgrade": True,
-            "maxParallelUpgrades": 1,
-            "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
-            "drain": {"enable": False, "force": False, "timeoutSeconds": 300},
-        },
+        "upgradePolicy": UPGRADE_POLICY,
     },
     # Only the driver and the validator (always deployed): less to play.
     "dcgm": {"enabled": False},
     "dcgmExporter": {"enabled": False},
 }
-FLOW_TIMEOUT = 240.0  # the flow's own 2-minute requeue fits in it, should a beat be missed
 # The upgrade library's own annotations it removes again (start times of its timeouts).
 TIMERS = {
     "annotations:nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time",
@@ -105,59 +105,16 @@ class World:
         return f"gpu-operator log {self.op.log}; stand-in errors {self.cluster.errors[-5:]}"
 
 
-def _stop_seconds(pod: K8sObject) -> float:
-    """How long a pod takes to stop once asked. Consumers hold the GPU: on gpu-node-0 the
-    declared pod uses its whole grace period and the DaemonSet pod stops after 2 s, on
-    gpu-node-1 the other way round, so on each node another kind is the last to go (and
-    alone holds the gate at the end). Everything else stops at once."""
-    if pod["metadata"]["namespace"] != APPS:
-        return 0.0
-    app = str((pod["metadata"].get("labels") or {}).get("app"))
-    last = {"trainer": NODES[0], EXPORTER: NODES[1]}.get(app)
-    if last is None:
-        return float(GRACE)
-    return float(GRACE) if pod["spec"]["nodeName"] == last else 3.0
-
-
-def _is_consumer(pod: K8sObject) -> bool:
-    labels = pod["metadata"].get("labels") or {}
-    return pod["metadata"]["namespace"] == APPS and labels.get(CONSUMER_KEY) == "true"
-
-
-async def _post(api: ApiClient, path: str, body: dict[str, Any]) -> None:
-    try:
-        await raw_request(api, "POST", path, body=body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 async def _driver_pods(api: ApiClient) -> list[K8sObject]:
     return await list_items(
         api, f"/api/v1/namespaces/{OPERATOR_NS}/pods?labelSelector=app%3D{DRIVER_DS}"
     )
 
 
-async def _newest_driver_hash(api: ApiClient) -> str | None:
-    revisions = await list_items(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions")
-    mine = [r for r in revisions if r["metadata"]["name"].startswith(f"{DRIVER_DS}-")]
-    if not mine:
-        return None
-    newest = max(mine, key=lambda r: int(r["revision"]))
-    name: str = newest["metadata"]["name"]
-    return name.removeprefix(f"{DRIVER_DS}-")
-
-
-async def _nodes(api: ApiClient) -> dict[str, K8sObject]:
-    return {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
-
-
 async def _unsettled(w: World, *, version: str) -> str | None:
-    """What is missing before every node is upgrade-done on the newest driver revision
-    (of ``version``), driver and validator pods Ready, nothing of shared-svc's left, the
-    prepared DaemonSet's pod Ready on every node; None when all that holds."""
+    """What is missing before the driver DaemonSet is at ``version`` and every node is
+    settled on it (``unsettled_nodes``); None when all that holds."""
     assert w.op.alive(), f"gpu-operator exited:\n{w.op.tail()}"
-    newest = await _newest_driver_hash(w.api)
     try:
         ds = await raw_request(
             w.api, "GET", f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets/{DRIVER_DS}"
@@ -169,38 +126,7 @@ async def _unsettled(w: World, *, version: str) -> str | None:
     images = [c["image"] for c in ds["spec"]["template"]["spec"]["containers"]]
     if not any(version in image for image in images):
         return f"driver DaemonSet not at {version}: {images}"
-    nodes = await _nodes(w.api)
-    pods = await list_items(w.api, "/api/v1/pods")
-    for name in NODES:
-        meta = nodes[name]["metadata"]
-        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        if labels.get(STATE) != "upgrade-done":
-            return f"{name}: state {labels.get(STATE)}"
-        if PARKED in labels or RECORD in annotations:
-            return f"{name}: shared-svc's keys still there"
-        here = [p for p in pods if p["spec"].get("nodeName") == name]
-        driver = [p for p in here if (p["metadata"].get("labels") or {}).get("app") == DRIVER_DS]
-        if len(driver) != 1 or not is_ready(driver[0]):
-            return f"{name}: driver pods {[p['metadata']['name'] for p in driver]} not Ready"
-        if (driver[0]["metadata"].get("labels") or {}).get(HASH) != newest:
-            return f"{name}: driver pod not of the newest revision {newest}"
-        for app in (VALIDATOR_APP, EXPORTER):
-            if not any(
-                (p["metadata"].get("labels") or {}).get("app") == app and is_ready(p) for p in here
-            ):
-                return f"{name}: no Ready {app} pod"
-    return None
-
-
-async def _wait(what: str, check: Callable[[], Awaitable[str | None]], w: World) -> None:
-    """Polls ``check`` (what is missing, or None) until it says nothing is, at most
-    FLOW_TIMEOUT seconds; fails with the last answer."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + FLOW_TIMEOUT
-    while (missing := await check()) is not None:
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} not done within {FLOW_TIMEOUT}s: {missing}; {w.log()}")
-        await asyncio.sleep(0.2)
+    return await unsettled_nodes(w.api)
 
 
 @pytest.fixture(scope="module")
@@ -214,21 +140,21 @@ async def world(gpu_operator: gpu_env.GpuOperator) -> AsyncIterator[World]:
         api,
         NODES,
         namespaces=(APPS,),
-        stop_seconds=_stop_seconds,
-        consumer=_is_consumer,
+        stop_seconds=consumer_stop_seconds,
+        consumer=is_consumer,
     )
     task = asyncio.ensure_future(cluster.run(stop))
     w = World(cp, gpu_operator, api, cluster)
     try:
-        await _post(api, "/api/v1/namespaces", {"metadata": {"name": APPS}})
-        await _post(
+        await post(api, "/api/v1/namespaces", {"metadata": {"name": APPS}})
+        await post(
             api,
             "/apis/node.k8s.io/v1/runtimeclasses",
             {"metadata": {"name": "nvidia"}, "handler": "nvidia"},
         )
         spec = gpu_env.deep_merge(SPEC, {"driver": {"version": w.versions[-1]}})
         await asyncio.to_thread(gpu_env.apply_cluster_policy, cp, spec)
-        await _post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", _exporter())
+        await post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", exporter_daemonset())
         code = await asyncio.to_thread(
             cli,
             [
@@ -240,44 +166,12 @@ async def world(gpu_operator: gpu_env.GpuOperator) -> AsyncIterator[World]:
             ],
         )
         assert code == 0
-        await _wait("driver install", lambda: _unsettled(w, version=w.versions[-1]), w)
+        await wait_until("driver install", lambda: _unsettled(w, version=w.versions[-1]), w.log)
         yield w
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
         await api.close()
-
-
-def _exporter() -> dict[str, Any]:
-    """A GPU-consumer DaemonSet (a standalone dcgm-exporter, say), not yet prepared."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": EXPORTER, "namespace": APPS},
-        "spec": {
-            "selector": {"matchLabels": {"app": EXPORTER}},
-            "template": {
-                "metadata": {"labels": {"app": EXPORTER}},
-                "spec": {
-                    "terminationGracePeriodSeconds": GRACE,
-                    "containers": [{"name": "exporter", "image": "registry.invalid/exporter:1"}],
-                },
-            },
-        },
-    }
-
-
-def _bare_pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": APPS, "labels": labels},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": GRACE,
-            "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
-        },
-    }
 
 
 @dataclass
@@ -297,46 +191,7 @@ class Upgrade:
 
     def reached(self, node: str, state: str, after: int | None = None) -> int:
         """The revision at which ``node`` first had ``state`` after the bump (or ``after``)."""
-        since = self.started_rv if after is None else after
-        rv = next(
-            (r for r, value in self.rec.states(node) if value == state and r > since),
-            None,
-        )
-        assert rv is not None, f"{node} never reached {state}: {self.rec.states(node)}"
-        return rv
-
-
-async def _workloads(w: World) -> tuple[dict[str, K8sObject], ...]:
-    """The declared pod and the unrelated pod on each node (created if an earlier upgrade
-    evicted them), all Ready; returns them and the prepared DaemonSet's pods."""
-    for node in NODES:
-        for name, labels in (
-            (f"trainer-{node}", {"app": "trainer", **CONSUMER}),
-            (f"web-{node}", {"app": "web"}),
-        ):
-            await _post(w.api, f"/api/v1/namespaces/{APPS}/pods", _bare_pod(name, node, labels))
-
-    async def ready() -> tuple[dict[str, K8sObject], ...] | None:
-        pods = await list_items(w.api, f"/api/v1/namespaces/{APPS}/pods")
-        out: tuple[dict[str, K8sObject], ...] = ({}, {}, {})
-        for pod in pods:
-            if pod["metadata"].get("deletionTimestamp") or not is_ready(pod):
-                continue
-            app = str((pod["metadata"].get("labels") or {}).get("app"))
-            index = {"trainer": 0, EXPORTER: 1, "web": 2}[app]
-            out[index][pod["spec"]["nodeName"]] = pod
-        return out if all(len(part) == len(NODES) for part in out) else None
-
-    result: tuple[dict[str, K8sObject], ...] = await eventually(ready, timeout=60)
-    for pod in result[1].values():  # the prepare-daemonset template: label and affinity
-        assert pod["metadata"]["labels"][CONSUMER_KEY] == "true"
-        terms = pod["spec"]["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ]["nodeSelectorTerms"]
-        assert all(
-            {"key": PARKED, "operator": "DoesNotExist"} in t["matchExpressions"] for t in terms
-        )
-    return result
+        return self.rec.reached_after(node, state, self.started_rv if after is None else after)
 
 
 async def _gate_events(api: ApiClient, reason: str) -> dict[str, K8sObject]:
@@ -348,22 +203,11 @@ async def _gate_events(api: ApiClient, reason: str) -> dict[str, K8sObject]:
     }
 
 
-async def _node_events(api: ApiClient, node: str, reason: str) -> list[K8sObject]:
-    items = await list_items(api, "/apis/events.k8s.io/v1/namespaces/default/events")
-    return [
-        e
-        for e in items
-        if e.get("reason") == reason
-        and (e.get("regarding") or {}).get("kind") == "Node"
-        and e["regarding"]["name"] == node
-    ]
-
-
 async def _upgrade(w: World, *, gate: bool) -> Upgrade:
     """Sets the gate (configure-gate --apply) or removes it, starts shared-svc and the
     recorder, bumps the driver version and waits until both nodes are upgraded and
     shared-svc has restored them."""
-    declared, exporter, unrelated = await _workloads(w)
+    declared, exporter, unrelated = await workloads(w.api)
     if gate:
         code = await asyncio.to_thread(
             cli, ["upgrade", "configure-gate", "--apply", "--kubeconfig", str(w.cp.kubeconfig)]
@@ -378,72 +222,49 @@ async def _upgrade(w: World, *, gate: bool) -> Upgrade:
             content_type=MERGE_PATCH,
         )
     before = await _gate_events(w.api, "GPUConsumerGateMissing")
-    config = service_config(
-        w.cp,
-        OPERATOR_NS,
-        services_controller=False,
-        upgrade_controller=True,
-        upgrade_poll_seconds=0.5,
-        upgrade_resync_seconds=10.0,
-    )
-    rec = Recorder(w.api)
-    rec_stop = asyncio.Event()
-    rec_task = asyncio.ensure_future(rec.run(rec_stop))
-    try:
-        await rec.started()
-        async with running(config) as service:
-            upgrades = service.upgrade
-            assert upgrades is not None
+    config = upgrade_service_config(w.cp)
+    async with recording(w.api) as rec, running(config) as service:
+        upgrades = service.upgrade
+        assert upgrades is not None
 
-            async def gate_seen() -> dict[str, Any] | None:
-                return None if upgrades.gate is None else upgrades.gate.as_dict()
+        async def gate_seen() -> dict[str, Any] | None:
+            return None if upgrades.gate is None else upgrades.gate.as_dict()
 
-            verdict: dict[str, Any] = await eventually(gate_seen, timeout=30)
-            if not gate:
-                # The Warning on the ClusterPolicy at start (a new Event, or the series bumped).
-                async def warned() -> list[K8sObject]:
-                    now = await _gate_events(w.api, "GPUConsumerGateMissing")
-                    return [e for k, e in now.items() if k not in before]
+        verdict: dict[str, Any] = await eventually(gate_seen, timeout=30)
+        if not gate:
+            # The Warning on the ClusterPolicy at start (a new Event, or the series bumped).
+            async def warned() -> list[K8sObject]:
+                now = await _gate_events(w.api, "GPUConsumerGateMissing")
+                return [e for k, e in now.items() if k not in before]
 
-                fresh = await eventually(warned, timeout=30)
-                assert fresh[0]["type"] == "Warning"
-                assert fresh[0]["regarding"]["kind"] == "ClusterPolicy"
-                assert fresh[0]["regarding"]["name"] == gpu_env.CLUSTER_POLICY
-                assert "races the driver restart" in fresh[0]["note"]
-            w.cluster.at_unload.clear()
-            version = f"580.95.{len(w.versions):02d}"
-            w.versions.append(version)
-            bumped = await raw_request(
-                w.api,
-                "PATCH",
-                CP_PATH,
-                body={"spec": {"driver": {"version": version}}},
-                content_type=MERGE_PATCH,
-            )
-            started_rv = int(bumped["metadata"]["resourceVersion"])
-            await _wait("upgrade", lambda: _both_upgraded(w, rec, started_rv, version), w)
-            status = service.status()
-    finally:
-        rec_stop.set()
-        await asyncio.wait_for(rec_task, 30)
+            fresh = await eventually(warned, timeout=30)
+            assert fresh[0]["type"] == "Warning"
+            assert fresh[0]["regarding"]["kind"] == "ClusterPolicy"
+            assert fresh[0]["regarding"]["name"] == gpu_env.CLUSTER_POLICY
+            assert "races the driver restart" in fresh[0]["note"]
+        w.cluster.at_unload.clear()
+        version = f"580.95.{len(w.versions):02d}"
+        w.versions.append(version)
+        bumped = await raw_request(
+            w.api,
+            "PATCH",
+            CP_PATH,
+            body={"spec": {"driver": {"version": version}}},
+            content_type=MERGE_PATCH,
+        )
+        started_rv = int(bumped["metadata"]["resourceVersion"])
+        await wait_until("upgrade", lambda: _both_upgraded(w, rec, started_rv, version), w.log)
+        status = service.status()
     return Upgrade(rec, declared, exporter, unrelated, started_rv, verdict, status)
 
 
 async def _both_upgraded(w: World, rec: Recorder, after: int, version: str) -> str | None:
-    for node in NODES:
-        if not any(v == "pod-restart-required" and r > after for r, v in rec.states(node)):
-            return f"{node} not through pod-restart-required yet: {rec.states(node)}"
-    return await _unsettled(w, version=version)
-
-
-def _name(pod: K8sObject) -> str:
-    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    return rec.not_through_restart(NODES, after) or await _unsettled(w, version=version)
 
 
 async def _reported(w: World, up: Upgrade, node: str, reason: str) -> list[K8sObject]:
     """shared-svc's Events of ``reason`` on ``node`` written during this upgrade."""
-    events = await _node_events(w.api, node, reason)
-    return [e for e in events if int(e["metadata"]["resourceVersion"]) > up.started_rv]
+    return await node_events(w.api, node, reason, after=up.started_rv)
 
 
 async def _check_common(w: World, up: Upgrade) -> None:
@@ -469,7 +290,7 @@ async def _check_common(w: World, up: Upgrade) -> None:
         assert any(present for _, present in record) and not record[-1][1]
         # Nothing else evicted: the unrelated pod was never asked to go.
         web = up.unrelated[node]
-        assert rec.pod_deletion_requested(web["metadata"]["uid"]) is None, _name(web)
+        assert rec.pod_deletion_requested(web["metadata"]["uid"]) is None, pod_key(web)
         # Written by shared-svc on the node: its parked label and record, nothing else.
         owned = rec.managers_of_node_keys(node)
         assert owned.get(FIELD_MANAGER) == {f"labels:{PARKED}", f"annotations:{RECORD}"}, owned
@@ -519,11 +340,11 @@ async def _check_gated(world: World, up: Upgrade) -> None:
             uid = pod["metadata"]["uid"]
             asked = rec.pod_deletion_requested(uid)
             gone = rec.pod_deleted(uid)
-            assert asked is not None and gone is not None, _name(pod)
+            assert asked is not None and gone is not None, pod_key(pod)
             # Asked to go in a freeing state; gone (the kubelet confirmed) while the flow
             # held the node in wait-for-jobs-required, so before the driver restart.
-            assert cordon < asked < restart, (node, _name(pod), asked)
-            assert waiting < gone < deleting < restart, (node, _name(pod), gone)
+            assert cordon < asked < restart, (node, pod_key(pod), asked)
+            assert waiting < gone < deleting < restart, (node, pod_key(pod), gone)
         # The driver unloaded with no consumer on the node; freed reported, no Warning.
         assert world.cluster.at_unload[node] == [[]], world.cluster.at_unload
         assert await _reported(world, up, node, "GPUConsumersFreed"), node
@@ -544,7 +365,7 @@ async def _check_ungated(world: World, up: Upgrade) -> None:
     for node in NODES:
         restart = up.reached(node, "pod-restart-required")
         late = sorted(
-            _name(p)
+            pod_key(p)
             for p in up.freed(node)
             if (rec.pod_deleted(p["metadata"]["uid"]) or 0) > restart
         )
@@ -557,8 +378,8 @@ async def _check_ungated(world: World, up: Upgrade) -> None:
         assert fresh[0]["type"] == "Warning"
         # It names the consumer that was certainly still there (the one using its whole
         # grace period on this node), and only consumers freed on this node.
-        last = next(p for p in up.freed(node) if _stop_seconds(p) == GRACE)
+        last = next(p for p in up.freed(node) if consumer_stop_seconds(p) == GRACE)
         named = set(re.findall(rf"{APPS}/[a-z0-9.-]+[a-z0-9]", fresh[0]["note"]))
-        assert _name(last) in named, (_name(last), fresh[0]["note"])
-        assert named <= {_name(p) for p in up.freed(node)}, fresh[0]["note"]
+        assert pod_key(last) in named, (pod_key(last), fresh[0]["note"])
+        assert named <= {pod_key(p) for p in up.freed(node)}, fresh[0]["note"]
     await _check_common(world, up)

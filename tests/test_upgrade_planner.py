@@ -414,7 +414,7 @@ def test_evicted_pod_stuck_terminating_past_the_timeout_is_reported_once() -> No
     assert later.reports == () and later.writes == () and later.status.stuck == ("ml/slow",)
 
 
-@pytest.mark.parametrize("state", ["node-maintenance-required", "some-future-state"])
+@pytest.mark.parametrize("state", ["another-future-state", "some-future-state"])
 def test_unknown_state_keeps_and_gives_a_notice_not_tied_to_a_write(state: str) -> None:
     node, pods = ex.node(state="pod-restart-required"), [ex.declared_pod("triton")]
     node, pods = step(node, pods, plan(node, pods))

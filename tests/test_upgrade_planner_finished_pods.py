@@ -20,7 +20,7 @@ T0 = 1_700_000_000.0
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_finished_declared_daemonset_pod_does_not_hold_the_node(phase: str) -> None:
     ds = ex.daemonset("dcgm-exporter", declared=True)
-    node = ex.node(state="pod-restart-required")
+    node = ex.node(state="drain-required")
     finished = ex.daemonset_pod(ds, phase=phase)
     p = plan_node(node, [finished], [ds], S, T0)
     assert p.status.daemonset_pods == ()
@@ -31,6 +31,6 @@ def test_finished_declared_daemonset_pod_does_not_hold_the_node(phase: str) -> N
 
 def test_running_declared_daemonset_pod_still_holds_the_node() -> None:
     ds = ex.daemonset("dcgm-exporter", declared=True)
-    p = plan_node(ex.node(state="pod-restart-required"), [ex.daemonset_pod(ds)], [ds], S, T0)
+    p = plan_node(ex.node(state="drain-required"), [ex.daemonset_pod(ds)], [ds], S, T0)
     assert p.status.daemonset_pods == ("monitoring/dcgm-exporter-node-1",)
     assert p.status.phase == "freeing" and p.pod_actions == ()

@@ -24,7 +24,10 @@ no kubelet and no controllers.
   was loaded, it parks the operands (``nvidia.com/gpu.deploy.*`` ``true`` ->
   ``paused-for-driver-upgrade``), waits until their pods are gone, unloads the driver
   (which waits while a GPU consumer is still on the node: recorded in ``at_unload``),
-  restores the labels, and the driver container starts.
+  restores the labels, and the driver container starts. When the new pod's
+  ``DRIVER_CONFIG_DIGEST`` is the loaded driver's (gpu-operator >= v26.7.0's
+  ``shouldSkipUninstall``: the restart-only path) it skips the unload, the modules stay
+  loaded and consumers stay (counted in ``in_place``).
 
 :class:`Recorder` watches nodes and pods and keeps every event with its resourceVersion;
 with one etcd the resourceVersions are its global revisions, so they order a pod's
@@ -39,7 +42,7 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +50,11 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from shared_svc.config import Config
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from testenv import ControlPlane
+from tests.kube import eventually
+from tests.svc import service_config
 
 K8sObject = dict[str, Any]
 
@@ -150,6 +157,16 @@ def node_eligible(template_spec: dict[str, Any], node: K8sObject) -> bool:
     )
 
 
+def driver_digest(pod_spec: dict[str, Any]) -> str | None:
+    """The driver container's ``DRIVER_CONFIG_DIGEST`` (what driver-manager compares with
+    the loaded driver's), or None."""
+    for container in pod_spec.get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == "DRIVER_CONFIG_DIGEST" and env.get("value"):
+                return str(env["value"])
+    return None
+
+
 def template_hash(template: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -179,6 +196,7 @@ class _Unload:
     node: str
     parked: list[str] = field(default_factory=list)
     phase: str = "park"
+    keep_loaded: bool = False  # the new pod's driver config is the loaded one
 
 
 class Cluster:
@@ -206,7 +224,10 @@ class Cluster:
         self.errors: list[str] = []
         # node -> names of consumers still on it when its driver was to be unloaded
         self.at_unload: dict[str, list[list[str]]] = {}
-        self._loaded: set[str] = set()  # nodes whose driver module is loaded
+        # node -> driver restarts that kept the modules loaded (the digest was the loaded one)
+        self.in_place: dict[str, int] = {}
+        # nodes whose driver module is loaded -> the DRIVER_CONFIG_DIGEST it was installed with
+        self._loaded: dict[str, str | None] = {}
         self._unloads: dict[str, _Unload] = {}  # replacement driver pod uid -> progress
         self._unloaded: set[str] = set()  # replacement driver pods whose unload is done
         self._terminating: dict[str, float] = {}  # pod uid -> monotonic time it may go
@@ -286,14 +307,16 @@ class Cluster:
             node = pod["spec"]["nodeName"]
             driver = _labels(pod).get("app") == DRIVER_DS
             if driver and is_ready(pod):
-                self._loaded.add(node)
+                self._loaded[node] = driver_digest(pod["spec"])
             if meta.get("deletionTimestamp") or is_ready(pod):
                 continue
             if driver:
                 if node in self._loaded and meta["uid"] not in self._unloaded:
-                    self._unloads.setdefault(meta["uid"], _Unload(node))
+                    digest = driver_digest(pod["spec"])
+                    keep = digest is not None and digest == self._loaded[node]
+                    self._unloads.setdefault(meta["uid"], _Unload(node, keep_loaded=keep))
                     continue  # its init container (the driver-manager) is still at work
-                self._loaded.add(node)
+                self._loaded[node] = driver_digest(pod["spec"])
             await self.make_ready(pod)
             self._beats.add(node)
 
@@ -359,6 +382,15 @@ class Cluster:
                     for p in pods
                 ):
                     unload.phase = "unload"
+            elif unload.phase == "unload" and unload.keep_loaded:
+                # shouldSkipUninstall: the same driver config is loaded; nothing to unload
+                self.in_place[unload.node] = self.in_place.get(unload.node, 0) + 1
+                if unload.parked:
+                    await patch_node_labels(
+                        self.api, unload.node, dict.fromkeys(unload.parked, "true"), DRIVER_MANAGER
+                    )
+                self._unloaded.add(uid)
+                del self._unloads[uid]
             elif unload.phase == "unload":
                 holding = sorted(
                     f"{p['metadata']['namespace']}/{p['metadata']['name']}"
@@ -608,6 +640,19 @@ class Recorder:
         """The revision at which ``node`` first had ``state``."""
         return next((rv for rv, value in self.states(node) if value == state), None)
 
+    def reached_after(self, node: str, state: str, after: int) -> int:
+        """The revision at which ``node`` first had ``state`` after revision ``after``."""
+        rv = next((r for r, value in self.states(node) if value == state and r > after), None)
+        assert rv is not None, f"{node} never reached {state} after {after}: {self.states(node)}"
+        return rv
+
+    def not_through_restart(self, nodes: tuple[str, ...], after: int) -> str | None:
+        """Which of ``nodes`` has not been in pod-restart-required since ``after``, or None."""
+        for node in nodes:
+            if not any(v == "pod-restart-required" and r > after for r, v in self.states(node)):
+                return f"{node} not through pod-restart-required yet: {self.states(node)}"
+        return None
+
     def label_changes(self, node: str, key: str) -> list[tuple[int, str | None]]:
         out: list[tuple[int, str | None]] = []
         for e in self.node_events(node):
@@ -707,3 +752,217 @@ def explained(rec: Recorder, namespaces: tuple[str, ...]) -> Iterator[None]:
         yield
     except AssertionError as exc:
         raise AssertionError(f"{exc}\ntimeline:\n{rec.timeline(namespaces)}") from None
+
+
+# --- the GPU consumers of the flow tests, and waiting for the flow ---
+#
+# On each node: a declared consumer pod, a pod of a DaemonSet prepared with
+# ``shared-svc upgrade prepare-daemonset``, both with a 5 s termination grace period they use
+# in full (or 3 s), and an unrelated pod. The flows run on these two nodes.
+
+NODES = ("gpu-node-0", "gpu-node-1")
+APPS = "ml"  # the consumers' namespace
+CONSUMER_KEY = "nvidia.com/gpu-driver-upgrade.consumer"
+CONSUMER = {CONSUMER_KEY: "true"}
+EXPORTER = "gpu-exporter"  # the prepared DaemonSet
+GRACE = 5
+FLOW_TIMEOUT = 240.0  # the flow's own 2-minute requeue fits in it, should a beat be missed
+
+
+# The upgrade policy of the flow tests: one node at a time, gpu-operator's defaults else
+# (the gate is set by `shared-svc upgrade configure-gate`, or removed, by each test).
+UPGRADE_POLICY: dict[str, Any] = {
+    "autoUpgrade": True,
+    "maxParallelUpgrades": 1,
+    "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+    "drain": {"enable": False, "force": False, "timeoutSeconds": 300},
+}
+
+
+def upgrade_service_config(cp: ControlPlane) -> Config:
+    """shared-svc's upgrade controller alone, polling a node its consumers leave every 0.5 s."""
+    return service_config(
+        cp,
+        OPERATOR_NS,
+        services_controller=False,
+        upgrade_controller=True,
+        upgrade_poll_seconds=0.5,
+        upgrade_resync_seconds=10.0,
+    )
+
+
+def consumer_stop_seconds(pod: K8sObject) -> float:
+    """How long a consumer takes to stop once asked (0 for any other pod). They hold the
+    GPU: on gpu-node-0 the declared pod uses its whole grace period and the DaemonSet pod
+    stops after 3 s, on gpu-node-1 the other way round, so on each node another kind is the
+    last to go (and alone holds the gate at the end)."""
+    if pod["metadata"]["namespace"] != APPS:
+        return 0.0
+    app = str((pod["metadata"].get("labels") or {}).get("app"))
+    last = {"trainer": NODES[0], EXPORTER: NODES[1]}.get(app)
+    if last is None:
+        return float(GRACE)
+    return float(GRACE) if pod["spec"]["nodeName"] == last else 3.0
+
+
+def is_consumer(pod: K8sObject) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return pod["metadata"]["namespace"] == APPS and labels.get(CONSUMER_KEY) == "true"
+
+
+async def post(api: ApiClient, path: str, body: dict[str, Any]) -> None:
+    """Creates ``body`` (already there: fine)."""
+    try:
+        await raw_request(api, "POST", path, body=body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def exporter_daemonset() -> dict[str, Any]:
+    """A GPU-consumer DaemonSet (a standalone dcgm-exporter, say), not yet prepared."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": EXPORTER, "namespace": APPS},
+        "spec": {
+            "selector": {"matchLabels": {"app": EXPORTER}},
+            "template": {
+                "metadata": {"labels": {"app": EXPORTER}},
+                "spec": {
+                    "terminationGracePeriodSeconds": GRACE,
+                    "containers": [{"name": "exporter", "image": "registry.invalid/exporter:1"}],
+                },
+            },
+        },
+    }
+
+
+def bare_pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": APPS, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": GRACE,
+            "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
+        },
+    }
+
+
+async def workloads(api: ApiClient) -> tuple[dict[str, K8sObject], ...]:
+    """The declared pod and the unrelated pod on each node (created if an earlier upgrade
+    evicted them), all Ready; returns them (node -> pod) and the prepared DaemonSet's pods,
+    as (declared, exporter, unrelated)."""
+    for node in NODES:
+        for name, labels in (
+            (f"trainer-{node}", {"app": "trainer", **CONSUMER}),
+            (f"web-{node}", {"app": "web"}),
+        ):
+            await post(api, f"/api/v1/namespaces/{APPS}/pods", bare_pod(name, node, labels))
+
+    async def ready() -> tuple[dict[str, K8sObject], ...] | None:
+        pods = await list_items(api, f"/api/v1/namespaces/{APPS}/pods")
+        out: tuple[dict[str, K8sObject], ...] = ({}, {}, {})
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp") or not is_ready(pod):
+                continue
+            app = str((pod["metadata"].get("labels") or {}).get("app"))
+            index = {"trainer": 0, EXPORTER: 1, "web": 2}[app]
+            out[index][pod["spec"]["nodeName"]] = pod
+        return out if all(len(part) == len(NODES) for part in out) else None
+
+    result: tuple[dict[str, K8sObject], ...] = await eventually(ready, timeout=60)
+    for pod in result[1].values():  # the prepare-daemonset template: label and affinity
+        assert pod["metadata"]["labels"][CONSUMER_KEY] == "true"
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert all(
+            {"key": PARKED, "operator": "DoesNotExist"} in t["matchExpressions"] for t in terms
+        )
+    return result
+
+
+async def node_events(api: ApiClient, node: str, reason: str, after: int = 0) -> list[K8sObject]:
+    """The Events of ``reason`` regarding the Node ``node`` written after revision ``after``."""
+    items = await list_items(api, "/apis/events.k8s.io/v1/namespaces/default/events")
+    return [
+        e
+        for e in items
+        if e.get("reason") == reason
+        and (e.get("regarding") or {}).get("kind") == "Node"
+        and e["regarding"]["name"] == node
+        and int(e["metadata"]["resourceVersion"]) > after
+    ]
+
+
+def pod_key(pod: K8sObject) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+async def wait_until(
+    what: str, check: Callable[[], Awaitable[str | None]], context: Callable[[], str]
+) -> None:
+    """Polls ``check`` (what is missing, or None) until it says nothing is, at most
+    FLOW_TIMEOUT seconds; fails with the last answer and ``context()``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FLOW_TIMEOUT
+    while (missing := await check()) is not None:
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not done within {FLOW_TIMEOUT}s: {missing}; {context()}")
+        await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def recording(api: ApiClient) -> AsyncIterator[Recorder]:
+    """A :class:`Recorder` watching from now until the block ends."""
+    rec = Recorder(api)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(rec.run(stop))
+    try:
+        await rec.started()
+        yield rec
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def newest_driver_hash(api: ApiClient) -> str | None:
+    """The hash of the driver DaemonSet's newest ControllerRevision (what the upgrade
+    library compares the driver pods' ``controller-revision-hash`` with)."""
+    revisions = await list_items(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions")
+    mine = [r for r in revisions if r["metadata"]["name"].startswith(f"{DRIVER_DS}-")]
+    if not mine:
+        return None
+    newest: str = max(mine, key=lambda r: int(r["revision"]))["metadata"]["name"]
+    return newest.removeprefix(f"{DRIVER_DS}-")
+
+
+async def unsettled_nodes(api: ApiClient) -> str | None:
+    """What is missing before every node is upgrade-done, uncordoned, on the newest driver
+    revision (driver, validator and prepared DaemonSet's pods Ready), with nothing of
+    shared-svc's left on it; None when all that holds."""
+    newest = await newest_driver_hash(api)
+    nodes = {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
+    pods = await list_items(api, "/api/v1/pods")
+    for name in NODES:
+        meta = nodes[name]["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        if labels.get(STATE) != "upgrade-done":
+            return f"{name}: state {labels.get(STATE)}"
+        if PARKED in labels or RECORD in annotations:
+            return f"{name}: shared-svc's keys still there"
+        if nodes[name]["spec"].get("unschedulable"):
+            return f"{name}: still cordoned"
+        here = [p for p in pods if p["spec"].get("nodeName") == name]
+        driver = [p for p in here if _labels(p).get("app") == DRIVER_DS]
+        if len(driver) != 1 or not is_ready(driver[0]):
+            return f"{name}: driver pods {[p['metadata']['name'] for p in driver]} not Ready"
+        if _labels(driver[0]).get(HASH) != newest:
+            return f"{name}: driver pod not of the newest revision {newest}"
+        for app in (VALIDATOR_APP, EXPORTER):
+            if not any(_labels(p).get("app") == app and is_ready(p) for p in here):
+                return f"{name}: no Ready {app} pod"
+    return None

@@ -13,8 +13,11 @@ causes one rollout.
 (``--apply``: applies it with the caller's kubeconfig; the service never writes it).
 
 ``status`` prints each upgrading (or still parked) node: its state, what the controller
-recorded there (its record annotation: evicted, refused, blocked) and what still holds
-the GPU. It reads what the service decided; it never re-decides with local settings.
+recorded there (its record annotation: evicted, refused, blocked, or the restart-only
+verdict) and what still holds the GPU. It reads what the service decided; it never
+re-decides with local settings. It also lists the DaemonSets on gpu-operator's client hook
+(``nvidia.com/gpu.deploy.client``): left to gpu-operator, never scheduled, or prepared both
+ways; ``prepare-daemonset`` says the same of one and changes nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that co
     from kubernetes_asyncio.client import ApiClient
 
     from shared_svc.k8s.selectors import Selector
+    from shared_svc.upgrade.daemonsets import ClientHookUse
     from shared_svc.upgrade.planner import NodeStatus
 
 T = TypeVar("T")
@@ -148,6 +152,25 @@ def _consumer_labels(config: Config) -> dict[str, str]:
         raise UsageError(f"upgrade_consumer_selector: {exc}") from None
 
 
+# Tries of a guarded patch when its object changed meanwhile (409): client-go's
+# RetryOnConflict, five tries.
+CONFLICT_TRIES = 5
+
+
+async def _retrying_conflicts(once: Callable[[], Awaitable[int]], what: str) -> int:
+    """``once()`` (read, plan, guarded patch) again after a 409, up to CONFLICT_TRIES times."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    for attempt in range(1, CONFLICT_TRIES + 1):
+        try:
+            return await once()
+        except ApiException as exc:
+            if exc.status != 409 or attempt == CONFLICT_TRIES:
+                raise
+            print(f"{what} changed meanwhile: planning again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 # --- prepare-daemonset ---
 
 
@@ -189,72 +212,89 @@ def prepare_daemonset(args: argparse.Namespace) -> int:
     namespace, name = parse_target(args.target)
 
     async def body(api: ApiClient, config: Config) -> int:
-        from shared_svc.upgrade import io as upgrade_io
-        from shared_svc.upgrade.daemonsets import (
-            classify_daemonset,
-            missing_template_labels,
-            parked_label_key,
-            with_parked_requirement,
-            with_template_labels,
+        # The patch is guarded by the resourceVersion it was planned on, and the DaemonSet
+        # controller writes the DaemonSet's status as its pods come and go: a 409 is
+        # planned again from a fresh read, as configure-gate does.
+        return await _retrying_conflicts(
+            lambda: _prepare(api, config, namespace, name, dry_run=args.dry_run), "the DaemonSet"
         )
-        from shared_svc.upgrade.gate import label_text
-
-        if namespace == config.namespace:
-            raise UsageError(
-                f"{namespace} is the operator namespace: its DaemonSets are gpu-operator operands, never touched"
-            )
-        live = await upgrade_io.read_daemonset(api, namespace, name)
-        if live is None:
-            raise UsageError(f"DaemonSet {namespace}/{name} not found")
-        selector = (
-            live.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
-        )
-        operand_keys = sorted(
-            k
-            for k in selector
-            if k.startswith(_PROTECTED_KEY_PREFIX) and k != "nvidia.com/gpu.deploy.client"
-        )
-        if operand_keys:
-            raise UsageError(
-                f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_keys[0]}); not touched"
-            )
-        key = parked_label_key(config.upgrade_driver_name)
-        labels = _consumer_labels(config)
-        declared = classify_daemonset(live, key) == "declared"
-        missing = missing_template_labels(live, labels)
-        shown = label_text(labels)
-        if declared and not missing:
-            print(
-                f"DaemonSet {namespace}/{name} already requires {key} DoesNotExist and its pods "
-                f"carry {shown}: nothing to do"
-            )
-            return 0
-        prepared = with_template_labels(
-            live if declared else with_parked_requirement(live, key), missing
-        )
-        sys.stdout.write(diff_text(live, prepared, f"daemonset/{namespace}/{name}"))
-        required = (
-            None
-            if declared
-            else prepared["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-                "requiredDuringSchedulingIgnoredDuringExecution"
-            ]
-        )
-        await upgrade_io.patch_daemonset_template(
-            api, live, required=required, labels=missing, dry_run=args.dry_run
-        )
-        if args.dry_run:
-            print(
-                f"dry run: the API server accepted the change; DaemonSet {namespace}/{name} not changed"
-            )
-        else:
-            print(
-                f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key}, and "
-                f"carry {shown} so the upgrade flow's gate waits for them (one rollout now)"
-            )
-        return 0
 
     return _run(args, body)
+
+
+async def _prepare(
+    api: ApiClient, config: Config, namespace: str, name: str, *, dry_run: bool
+) -> int:
+    """Read, plan and (guarded by resourceVersion) patch the DaemonSet once."""
+    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.upgrade.daemonsets import (
+        classify_daemonset,
+        client_hook_use,
+        missing_template_labels,
+        parked_label_key,
+        with_parked_requirement,
+        with_template_labels,
+    )
+    from shared_svc.upgrade.gate import label_text
+
+    if namespace == config.namespace:
+        raise UsageError(
+            f"{namespace} is the operator namespace: its DaemonSets are gpu-operator operands, never touched"
+        )
+    live = await upgrade_io.read_daemonset(api, namespace, name)
+    if live is None:
+        raise UsageError(f"DaemonSet {namespace}/{name} not found")
+    selector = live.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
+    operand_keys = sorted(
+        k
+        for k in selector
+        if k.startswith(_PROTECTED_KEY_PREFIX) and k != "nvidia.com/gpu.deploy.client"
+    )
+    if operand_keys:
+        raise UsageError(
+            f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_keys[0]}); not touched"
+        )
+    key = parked_label_key(config.upgrade_driver_name)
+    hook = client_hook_use(live, key, await upgrade_io.client_label_on_nodes(api))
+    if hook is not None and hook.finding == "never-schedules":
+        raise UsageError(hook.message)
+    if hook is not None:  # left to gpu-operator, or already prepared both ways
+        print(("warning: " if hook.warns else "") + hook.message + " Nothing to do.")
+        return 0
+    labels = _consumer_labels(config)
+    declared = classify_daemonset(live, key) == "declared"
+    missing = missing_template_labels(live, labels)
+    shown = label_text(labels)
+    if declared and not missing:
+        print(
+            f"DaemonSet {namespace}/{name} already requires {key} DoesNotExist and its pods "
+            f"carry {shown}: nothing to do"
+        )
+        return 0
+    prepared = with_template_labels(
+        live if declared else with_parked_requirement(live, key), missing
+    )
+    sys.stdout.write(diff_text(live, prepared, f"daemonset/{namespace}/{name}"))
+    required = (
+        None
+        if declared
+        else prepared["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+    )
+    await upgrade_io.patch_daemonset_template(
+        api, live, required=required, labels=missing, dry_run=dry_run
+    )
+    if dry_run:
+        print(
+            f"dry run: the API server accepted the change; DaemonSet {namespace}/{name} not changed"
+        )
+    else:
+        print(
+            f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key}, and "
+            f"carry {shown} so the upgrade flow's gate waits for them (one rollout now)"
+        )
+    return 0
 
 
 # --- configure-gate ---
@@ -276,12 +316,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     return list(data.get("items") or [])
 
 
-# Tries of configure-gate's guarded patch when the ClusterPolicy changed meanwhile (409).
-CONFLICT_TRIES = 5
-
-
 def configure_gate(args: argparse.Namespace) -> int:
-    from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
@@ -298,16 +333,8 @@ def configure_gate(args: argparse.Namespace) -> int:
 
     async def body(api: ApiClient, config: Config) -> int:
         # The patch is guarded by the resourceVersion it was planned on; gpu-operator writes
-        # its ClusterPolicy too, so a 409 is planned again from a fresh read (client-go's
-        # RetryOnConflict: five tries).
-        for attempt in range(1, CONFLICT_TRIES + 1):
-            try:
-                return await once(api, config)
-            except ApiException as exc:
-                if exc.status != 409 or attempt == CONFLICT_TRIES:
-                    raise
-                print("the ClusterPolicy changed meanwhile: planning again", file=sys.stderr)
-        raise AssertionError("unreachable")
+        # its ClusterPolicy too, so a 409 is planned again from a fresh read.
+        return await _retrying_conflicts(lambda: once(api, config), "the ClusterPolicy")
 
     async def once(api: ApiClient, config: Config) -> int:
         _consumer_labels(config)  # one line for a selector without a label
@@ -377,13 +404,17 @@ async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
     return gate_json(check)
 
 
-async def gather_status(api: ApiClient, config: Config) -> list[NodeStatus]:
-    """The status of every node that is upgrading or still parked, from the service's record.
+async def gather_status(
+    api: ApiClient, config: Config
+) -> tuple[list[NodeStatus], tuple[ClientHookUse, ...]]:
+    """The status of every node that is upgrading or still parked, from the service's
+    record, and the DaemonSets on gpu-operator's client hook.
 
     Only the driver name (the label keys) comes from local configuration: the eviction
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
     from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
     from shared_svc.upgrade.planner import listed, recorded_status
 
     driver = config.upgrade_driver_name
@@ -393,13 +424,16 @@ async def gather_status(api: ApiClient, config: Config) -> list[NodeStatus]:
         for node in await upgrade_io.list_nodes(api, resource.label_selector):
             nodes[node["metadata"]["name"]] = node
     daemonsets = await upgrade_io.list_daemonsets(api)
+    hooks = client_hook_uses(
+        daemonsets, parked_label_key(driver), await upgrade_io.client_label_on_nodes(api)
+    )
     out: list[NodeStatus] = []
     for name in sorted(nodes):
         if not listed(recorded_status(nodes[name], (), (), driver)):
             continue  # an idle node (upgrade-done, upgrade-required): no pods to read
         pods = await upgrade_io.pods_on_node(api, name)
         out.append(recorded_status(nodes[name], pods, daemonsets, driver))
-    return out
+    return out, hooks
 
 
 def _gate_line(gate: dict[str, Any]) -> str:
@@ -422,7 +456,17 @@ def _text(statuses: list[NodeStatus]) -> str:
             )
         if s["unknown_state"]:
             lines.append("  unknown upgrade state: treated as keep (nothing new is evicted)")
-        if s["since"]:
+        if s["path"] == "restart-only":
+            lines.append(
+                f"  restart-only: the driver restarts in place (DaemonSet {s['driver_daemonset']}, "
+                "DRIVER_CONFIG_DIGEST unchanged): nothing freed, nothing parked"
+            )
+        elif s["path_evidence"] == "guess":
+            lines.append(
+                "  path guessed: no evidence of restart-only or full in pod-restart-required; "
+                "freed (the side that cannot stall a full upgrade)"
+            )
+        if s["since"] and s["path"] != "restart-only":
             parked = (
                 "set by shared-svc"
                 if s["parked_by_us"]
@@ -457,16 +501,30 @@ def _text(statuses: list[NodeStatus]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _hooks_text(hooks: tuple[ClientHookUse, ...]) -> str:
+    if not hooks:
+        return ""
+    lines = ["DaemonSets on gpu-operator's client hook (nvidia.com/gpu.deploy.client):"]
+    lines += [f"  {'WARNING: ' if h.warns else ''}{h.message}" for h in hooks]
+    return "\n".join(lines) + "\n"
+
+
 def show_status(args: argparse.Namespace) -> int:
-    async def body(api: ApiClient, config: Config) -> tuple[dict[str, Any], list[NodeStatus]]:
+    async def body(
+        api: ApiClient, config: Config
+    ) -> tuple[dict[str, Any], tuple[list[NodeStatus], tuple[ClientHookUse, ...]]]:
         return await gather_gate(api, config), await gather_status(api, config)
 
-    gate, statuses = _run(args, body)
+    gate, (statuses, hooks) = _run(args, body)
     if args.output == "json":
         from shared_svc.upgrade.status import node_json  # the serializer of /status
 
-        shown = {"gate": gate, "nodes": [node_json(s) for s in statuses]}
+        shown = {
+            "gate": gate,
+            "nodes": [node_json(s) for s in statuses],
+            "clientHook": [h.as_dict() for h in hooks],
+        }
         sys.stdout.write(json.dumps(shown, indent=2) + "\n")
     else:
-        sys.stdout.write(_gate_line(gate) + _text(statuses))
+        sys.stdout.write(_gate_line(gate) + _text(statuses) + _hooks_text(hooks))
     return 0

@@ -26,6 +26,10 @@ _DS_STATUS = (
 
 
 _DS_TEMPLATE_SPEC = ("affinity", "nodeSelector")
+_DS_CONTAINERS = ("containers", "initContainers")
+# The env gpu-operator sets on its driver pod template (a hash of what the driver install
+# depends on); the driver-upgrade planner compares it with the driver pod's (upgrade/paths.py).
+DRIVER_CONFIG_DIGEST = "DRIVER_CONFIG_DIGEST"
 
 DAEMONSET_READS = {
     "apiVersion": None,
@@ -35,7 +39,13 @@ DAEMONSET_READS = {
     "spec": {
         "selector": None,
         "updateStrategy": None,
-        "template": {"metadata": {"labels": None}, "spec": dict.fromkeys(_DS_TEMPLATE_SPEC)},
+        "template": {
+            "metadata": {"labels": None},
+            "spec": {
+                **dict.fromkeys(_DS_TEMPLATE_SPEC),
+                **{key: [{"env": None}] for key in _DS_CONTAINERS},
+            },
+        },
     },
 }
 """What :func:`daemonset_fields` reads of a DaemonSet, as a shape (``kube.decode.Shape``:
@@ -48,7 +58,9 @@ def daemonset_fields(daemonset: K8sObject) -> K8sObject:
     For the Services gate (:func:`gate_open`): ``metadata`` name, namespace and
     generation, the pod template's labels and the four rollout counters of ``status``.
     For the driver-upgrade planner (``upgrade.daemonsets.index_daemonsets``): ``uid`` and
-    the pod template's ``affinity`` and ``nodeSelector``. Labels, the selector and the
+    the pod template's ``affinity`` and ``nodeSelector``; for its restart-only rule
+    (``upgrade.paths``): the ``DRIVER_CONFIG_DIGEST`` env entries of the template's
+    containers and init containers (:func:`_digest_entries`), with ``generation``. Labels, the selector and the
     update strategy are kept too (small, and what a reader of ``/status`` expects). The
     caches keep only these (one projection for the one DaemonSet cache both controllers
     share); proptests/test_projection_props.py proves the plans unchanged.
@@ -72,12 +84,35 @@ def daemonset_fields(daemonset: K8sObject) -> K8sObject:
                         if "metadata" in template
                         else {}
                     ),
-                    **(
-                        {"spec": _pick(template["spec"], _DS_TEMPLATE_SPEC)}
-                        if "spec" in template
-                        else {}
-                    ),
+                    **({"spec": _template_spec(template["spec"])} if "spec" in template else {}),
                 }
             kept["template"] = template
         out["spec"] = kept
+    return out
+
+
+def _template_spec(spec: Any) -> Any:
+    out = _pick(spec, _DS_TEMPLATE_SPEC)
+    if isinstance(spec, dict):
+        for key in _DS_CONTAINERS:
+            kept = _digest_entries(spec.get(key))
+            if kept:
+                out[key] = kept
+    return out
+
+
+def _digest_entries(containers: Any) -> Any:
+    """Of a container list, the containers that carry a ``DRIVER_CONFIG_DIGEST`` env entry,
+    in order, each with those entries only (a value of another type is kept as it is): a
+    driver DaemonSet keeps a few bytes, any other nothing (the key is left out)."""
+    if containers is not None and not isinstance(containers, list):
+        return containers
+    out = []
+    for container in containers or ():
+        env = container.get("env") if isinstance(container, dict) else None
+        if not isinstance(env, list):
+            continue
+        entries = [e for e in env if isinstance(e, dict) and e.get("name") == DRIVER_CONFIG_DIGEST]
+        if entries:
+            out.append({"env": entries})
     return out

@@ -83,6 +83,8 @@ class UpgradeIO(Protocol):
     async def pods_on_node(
         self, name: str, skip_namespace: str | None = None
     ) -> list[K8sObject]: ...
+    # The driver pods of ``namespace`` bound to the node (``planner.PodRead.driver_pods``).
+    async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
     async def evict(self, action: PodAction) -> str: ...
     async def delete_pod(self, action: PodAction) -> str: ...
@@ -317,8 +319,10 @@ class UpgradeController:
         ds_index = self._ds_index(objects)
         # Only the pods the plan depends on: none for a node not being freed and without
         # a record, and not the operator's own operands (issue 22).
-        read = pods_read(node, ds_index, self.settings)
+        read = pods_read(node, ds_index, self.settings, objects)
         pods = await self._io.pods_on_node(name, read.skip_namespace) if read.needed else []
+        if read.driver_namespace is not None:  # they tell the upgrade's path (upgrade/paths.py)
+            pods += await self._io.driver_pods_on_node(name, read.driver_namespace)
         plan = plan_node(node, pods, objects, self.settings, now=self._clock(), ds_index=ds_index)
         # The pass holds its plan, not the pods, while its writes go out: 64 passes of a
         # wave at once each held a node's list of whole pods (issue 22: the wave's peak).

@@ -5,7 +5,7 @@ node affinity ``<parked label> DoesNotExist`` in its pod template. The DaemonSet
 controller then deletes its pod from a node as soon as the controller labels that node,
 and recreates it when the label goes. DaemonSets on gpu-operator's own hook (nodeSelector
 ``nvidia.com/gpu.deploy.client: "true"``) are parked by the driver-manager; this
-controller only verifies and reports them.
+controller only verifies and reports them (:func:`client_hook_use`).
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ def _term_has(term: Mapping[str, Any], parked_key: str) -> bool:
 
 
 def template_spec(daemonset: K8sObject) -> Mapping[str, Any]:
-    spec: Mapping[str, Any] = daemonset.get("spec", {}).get("template", {}).get("spec", {})
-    return spec
+    """The pod template's spec ({} where a part is missing or of another type)."""
+    value: Any = daemonset
+    for key in ("spec", "template", "spec"):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
 
 
 def classify_daemonset(daemonset: K8sObject, parked_key: str) -> DaemonSetKind:
@@ -166,3 +169,79 @@ def owning_daemonset(pod: K8sObject, index: Mapping[str, DaemonSetRef]) -> Daemo
         if ref.get("uid") in index:
             return index[ref["uid"]]
     return None
+
+
+# --- gpu-operator's client hook (nvidia.com/gpu.deploy.client) ---
+
+# left-to-operator: nodes carry the label, gpu-operator's driver-manager bounces the
+# DaemonSet's pods during the driver restart; never-schedules: no node carries the label
+# (gpu-operator before v26.7.0, or GPUCluster mode), so it runs nowhere; both: prepared
+# for shared-svc's parked label too.
+ClientHookFinding = Literal["left-to-operator", "never-schedules", "both"]
+
+
+@dataclass(frozen=True)
+class ClientHookUse:
+    """A DaemonSet that selects nodes by ``nvidia.com/gpu.deploy.client: "true"``."""
+
+    daemonset: str  # namespace/name
+    finding: ClientHookFinding
+    message: str
+
+    @property
+    def warns(self) -> bool:
+        return self.finding != "left-to-operator"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"daemonSet": self.daemonset, "finding": self.finding, "message": self.message}
+
+
+def uses_client_hook(daemonset: K8sObject) -> bool:
+    """Its pod template's nodeSelector asks for ``nvidia.com/gpu.deploy.client: "true"``
+    (what driver-manager looks for; it reads the nodeSelector, not affinity)."""
+    selector = template_spec(daemonset).get("nodeSelector")
+    return isinstance(selector, Mapping) and selector.get(CLIENT_HOOK_KEY) == "true"
+
+
+def client_hook_use(
+    daemonset: K8sObject, parked_key: str, label_on_nodes: bool
+) -> ClientHookUse | None:
+    """What the DaemonSet's use of gpu-operator's client hook means, or None if it has none.
+    ``label_on_nodes``: some node carries the ``nvidia.com/gpu.deploy.client`` label
+    (gpu-operator >= v26.7.0 sets it on GPU nodes in ClusterPolicy mode)."""
+    if not uses_client_hook(daemonset):
+        return None
+    key = objects.key_of(daemonset)
+    hook = f'{CLIENT_HOOK_KEY}: "true"'
+    if not label_on_nodes:
+        return ClientHookUse(
+            key,
+            "never-schedules",
+            f"DaemonSet {key} selects nodes by {hook}, but no node carries {CLIENT_HOOK_KEY} "
+            "(gpu-operator before v26.7.0, or GPUCluster mode): it runs nowhere. Remove that "
+            f"nodeSelector, then run `shared-svc upgrade prepare-daemonset {key}`.",
+        )
+    if any(_term_has(term, parked_key) for term in _required_terms(template_spec(daemonset))):
+        return ClientHookUse(
+            key,
+            "both",
+            f"DaemonSet {key} is prepared both ways: it requires {parked_key} DoesNotExist "
+            f"(shared-svc parks it in the first freeing state) and selects {hook} "
+            "(gpu-operator's driver-manager bounces it again in pod-restart-required). Keep "
+            "one: remove that nodeSelector, or the parked-label affinity.",
+        )
+    return ClientHookUse(
+        key,
+        "left-to-operator",
+        f"DaemonSet {key} selects {hook}: gpu-operator's driver-manager moves its pods off a "
+        "node during the driver restart and back after (gpu-operator >= v26.7.0, "
+        "ClusterPolicy mode); shared-svc leaves it to gpu-operator.",
+    )
+
+
+def client_hook_uses(
+    daemonsets: Iterable[K8sObject], parked_key: str, label_on_nodes: bool
+) -> tuple[ClientHookUse, ...]:
+    """Every DaemonSet on the client hook, by namespace/name."""
+    found = (client_hook_use(ds, parked_key, label_on_nodes) for ds in daemonsets)
+    return tuple(sorted((u for u in found if u is not None), key=lambda u: u.daemonset))

@@ -24,10 +24,11 @@ from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.registry import Cache, Informers
-from shared_svc.kube.resources import DAEMONSETS, METADATA, NODES, PODS
+from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES, PODS
 from shared_svc.kube.store import EventHandler
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
-from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.daemonsets import CLIENT_HOOK_KEY, parked_label_key
+from shared_svc.upgrade.paths import driver_pod_selector
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
 from shared_svc.wait.ratelimit import BucketRateLimiter
@@ -103,9 +104,28 @@ async def pods_on_node(
     return list(data.get("items") or [])
 
 
+async def driver_pods_on_node(api: ApiClient, node: str, namespace: str) -> list[K8sObject]:
+    """The driver pods of ``namespace`` bound to ``node`` (``paths.driver_pod_selector``):
+    one or two small pods, from the API server's watch cache by its ``spec.nodeName`` index."""
+    query = [
+        ("fieldSelector", pods_field_selector(node)),
+        ("labelSelector", driver_pod_selector()),
+    ]
+    data = await raw_request(api, "GET", PODS.collection(namespace), query=query)
+    return list(data.get("items") or [])
+
+
 async def list_daemonsets(api: ApiClient) -> list[K8sObject]:
     data = await raw_request(api, "GET", DAEMONSETS.collection())
     return list(data.get("items") or [])
+
+
+async def client_label_on_nodes(api: ApiClient) -> bool:
+    """Whether some node carries gpu-operator's ``nvidia.com/gpu.deploy.client`` label (one
+    item asked for: the answer, not the fleet)."""
+    query = [("labelSelector", CLIENT_HOOK_KEY), ("limit", "1")]
+    data = await raw_request(api, "GET", NODES.collection(), query=query, accept=METADATA_LIST)
+    return bool(data.get("items"))
 
 
 async def read_daemonset(api: ApiClient, namespace: str, name: str) -> K8sObject | None:
@@ -256,6 +276,9 @@ class KubeUpgradeIO:
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         return await pods_on_node(self._api, name, skip_namespace)
+
+    async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]:
+        return await driver_pods_on_node(self._api, name, namespace)
 
     async def patch_node(self, patch: NodePatch) -> str:
         """Sends the patch; returns the node's resourceVersion after it."""

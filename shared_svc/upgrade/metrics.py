@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-PHASES = ("idle", "freeing", "freed", "parked", "waiting", "restoring", "aborting")
+PHASES = (
+    "idle",
+    "freeing",
+    "freed",
+    "parked",
+    "waiting",
+    "restoring",
+    "aborting",
+    "restart-only",
+)
 
 
 class UpgradeMetrics:

@@ -18,11 +18,14 @@ from shared_svc.k8s import objects
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.k8s.events import note as event_note
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.upgrade import consumers, daemonsets, gate, record, states
-from shared_svc.upgrade.record import FreedPod, Record, RecordError
+from shared_svc.upgrade import consumers, daemonsets, gate, paths, record, states
+from shared_svc.upgrade.paths import RESTART_STATE, Verdict
+from shared_svc.upgrade.record import FreedPod, Record, RecordError, RestartOnly
 from shared_svc.upgrade.settings import UpgradeSettings
 
-Phase = Literal["idle", "freeing", "freed", "parked", "waiting", "restoring", "aborting"]
+Phase = Literal[
+    "idle", "freeing", "freed", "parked", "waiting", "restoring", "aborting", "restart-only"
+]
 PodVerb = Literal["evict", "delete"]
 
 PARKED_VALUE = "true"
@@ -96,6 +99,12 @@ class NodeStatus:
     partial_daemonsets: tuple[str, ...] = ()  # affinity term missing in some required terms
     # freed consumers still on the node when it reached pod-restart-required (Warning sent)
     restart_race: tuple[str, ...] = ()
+    # The upgrade's path on the node (``upgrade/paths.py``): "full" or "restart-only"
+    # (None: no freeing state, nothing recorded), what told it, and (restart-only) the
+    # driver DaemonSet whose unchanged DRIVER_CONFIG_DIGEST decided it.
+    path: str | None = None
+    path_evidence: str | None = None
+    driver_daemonset: str | None = None
     unknown_state: bool = False  # a state value this version does not know (kept)
     record_error: str | None = None
 
@@ -407,9 +416,12 @@ def _free(
     ds_index: Mapping[str, daemonsets.DaemonSetRef],
     label_present: bool,
     state: str | None,
+    verdict: Verdict,
 ) -> Freeing:
     s = b.settings
-    rec = b.record or Record.new(b.now, parked_label=not label_present)
+    if b.record is not None and b.record.restart_only is not None:
+        b.record = None  # the verdict was revoked, or a new upgrade takes the full path
+    rec = b.record or _new_freeing_record(b, label_present, verdict)
     if not label_present:
         b.labels[daemonsets.parked_label_key(s.driver_name)] = PARKED_VALUE
         rec = replace(rec, parked_label=True)
@@ -447,6 +459,56 @@ def _free(
         frozenset(fresh),
         min(candidates) if candidates else None,
     )
+
+
+def _new_freeing_record(b: _Builder, label_present: bool, verdict: Verdict) -> Record:
+    """The record of a node we start to free. Started in ``pod-restart-required`` (the
+    earlier states were missed: the service was down or slow), it keeps what told the full
+    path there; a guess, or a restart-only verdict revoked, is reported with it, once."""
+    rec = Record.new(b.now, parked_label=not label_present)
+    if verdict.evidence not in record.PATH_EVIDENCE:
+        return rec
+    if verdict.evidence == "guess":
+        b.report(
+            "Warning",
+            "UpgradePathGuessed",
+            "Free",
+            f"shared-svc could not tell whether this driver upgrade is restart-only or full: "
+            f"{verdict.note}. It frees the GPU consumers, the side that cannot stall a full "
+            "upgrade; on a restart-only path they leave for nothing.",
+            record.format_time(rec.since),
+        )
+    elif verdict.evidence == "changed":
+        b.report(
+            "Warning",
+            "UpgradePathChanged",
+            "Free",
+            f"{verdict.note}; shared-svc now frees the GPU consumers.",
+            record.format_time(rec.since),
+        )
+    return replace(rec, path_evidence=verdict.evidence)
+
+
+def _restart_only(b: _Builder, verdict: Verdict) -> None:
+    """The driver restarts in place: nothing is freed or parked. The verdict is recorded
+    (one patch, so a restart does not decide again once the old driver pod is gone) and
+    reported once, with it."""
+    if b.record is not None and b.record.restart_only is not None:
+        return
+    assert verdict.daemonset is not None and verdict.digest is not None
+    rec = replace(
+        Record.new(b.now, parked_label=False),
+        restart_only=RestartOnly(verdict.daemonset, verdict.digest),
+    )
+    b.report(
+        "Normal",
+        "UpgradeRestartOnly",
+        "Skip",
+        f"The driver upgrade on this node is restart-only ({verdict.note}): "
+        "no GPU consumer is evicted and no DaemonSet parked.",
+        record.format_time(rec.since),
+    )
+    b.record = rec
 
 
 def _report_detected(b: _Builder, rec: Record, detected: tuple[str, ...]) -> Record:
@@ -501,9 +563,6 @@ def _report_freed(b: _Builder, rec: Record) -> Record:
     return rec
 
 
-RESTART_STATE = "pod-restart-required"
-
-
 def _report_restart_race(
     b: _Builder, rec: Record, pods: list[K8sObject], ds_pods: list[str]
 ) -> Record:
@@ -539,6 +598,9 @@ def _undo(b: _Builder, *, aborted: bool) -> None:
     """Restore exactly what the record says we changed, then forget the record."""
     rec = b.record
     if rec is None:
+        return
+    if rec.restart_only is not None:
+        b.record = None  # nothing was freed or parked: the verdict goes, unannounced
         return
     parked_key = daemonsets.parked_label_key(b.settings.driver_name)
     if rec.parked_label and parked_key in objects.labels_of(b.node):
@@ -583,17 +645,31 @@ def _read_record(raw: str | None) -> tuple[Record | None, str | None]:
 @dataclass(frozen=True)
 class PodRead:
     """Which of a node's pods its plan reads (``pods_read``): none (``needed`` false), or
-    every pod bound to it but those of ``skip_namespace``."""
+    every pod bound to it but those of ``skip_namespace``, and (``driver_pods``) the driver
+    pods of that namespace (``paths.driver_pod_selector``)."""
 
     needed: bool
     skip_namespace: str | None = None
+    driver_pods: bool = False
+
+    @property
+    def driver_namespace(self) -> str | None:
+        """The namespace whose driver pods are listed besides, or None."""
+        return self.skip_namespace if self.driver_pods else None
 
     def admits(self, pod: K8sObject) -> bool:
-        return self.needed and objects.namespace_of(pod) != self.skip_namespace
+        if not self.needed:
+            return False
+        if objects.namespace_of(pod) != self.skip_namespace:
+            return True
+        return self.driver_pods and paths.is_driver_pod(pod, str(self.skip_namespace))
 
 
 def pods_read(
-    node: K8sObject, ds_index: Mapping[str, daemonsets.DaemonSetRef], settings: UpgradeSettings
+    node: K8sObject,
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+    settings: UpgradeSettings,
+    daemonset_objects: Iterable[K8sObject] = (),
 ) -> PodRead:
     """The pods ``plan_node`` of this node depends on, before they are read: its plan is
     the same on every pod bound to the node as on those ``PodRead.admits``
@@ -607,12 +683,26 @@ def pods_read(
       DaemonSet pods too), unless a declared or operator-hook DaemonSet lives there (its
       pods hold or are shown on the node) or the record names a pod there (written under
       another ``namespace`` setting: its outcome is read from the pods).
+    - No pod for a node on the restart-only path (its recorded verdict, in a state where it
+      holds: ``paths.verdict_holds`` against ``daemonset_objects``): nothing is freed there.
+    - The driver pods of the operator namespace besides (``PodRead.driver_pods``, one small
+      list) for a node in ``pod-restart-required`` without a record: they tell its path
+      (``paths.decide``), once; the verdict is then recorded.
     """
     raw = objects.annotations_of(node).get(record.record_annotation_key(settings.driver_name))
-    mode = states.mode_for(
-        objects.labels_of(node).get(states.state_label_key(settings.driver_name))
-    )
+    state = objects.labels_of(node).get(states.state_label_key(settings.driver_name))
+    mode = states.mode_for(state)
     if mode != "free" and raw is None:
+        return PodRead(needed=False)
+    current, _ = _read_record(raw)
+    if (
+        current is not None
+        and current.restart_only is not None
+        and (
+            mode != "free"
+            or (state == RESTART_STATE and paths.verdict_holds(current, daemonset_objects))
+        )
+    ):
         return PodRead(needed=False)
     ns = settings.operator_namespace
     if any(
@@ -620,10 +710,10 @@ def pods_read(
         for ref in ds_index.values()
     ):
         return PodRead(needed=True)
-    current, _ = _read_record(raw)
     if current is not None and any(entry.namespace == ns for entry in current.pods):
         return PodRead(needed=True)
-    return PodRead(needed=True, skip_namespace=ns)
+    drivers = mode == "free" and state == RESTART_STATE and current is None
+    return PodRead(needed=True, skip_namespace=ns, driver_pods=drivers)
 
 
 def plan_node(
@@ -658,12 +748,19 @@ def plan_node(
             f"and {parked_key} is left as found.",
             _digest(raw or ""),
         )
+    daemonset_objects = tuple(daemonset_objects)
     if ds_index is None:
         ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     pods = list(pods)
     freeing: Freeing | None = None
+    verdict: Verdict | None = None
     if mode == "free":
-        freeing = _free(b, pods, ds_index, parked_key in labels, state)
+        ns = settings.operator_namespace
+        verdict = paths.decide(state, current, pods, daemonset_objects, ns)
+        if verdict.path == "restart-only":
+            _restart_only(b, verdict)
+        else:
+            freeing = _free(b, pods, ds_index, parked_key in labels, state, verdict)
     elif mode == "keep" and current is not None:
         if current.parked_label and parked_key not in labels:
             b.labels[parked_key] = PARKED_VALUE  # someone removed it: keep what was freed parked
@@ -713,11 +810,12 @@ def _status(
     mode = states.mode_for(state)
     shown = b.record or current
     found = freeing.pods if freeing else NodePods()
+    path, evidence, driver_ds = _path(shown)
     return NodeStatus(
         node=b.name,
         state=state,
         mode=mode,
-        phase=freeing.phase if freeing else _phase(mode, current),
+        phase=freeing.phase if freeing else _phase(mode, shown),
         parked_label=daemonsets.parked_label_key(driver) in labels,
         parked_by_us=bool(shown and shown.parked_label),
         since=record.format_time(shown.since) if shown else None,
@@ -731,10 +829,25 @@ def _status(
         unprepared_daemonsets=tuple(sorted(found.unprepared)),
         partial_daemonsets=_partial(ds_index),
         restart_race=shown.restart_race if shown else (),
+        path=path,
+        path_evidence=evidence,
+        driver_daemonset=driver_ds,
         unknown_state=states.is_unknown(state),
         record_error=record_error,
         **_outcomes(shown, pods, freeing.fresh if freeing else frozenset()),
     )
+
+
+def _path(rec: Record | None) -> tuple[str | None, str | None, str | None]:
+    """The path our record shows, what told it when it was decided (``paths.Evidence``: a
+    restart-only verdict is told by the driver pod; a freeing record without
+    ``pathEvidence`` was started in a state before ``pod-restart-required``) and the driver
+    DaemonSet of a restart-only verdict."""
+    if rec is None:
+        return None, None, None
+    if rec.restart_only is not None:
+        return "restart-only", "driver-pod", rec.restart_only.daemonset
+    return "full", rec.path_evidence or "state", None
 
 
 def _partial(ds_index: Mapping[str, daemonsets.DaemonSetRef]) -> tuple[str, ...]:
@@ -760,6 +873,8 @@ def _phase(mode: states.Mode, rec: Record | None) -> Phase:
     """The phase of a node that a plan does not free (``_free`` decides that one)."""
     if rec is None:
         return "idle"
+    if rec.restart_only is not None:
+        return "restart-only"
     return {
         "free": "freed" if rec.freed_at is not None else "freeing",
         "keep": "parked",
@@ -792,6 +907,7 @@ def recorded_status(
     ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     pods = [p for p in pods if not consumers.is_finished(p)]
     outcomes = _outcomes(rec, pods)
+    path, evidence, driver_ds = _path(rec)
     live = {consumers.pod_key(p): p for p in pods}
     still = [  # recorded pods still here (terminating ones too: they hold the GPU until gone)
         e.key for e in (rec.pods if rec else ()) if _pod_identity(live.get(e.key, {}))[2] == e.uid
@@ -799,7 +915,7 @@ def recorded_status(
     ds_pods: list[str] = []
     hook_pods: list[str] = []
     unprepared: set[str] = set()
-    if mode == "free":
+    if mode == "free" and not (rec and rec.restart_only):
         reported = set(rec.unprepared_reported) if rec else set()
         for key, pod in live.items():
             owner = daemonsets.owning_daemonset(pod, ds_index)
@@ -825,6 +941,9 @@ def recorded_status(
         unprepared_daemonsets=tuple(sorted(unprepared)),
         partial_daemonsets=_partial(ds_index),
         restart_race=rec.restart_race if rec else (),
+        path=path,
+        path_evidence=evidence,
+        driver_daemonset=driver_ds,
         unknown_state=states.is_unknown(state),
         record_error=record_error,
         **outcomes,

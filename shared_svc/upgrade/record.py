@@ -20,7 +20,13 @@ Written only when set (so records of earlier releases read and write back unchan
 reported), ``"unpreparedReported": ["monitoring/exporter"]`` (DaemonSets running a
 declared consumer that were never prepared: Warning reported) and
 ``"restartRace": ["ml/triton-0"]`` (freed consumers still on the node when it reached
-``pod-restart-required``: Warning reported, once per upgrade).
+``pod-restart-required``: Warning reported, once per upgrade), ``"pathEvidence": "guess"``
+(a freeing record started in ``pod-restart-required``: what told the full path there,
+``driver-pod``, ``changed`` or ``guess``; ``upgrade/paths.py``), and, on a node whose
+driver restarts in place (nothing freed, nothing parked: ``pods`` empty, ``parkedLabel``
+false), the restart-only verdict
+``"restartOnly": {"daemonSet": "gpu-operator/nvidia-driver-daemonset", "digest": "..."}``
+(the driver DaemonSet and the ``DRIVER_CONFIG_DIGEST`` it was decided on: reported once).
 """
 
 from __future__ import annotations
@@ -82,6 +88,15 @@ class FreedPod:
 
 
 @dataclass(frozen=True)
+class RestartOnly:
+    """A restart-only verdict: the driver DaemonSet (namespace/name) and the digest of its
+    template the verdict was decided on (it holds while the template keeps it)."""
+
+    daemonset: str
+    digest: str
+
+
+@dataclass(frozen=True)
 class Record:
     since: float
     parked_label: bool
@@ -92,6 +107,10 @@ class Record:
     unprepared_reported: tuple[str, ...] = field(default=())
     # Consumers we freed still on the node at pod-restart-required: Warning reported
     restart_race: tuple[str, ...] = field(default=())
+    # A freeing record started in pod-restart-required: the evidence of the full path there
+    path_evidence: str | None = None
+    # The node's driver restarts in place: nothing freed (``upgrade/paths.py``)
+    restart_only: RestartOnly | None = None
 
     @staticmethod
     def new(now: float, *, parked_label: bool) -> Record:
@@ -137,6 +156,13 @@ def encode(record: Record) -> str:
         body["unpreparedReported"] = sorted(set(record.unprepared_reported))
     if record.restart_race:
         body["restartRace"] = sorted(set(record.restart_race))
+    if record.path_evidence is not None:
+        body["pathEvidence"] = record.path_evidence
+    if record.restart_only is not None:
+        body["restartOnly"] = {
+            "daemonSet": record.restart_only.daemonset,
+            "digest": record.restart_only.digest,
+        }
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -186,6 +212,9 @@ def decode(text: str) -> Record:
             )
         )
     freed_at = body.get("freedAt")
+    evidence = body.get("pathEvidence")
+    if evidence is not None and evidence not in PATH_EVIDENCE:
+        raise RecordError(f"unknown pathEvidence {evidence!r}")
     return Record(
         since=parse_time(body.get("since")),
         parked_label=_bool(body.get("parkedLabel"), "parkedLabel"),
@@ -194,4 +223,21 @@ def decode(text: str) -> Record:
         detected_reported=tuple(sorted({_str(k, "detectedReported") for k in reported})),
         unprepared_reported=tuple(sorted({_str(k, "unpreparedReported") for k in unprepared})),
         restart_race=tuple(sorted({_str(k, "restartRace") for k in raced})),
+        path_evidence=evidence,
+        restart_only=_restart_only(body.get("restartOnly")),
+    )
+
+
+# What told the full path in pod-restart-required (``paths.Evidence``, less what a record
+# started in an earlier state or a still-true verdict says).
+PATH_EVIDENCE = frozenset({"driver-pod", "changed", "guess"})
+
+
+def _restart_only(raw: Any) -> RestartOnly | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"daemonSet", "digest"}:
+        raise RecordError("restartOnly must be an object with daemonSet and digest")
+    return RestartOnly(
+        _str(raw["daemonSet"], "restartOnly daemonSet"), _str(raw["digest"], "restartOnly digest")
     )

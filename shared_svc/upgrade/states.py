@@ -23,7 +23,13 @@ FREE_STATES = frozenset(
 )
 # The new driver is not proven yet (validation) or the upgrade failed (self-heals):
 # restoring now could start consumers while the module is not loaded.
-KEEP_STATES = frozenset({"validation-required", "uncordon-required", "upgrade-failed"})
+# k8s-operator-libs' requestor mode (NodeMaintenance objects of the Mellanox maintenance
+# operator; gpu-operator passes StateOptions{}, so it is off there): the maintenance
+# operator drains the node itself, so what was freed is kept and nothing new is freed.
+REQUESTOR_STATES = frozenset({"node-maintenance-required", "post-maintenance-required"})
+KEEP_STATES = (
+    frozenset({"validation-required", "uncordon-required", "upgrade-failed"}) | REQUESTOR_STATES
+)
 RESTORE_STATES = frozenset({"upgrade-done"})
 # Slot-gated, may last weeks or be skipped: never free here, and (contract, section 3)
 # leave an existing record alone too: a node relabelled back to upgrade-required after a
@@ -44,8 +50,8 @@ def mode_for(state: str | None) -> Mode:
 
     ``None`` is a vanished label: gpu-operator removes it from every node when
     auto-upgrade is turned off, so whatever we parked is restored (an abort). States this
-    module does not know (``node-maintenance-required``, a future state) keep what is
-    parked and free nothing: the safe side while the upgrade is in an unknown step.
+    module does not know (a future state) keep what is parked and free nothing, as the
+    requestor-mode states do: the safe side while the upgrade is in an unknown step.
     """
     if state is None:
         return "abort"
