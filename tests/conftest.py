@@ -15,6 +15,7 @@ import testenv
 from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
 from testenv import prometheus as prom_env
+from testenv import prometheus_operator as prom_operator_env
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube, running, service_config
 
@@ -30,6 +31,7 @@ BUILD_MARKERS = {
     "testenv/build.sh": frozenset({"apiserver", "controller_manager", "gpu_operator", "helm"}),
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
     "testenv/prometheus/build.sh": frozenset({"prometheus"}),
+    "testenv/prometheus-operator/build.sh": frozenset({"prometheus"}),
 }
 _running: list[pytest.Item] = []
 
@@ -56,6 +58,9 @@ def _only_for_marked_tests(script: str, build: Callable[[], Path]) -> Callable[[
 testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.build_binaries)
 gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
 prom_env.build = _only_for_marked_tests("testenv/prometheus/build.sh", prom_env.build)
+prom_operator_env.build = _only_for_marked_tests(
+    "testenv/prometheus-operator/build.sh", prom_operator_env.build
+)
 
 
 @pytest.hookimpl(tryfirst=True)
