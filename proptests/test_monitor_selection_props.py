@@ -42,7 +42,6 @@ from shared_svc.reconcile.names import (
     SCRAPE_ANNOTATION,
     SERVICE_MONITOR,
     SERVICE_MONITOR_NAMES,
-    STATE_LABEL,
 )
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selectors import serving_node
@@ -50,12 +49,11 @@ from tests.worlds import (
     NS,
     apply_plan,
     cluster_policy,
-    cr_ref,
     daemonset,
     gc_spec,
     gpu_cluster,
+    gpu_cluster_objects,
     pod,
-    service_monitor,
     world,
 )
 
@@ -233,11 +231,15 @@ def world_of(step: Step, previous: World) -> World:
         ]
     monitors = list(previous.service_monitors) if step.served else []
     absent = not any(name_of(m) == EXPORTER_DRA for m in monitors)
-    if step.served and step.gc and step.gc_monitor and absent:
-        own = service_monitor(EXPORTER_DRA, owners=[cr_ref(gc, controller=True)])
-        own["metadata"]["labels"][STATE_LABEL] = "state-dcgm-exporter"
-        own["spec"]["endpoints"][0]["honorLabels"] = False
-        monitors.append(own)
+    if step.served and step.gc and absent:
+        # Its create (with its controller reference and the state label); were it present, its
+        # whole PUT would be a no-op under the guard.
+        rendered = gpu_cluster_objects(gc, NS, monitors=True)
+        monitors += [
+            {**o, "metadata": {**o["metadata"], "uid": "uid-gc-sm", "resourceVersion": "3"}}
+            for o in rendered
+            if o["kind"] == "ServiceMonitor"
+        ]
     return replace(world(*objs), services=previous.services, service_monitors=tuple(monitors))
 
 

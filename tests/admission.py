@@ -33,6 +33,7 @@ from shared_svc.admission.rules import operator_username
 from testenv import ControlPlane
 from tests.kube import api_client, eventually
 from tests.test_deploy_chart import Doc, render_docs
+from tests.worlds import gpu_cluster_objects
 
 ADMISSION_KINDS = {
     "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
@@ -325,80 +326,8 @@ class SimulatedGpuCluster:
         return any(r.get("name") == "servicemonitors" for r in (res or {}).get("resources", []))
 
     def render(self, gc: dict[str, Any], *, monitors: bool) -> list[dict[str, Any]]:
-        """The objects it keeps for ``gc`` (facts 1.1, 4 and 10), in its order."""
-        spec = gc.get("spec") or {}
-        dcgm = (spec.get("dcgm") or {}).get("enabled") is True
-        exporter_block = spec.get("dcgmExporter")
-        exporter = exporter_block is not None and (exporter_block.get("enabled") is not False)
-        exporter_block = exporter_block or {}
-        out = []
-        if dcgm:
-            out.append(self.service(gc, "nvidia-dcgm-dra", "state-dcgm", {}))
-        if exporter:
-            service = exporter_block.get("service") or {}
-            out.append(self.service(gc, "nvidia-dcgm-exporter-dra", "state-dcgm-exporter", service))
-            monitor = exporter_block.get("serviceMonitor") or {}
-            if monitors and monitor.get("enabled") is True:
-                out.append(self.service_monitor(gc, monitor))
-        return out
-
-    def metadata(self, gc: dict[str, Any], name: str, state: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "namespace": self.ns,
-            "labels": {"app": name, STATE_LABEL: state},
-            "ownerReferences": [
-                {
-                    "apiVersion": gc["apiVersion"],
-                    "kind": "GPUCluster",
-                    "name": gc["metadata"]["name"],
-                    "uid": gc["metadata"]["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        }
-
-    def service(
-        self, gc: dict[str, Any], name: str, state: str, settings: dict[str, Any]
-    ) -> dict[str, Any]:
-        metadata = self.metadata(gc, name, state)
-        if name == "nvidia-dcgm-dra":
-            port = {"name": "dcgm", "port": 5555, "targetPort": 5555, "protocol": "TCP"}
-            spec: dict[str, Any] = {"type": "ClusterIP", "internalTrafficPolicy": "Local"}
-        else:
-            metadata["annotations"] = {"prometheus.io/scrape": "true"}
-            port = {"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}
-            spec = {"type": settings.get("type") or "ClusterIP"}
-            if settings.get("internalTrafficPolicy"):
-                spec["internalTrafficPolicy"] = settings["internalTrafficPolicy"]
-        spec.update({"selector": {"app": name}, "ports": [port]})
-        return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
-
-    def service_monitor(self, gc: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-        """manifests/state-dcgm-exporter/0600_service_monitor.yaml (facts 4)."""
-        name = "nvidia-dcgm-exporter-dra"
-        metadata = self.metadata(gc, name, "state-dcgm-exporter")
-        extra = {str(k): str(v) for k, v in (settings.get("additionalLabels") or {}).items()}
-        metadata["labels"] = {"app": name, **extra, STATE_LABEL: "state-dcgm-exporter"}
-        endpoint: dict[str, Any] = {"port": "gpu-metrics", "path": "/metrics"}
-        for key in ("interval", "scrapeTimeout"):
-            if settings.get(key):
-                endpoint[key] = settings[key]
-        endpoint["honorLabels"] = settings.get("honorLabels") is True  # always emitted
-        if settings.get("relabelings"):
-            endpoint["relabelings"] = settings["relabelings"]
-        return {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "ServiceMonitor",
-            "metadata": metadata,
-            "spec": {
-                "jobLabel": "app",
-                "namespaceSelector": {"matchNames": [self.ns]},
-                "selector": {"matchLabels": {"app": name}},
-                "endpoints": [endpoint],
-            },
-        }
+        """The objects it keeps for ``gc`` (tests/worlds.py ``gpu_cluster_objects``)."""
+        return gpu_cluster_objects(gc, self.ns, monitors=monitors)
 
     async def reconcile(self) -> dict[str, dict[str, Any]]:
         """One reconcile of the GPUCluster: each rendered object written; what the API
