@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from shared_svc.reconcile.monitoring import selects
 from shared_svc.service import Service
 from testenv import ControlPlane
 from tests.admission import SimulatedGpuCluster
@@ -341,9 +342,17 @@ async def test_service_monitor_selects_only_the_canonical_service(kube: Kube, sv
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["jobLabel"] == "app"
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [kube.ns]}
-    exprs = sm["spec"]["selector"]["matchExpressions"]
-    app_expr = next(e for e in exprs if e["key"] == "app")
-    assert app_expr["operator"] == "In" and app_expr["values"] == ["nvidia-dcgm-exporter"]
+    # It selects exactly the canonical Service (the alias is "false": the canonical Service
+    # covers the DRA pods), and the GPUCluster's own ServiceMonitor selects nothing.
+    dra = await kube.service_monitor("nvidia-dcgm-exporter-dra")
+    assert dra is not None
+    services = await kube.services()
+    for monitor, selected in ((sm, ["nvidia-dcgm-exporter"]), (dra, [])):
+        assert [
+            n
+            for n, o in sorted(services.items())
+            if selects(monitor, o["metadata"]["labels"], kube.ns)
+        ] == selected
     assert (
         sm["spec"]["endpoints"][0]["port"] == "gpu-metrics"
         and sm["spec"]["endpoints"][0]["interval"] == "15s"
