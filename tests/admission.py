@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import copy
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -425,12 +426,14 @@ class SimulatedGpuCluster:
         await self.api.close()
 
 
-async def guard_effective(writer: SimulatedOperator, name: str, timeout: float = 30.0) -> None:
+async def guard_effective(
+    dry_run_put: Callable[[], Awaitable[dict[str, Any]]], timeout: float = 30.0
+) -> None:
     """Waits until the API server applies the guard (policies and webhook configurations
-    reach admission through informers): a dry-run PUT keeps our shape."""
+    reach admission through informers): a dry run of gpu-operator's PUT keeps our shape."""
 
     async def kept() -> bool:
-        out = await writer.put(name, dry_run=True)
+        out = await dry_run_put()
         labels = out["metadata"].get("labels") or {}
         return labels.get("app.kubernetes.io/managed-by") == "shared-svc"
 
@@ -438,7 +441,7 @@ async def guard_effective(writer: SimulatedOperator, name: str, timeout: float =
 
 
 def shape(svc: dict[str, Any]) -> dict[str, Any]:
-    """What shared-svc owns on a Service, for comparisons."""
+    """What shared-svc owns on a Service or a ServiceMonitor, for comparisons."""
     meta = svc["metadata"]
     return {
         "labels": meta.get("labels"),

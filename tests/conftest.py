@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -69,17 +69,30 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item]
 
 
-def _plane(what: str, **kwargs: Any) -> Iterator[testenv.ControlPlane]:
-    """A control plane (``testenv.start(**kwargs)``) until the fixture ends, stopped even
-    when tests fail; one that does not start fails the test in one line."""
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+def started(what: str, start: Callable[[], S]) -> Iterator[S]:
+    """What ``start()`` starts (a control plane, Prometheus, prometheus-operator) until the
+    fixture ends, stopped even when tests fail; one that does not start fails the test in
+    one line."""
     try:
-        cp = testenv.start(**kwargs)
+        thing = start()
     except testenv.ControlPlaneError as exc:
         pytest.fail(f"{what} did not start: {exc}", pytrace=False)
     try:
-        yield cp
+        yield thing
     finally:
-        cp.stop()
+        thing.stop()
+
+
+def _plane(what: str, **kwargs: Any) -> Iterator[testenv.ControlPlane]:
+    """A control plane (``testenv.start(**kwargs)``), as :func:`started`."""
+    yield from started(what, lambda: testenv.start(**kwargs))
 
 
 @contextlib.asynccontextmanager

@@ -48,6 +48,18 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return make_tls(tmp_path_factory.mktemp("webhook-tls"))
 
 
+def webhook_config(cp: ControlPlane, namespace: str, tls: Tls, port: int, **overrides: Any) -> Any:
+    """shared-svc serving the webhook on ``port`` with the test certificate."""
+    return service_config(
+        cp,
+        namespace,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=port,
+        **overrides,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +118,7 @@ async def conflicting_writers(kube: Kube) -> list[dict[str, Any]]:
 async def neutralised(kube: Kube, svc: Service, writer: SimulatedOperator, mode: str) -> None:
     """gpu-operator's PUTs succeed and change nothing; shared-svc has nothing to do."""
     await rolled_out(kube, svc)
-    await guard_effective(writer, NAMES[0])
+    await guard_effective(lambda: writer.put(NAMES[0], dry_run=True))
     before = {n: shape(await kube.service(n) or {}) for n in NAMES}
     ours = writes(svc)
     for _ in range(4):  # several reconciles' worth of PUTs
@@ -151,13 +163,7 @@ async def test_webhook_makes_operator_updates_change_nothing(
 ) -> None:
     owner = await kube.create_cr(cp_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     async with (
         running(config) as svc,
         operator(control_plane, kube, tmp_path, owner) as writer,
@@ -177,13 +183,7 @@ async def test_operator_delete_of_a_needed_service_is_answered_404(
     owner = await kube.create_cr(cp_body(dcgm={"enabled": False}))
     await kube.create_cr(gc_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     docs = guard_docs(kube.ns, *webhook_sets(tls, port, mutation="policy"))
     assert {d["kind"] for d in docs} == {
         "MutatingAdmissionPolicy",
@@ -262,20 +262,14 @@ async def test_webhook_down_lets_writes_through_and_shared_svc_repairs(
 ) -> None:
     owner = await kube.create_cr(cp_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     async with (
         operator(control_plane, kube, tmp_path, owner) as writer,
         guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
     ):
         async with running(config) as svc:
             await rolled_out(kube, svc)
-            await guard_effective(writer, "nvidia-dcgm")
+            await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True))
             kept = {n: shape(await kube.service(n) or {}) for n in NAMES}
         # shared-svc (and its webhook) is down: failurePolicy Ignore lets the PUTs through.
         for name in NAMES:
@@ -291,7 +285,7 @@ async def test_webhook_down_lets_writes_through_and_shared_svc_repairs(
                 assert live["spec"]["selector"] == kept[name]["spec"]["selector"]
                 assert live["uid"] == kept[name]["uid"]
             # and the guard holds again
-            await guard_effective(writer, "nvidia-dcgm")
+            await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True))
 
 
 async def test_without_a_guard_the_fight_is_reported_once_per_service_naming_gpu_operator(
@@ -358,7 +352,7 @@ async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
     ):
         cp_writer = SimulatedOperator(gc_writer.api, kube.ns, cp)
         await settle(svc)
-        await monitor_guard_effective(gpu_cluster, "Service", "nvidia-dcgm-dra")
+        await guard_effective(lambda: gpu_cluster.put("Service", "nvidia-dcgm-dra", dry_run=True))
         dra = ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra")
         before = {n: shape(await kube.service(n) or {}) for n in dra}
         sm_before = await kube.service_monitor("nvidia-dcgm-exporter")
@@ -386,31 +380,6 @@ MONITORED_GC = {
 }
 
 
-def monitor_shape(sm: dict[str, Any]) -> dict[str, Any]:
-    meta = sm["metadata"]
-    return {
-        "labels": meta.get("labels"),
-        "annotations": meta.get("annotations"),
-        "ownerReferences": meta.get("ownerReferences"),
-        "spec": sm["spec"],
-        "resourceVersion": meta["resourceVersion"],
-        "uid": meta["uid"],
-    }
-
-
-async def monitor_guard_effective(
-    writer: SimulatedGpuCluster, kind: str, name: str, timeout: float = 30.0
-) -> None:
-    """The API server applies the guard to the GPUCluster controller's PUT (a dry run)."""
-
-    async def kept() -> bool:
-        out = await writer.put(kind, name, dry_run=True)
-        labels = out["metadata"].get("labels") or {}
-        return labels.get("app.kubernetes.io/managed-by") == "shared-svc"
-
-    await eventually(kept, timeout=timeout, interval=0.2)
-
-
 async def gpu_cluster_monitor_puts_change_nothing(
     kube: Kube, svc: Service, gpu_cluster: SimulatedGpuCluster, gc: dict[str, Any], mode: str
 ) -> None:
@@ -418,10 +387,10 @@ async def gpu_cluster_monitor_puts_change_nothing(
     adopted ServiceMonitor: same resourceVersion, no state label, no controller reference,
     shared-svc's selector; shared-svc writes nothing."""
     await settle(svc)
-    await monitor_guard_effective(gpu_cluster, "ServiceMonitor", DRA_MONITOR)
+    await guard_effective(lambda: gpu_cluster.put("ServiceMonitor", DRA_MONITOR, dry_run=True))
     live = await kube.service_monitor(DRA_MONITOR)
     assert live is not None
-    before = monitor_shape(live)
+    before = shape(live)
     labels = before["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "shared-svc" and labels["release"] == "p"
     assert STATE_LABEL not in labels
@@ -447,7 +416,7 @@ async def gpu_cluster_monitor_puts_change_nothing(
         await asyncio.sleep(0.3)
     await settle(svc)
     after = await kube.service_monitor(DRA_MONITOR)
-    assert after is not None and monitor_shape(after) == before
+    assert after is not None and shape(after) == before
     managers = {e["manager"] for e in after["metadata"].get("managedFields") or []}
     assert "gpu-operator" not in managers, "our fields stay ours"
     assert writes(svc) == ours, "shared-svc makes no write after its PUTs"
@@ -479,13 +448,7 @@ async def test_webhook_makes_the_gpu_cluster_monitor_put_change_nothing_and_its_
 ) -> None:
     gc = await kube.create_cr(gc_body(dcgmExporter=MONITORED_GC))
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     async with (
         running(config) as svc,
         gpu_cluster_controller(control_plane, kube, tmp_path) as gpu_cluster,

@@ -8,6 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.test_prometheus_build import build_twice_at_once
 from tests.test_testenv import builds, fake_go_env
 
 BUILD = Path(__file__).resolve().parents[1] / "testenv" / "prometheus-operator" / "build.sh"
@@ -21,16 +22,7 @@ def test_operator_builds_started_at_once_build_once_with_the_module_crds(tmp_pat
         crd.write_text(f"kind: CustomResourceDefinition # {kind}\n")
         crd.chmod(0o444)  # as the module cache keeps it
     env = {**fake_go_env(tmp_path), "FAKE_GO_MODULE": str(module)}
-    runs = [
-        subprocess.Popen(
-            ["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    outputs = [run.communicate(timeout=60) for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
-    dirs = {out.strip() for out, _ in outputs}
-    assert len(dirs) == 1, dirs
+    dirs, outputs = build_twice_at_once(BUILD, env)
     (log,) = builds(tmp_path)
     assert "-mod=readonly" in log
     assert "github.com/prometheus-operator/prometheus-operator/cmd/operator" in log

@@ -39,6 +39,7 @@ from shared_svc.service import Service
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as operator_env
 from tests.admission import SimulatedGpuCluster, guard_docs, install, policy_sets, uninstall
+from tests.conftest import started
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.svc import Kube, cp_body, gc_body, settle
@@ -72,14 +73,7 @@ def monitoring_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
 
 @pytest.fixture(scope="module")
 def operator(monitoring_crds: testenv.ControlPlane) -> Iterator[operator_env.Operator]:
-    try:
-        op = operator_env.start(monitoring_crds)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"prometheus-operator did not start: {exc}", pytrace=False)
-    try:
-        yield op
-    finally:
-        op.stop()
+    yield from started("prometheus-operator", lambda: operator_env.start(monitoring_crds))
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +89,7 @@ def stand_ins() -> Iterator[prom_env.StandIns]:
 def prometheus(
     monitoring_crds: testenv.ControlPlane, stand_ins: prom_env.StandIns
 ) -> Iterator[prom_env.Prometheus]:
-    try:
-        prom = prom_env.start(monitoring_crds, stand_ins, jobs=False)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"Prometheus did not start: {exc}", pytrace=False)
-    try:
-        yield prom
-    finally:
-        prom.stop()
+    yield from started("Prometheus", lambda: prom_env.start(monitoring_crds, stand_ins, jobs=False))
 
 
 @dataclass
