@@ -20,9 +20,11 @@ testenv:
 testenv-gpu-operator:
 	nice -n 10 bash testenv/gpu-operator/build.sh >/dev/null
 
-# The real Prometheus for the tests marked prometheus (its own cached build; minutes when cold).
+# The real Prometheus for the tests marked prometheus (its own cached build; minutes when cold),
+# and the real prometheus-operator (its own module and cached build).
 testenv-prometheus:
 	nice -n 10 bash testenv/prometheus/build.sh >/dev/null
+	nice -n 10 bash testenv/prometheus-operator/build.sh >/dev/null
 
 # The real upgrade state machine of k8s-operator-libs for the tests marked upgrade_libs (its
 # own cached build; minutes when cold).

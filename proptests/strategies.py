@@ -224,6 +224,18 @@ def live_monitors(draw: st.DrawFn, cr_objs: list[K8sObject]) -> list[K8sObject]:
             service_monitor("nvidia-dcgm-exporter", managed=draw(st.booleans()), owners=owners)
         )
     if draw(st.booleans()):
+        # The GPUCluster's own (section 7 amended): as its controller writes it (a controller
+        # reference, the state label), or as shared-svc keeps it.
+        owners = [cr_ref(c, controller=draw(st.booleans())) for c in cr_objs if draw(st.booleans())]
+        if draw(st.integers(0, 4)) == 0:
+            owners.append(foreign_ref())
+        dra = service_monitor(
+            "nvidia-dcgm-exporter-dra", managed=draw(st.booleans()), owners=owners
+        )
+        if draw(st.booleans()):
+            dra["metadata"]["labels"]["nvidia.com/gpu-operator.state"] = "state-dcgm-exporter"
+        out.append(dra)
+    if draw(st.booleans()):
         out.append(
             service_monitor(
                 "other",

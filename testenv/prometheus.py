@@ -127,8 +127,9 @@ class StandIns:
     _servers: list[_Server] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> StandIns:
-        for job in JOBS:
+    def start(self, jobs: tuple[str, ...] = tuple(JOBS)) -> StandIns:
+        """One scrape proxy per job of ``jobs`` (the annotation jobs, unless told)."""
+        for job in jobs:
             self.proxies[job] = self._serve(self._proxy_handler(job))
         return self
 
@@ -257,6 +258,18 @@ class Prometheus:
             out.setdefault(ip, Counter())[t["labels"]["job"]] += 1
         return out
 
+    def reload(self, config: dict[str, Any]) -> None:
+        """Writes ``config`` as its configuration and has it reload it (``/-/reload``); a
+        configuration it refuses raises, with its log."""
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        req = urllib.request.Request(self.url + "/-/reload", method="POST")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(req, timeout=30) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"reload refused: {exc.read()!r}\n{self.tail()}") from exc
+
     def up_series(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.get("/api/v1/query", query="up")["result"]
         return result
@@ -275,16 +288,25 @@ def start(
     stand_ins: StandIns,
     namespace: str | None = None,
     timeout: float = 60.0,
+    *,
+    jobs: bool = True,
 ) -> Prometheus:
     """Prometheus on 127.0.0.1 discovering ``control_plane`` (as its admin; in ``namespace``
-    only, when given), scraping through the proxies of ``stand_ins``."""
+    only, when given), scraping through the proxies of ``stand_ins``. ``jobs=False``: no
+    scrape jobs until :meth:`Prometheus.reload` brings a configuration (as prometheus-operator's
+    config-reloader does)."""
     bindir = build()
     workdir = Path(tempfile.mkdtemp(prefix="shared-svc-prometheus-"))
     kubeconfig = control_plane.write_kubeconfig(
         workdir / "kubeconfig", control_plane.admin_token, user="prometheus"
     )
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(kubeconfig, stand_ins.proxies, namespace)))
+    initial = (
+        scrape_config(kubeconfig, stand_ins.proxies, namespace)
+        if jobs
+        else {"global": {"scrape_interval": SCRAPE_INTERVAL}, "scrape_configs": []}
+    )
+    config.write_text(yaml.safe_dump(initial))
     port = free_port()
     args = [
         str(bindir / "prometheus"),
@@ -292,6 +314,7 @@ def start(
         f"--storage.tsdb.path={workdir / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
         f"--scrape.discovery-reload-interval={RELOAD_INTERVAL}",
+        "--web.enable-lifecycle",
         "--log.level=info",
     ]
     # Go never sends requests for loopback addresses through a proxy from the environment.

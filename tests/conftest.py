@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -15,6 +15,7 @@ import testenv
 from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
 from testenv import prometheus as prom_env
+from testenv import prometheus_operator as prom_operator_env
 from testenv import upgrade_libs as libs_env
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube, running, service_config
@@ -33,6 +34,7 @@ BUILD_MARKERS = {
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
     "testenv/prometheus/build.sh": frozenset({"prometheus"}),
     "testenv/upgrade-libs/build.sh": frozenset({"upgrade_libs"}),
+    "testenv/prometheus-operator/build.sh": frozenset({"prometheus"}),
 }
 _running: list[pytest.Item] = []
 
@@ -60,6 +62,9 @@ testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.buil
 gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
 prom_env.build = _only_for_marked_tests("testenv/prometheus/build.sh", prom_env.build)
 libs_env.build = _only_for_marked_tests("testenv/upgrade-libs/build.sh", libs_env.build)
+prom_operator_env.build = _only_for_marked_tests(
+    "testenv/prometheus-operator/build.sh", prom_operator_env.build
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -68,17 +73,30 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item]
 
 
-def _plane(what: str, **kwargs: Any) -> Iterator[testenv.ControlPlane]:
-    """A control plane (``testenv.start(**kwargs)``) until the fixture ends, stopped even
-    when tests fail; one that does not start fails the test in one line."""
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+def started(what: str, start: Callable[[], S]) -> Iterator[S]:
+    """What ``start()`` starts (a control plane, Prometheus, prometheus-operator) until the
+    fixture ends, stopped even when tests fail; one that does not start fails the test in
+    one line."""
     try:
-        cp = testenv.start(**kwargs)
+        thing = start()
     except testenv.ControlPlaneError as exc:
         pytest.fail(f"{what} did not start: {exc}", pytrace=False)
     try:
-        yield cp
+        yield thing
     finally:
-        cp.stop()
+        thing.stop()
+
+
+def _plane(what: str, **kwargs: Any) -> Iterator[testenv.ControlPlane]:
+    """A control plane (``testenv.start(**kwargs)``), as :func:`started`."""
+    yield from started(what, lambda: testenv.start(**kwargs))
 
 
 @contextlib.asynccontextmanager

@@ -95,10 +95,20 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
     assert binding["matchResources"]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "ops"
     }
-    listed = re.search(r"in \[([^\]]*)\]", conditions["our-object"])
-    assert listed and set(re.findall(r'"([^"]+)"', listed.group(1))) == set(GUARDED["Service"])
-    assert f'== "{GUARDED["ServiceMonitor"][0]}"' in conditions["our-object"]
+    assert listed_names(conditions["our-object"]) == [
+        set(GUARDED["Service"]),
+        set(GUARDED["ServiceMonitor"]),
+    ]
+    mutating = kinds("admission.mutation=webhook", *WEBHOOK, namespace="ops")
+    hook = mutating["MutatingWebhookConfiguration"]["webhooks"][0]
+    ours = {c["name"]: c["expression"] for c in hook["matchConditions"]}["our-object"]
+    assert listed_names(ours) == [set(GUARDED["Service"]), set(GUARDED["ServiceMonitor"])]
     webhook = found["ValidatingWebhookConfiguration"]["webhooks"][0]
+    # By the old object's name: a delete by name and each object of a delete of a
+    # collection carry it (request.name matches no object of a collection).
+    deleted = {c["name"]: c["expression"] for c in webhook["matchConditions"]}["our-object"]
+    assert listed_names(deleted) == [set(GUARDED["Service"]), set(GUARDED["ServiceMonitor"])]
+    assert deleted.count("oldObject.metadata.name in") == 2 and "request.name" not in deleted
     assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
     assert webhook["clientConfig"] == {
         "url": "https://127.0.0.1:9443/validate-delete",
@@ -106,6 +116,11 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
     }
     user = {c["name"]: c["expression"] for c in webhook["matchConditions"]}["from-gpu-operator"]
     assert '"system:serviceaccount:ops:nvidia-operator"' in user
+
+
+def listed_names(expression: str) -> list[set[str]]:
+    """The name lists of a CEL expression (``in [...]``), in order."""
+    return [set(re.findall(r'"([^"]+)"', m)) for m in re.findall(r"in \[([^\]]*)\]", expression)]
 
 
 def test_in_cluster_webhook_calls_the_service() -> None:

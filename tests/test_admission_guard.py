@@ -1,7 +1,8 @@
-"""The admission guard on the real API server, next to shared-svc running, with a writer
-that plays gpu-operator exactly as measured (tests/admission.py: whole-object PUTs with a
+"""The admission guard on the real API server, next to shared-svc running, with writers
+that play gpu-operator exactly as measured (tests/admission.py: whole-object PUTs with a
 controller owner reference under field manager ``gpu-operator``, deletes by name under
-its own ServiceAccount). Issue 9 items 1, 2 and 4.
+its own ServiceAccount; the GPUCluster controller's create-then-PUT of its objects, its
+ServiceMonitor ``nvidia-dcgm-exporter-dra`` included). Issue 9 items 1, 2 and 4; issue 28.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.reconcile.names import COMMON_LABEL as COMMON
 from shared_svc.reconcile.names import COMPONENT_OF
 from shared_svc.service import Service
 from testenv import ControlPlane
 from tests.admission import (
+    STATE_LABEL,
+    SimulatedGpuCluster,
     SimulatedOperator,
     Tls,
     guard_docs,
@@ -44,6 +48,18 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     return make_tls(tmp_path_factory.mktemp("webhook-tls"))
 
 
+def webhook_config(cp: ControlPlane, namespace: str, tls: Tls, port: int, **overrides: Any) -> Any:
+    """shared-svc serving the webhook on ``port`` with the test certificate."""
+    return service_config(
+        cp,
+        namespace,
+        webhook_cert_file=tls.cert_file,
+        webhook_key_file=tls.key_file,
+        webhook_port=port,
+        **overrides,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,6 +71,17 @@ async def operator(
     cp: ControlPlane, kube: Kube, tmp_path: Path, owner: dict[str, Any]
 ) -> AsyncIterator[SimulatedOperator]:
     writer = await SimulatedOperator.start(cp, tmp_path, kube.ns, owner)
+    try:
+        yield writer
+    finally:
+        await writer.close()
+
+
+@contextlib.asynccontextmanager
+async def gpu_cluster_controller(
+    cp: ControlPlane, kube: Kube, tmp_path: Path
+) -> AsyncIterator[SimulatedGpuCluster]:
+    writer = await SimulatedGpuCluster.start(cp, tmp_path, kube.ns)
     try:
         yield writer
     finally:
@@ -91,7 +118,7 @@ async def conflicting_writers(kube: Kube) -> list[dict[str, Any]]:
 async def neutralised(kube: Kube, svc: Service, writer: SimulatedOperator, mode: str) -> None:
     """gpu-operator's PUTs succeed and change nothing; shared-svc has nothing to do."""
     await rolled_out(kube, svc)
-    await guard_effective(writer, NAMES[0])
+    await guard_effective(lambda: writer.put(NAMES[0], dry_run=True))
     before = {n: shape(await kube.service(n) or {}) for n in NAMES}
     ours = writes(svc)
     for _ in range(4):  # several reconciles' worth of PUTs
@@ -136,13 +163,7 @@ async def test_webhook_makes_operator_updates_change_nothing(
 ) -> None:
     owner = await kube.create_cr(cp_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     async with (
         running(config) as svc,
         operator(control_plane, kube, tmp_path, owner) as writer,
@@ -162,13 +183,7 @@ async def test_operator_delete_of_a_needed_service_is_answered_404(
     owner = await kube.create_cr(cp_body(dcgm={"enabled": False}))
     await kube.create_cr(gc_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     docs = guard_docs(kube.ns, *webhook_sets(tls, port, mutation="policy"))
     assert {d["kind"] for d in docs} == {
         "MutatingAdmissionPolicy",
@@ -247,20 +262,14 @@ async def test_webhook_down_lets_writes_through_and_shared_svc_repairs(
 ) -> None:
     owner = await kube.create_cr(cp_body())
     port = free_port()
-    config = service_config(
-        control_plane,
-        kube.ns,
-        webhook_cert_file=tls.cert_file,
-        webhook_key_file=tls.key_file,
-        webhook_port=port,
-    )
+    config = webhook_config(control_plane, kube.ns, tls, port)
     async with (
         operator(control_plane, kube, tmp_path, owner) as writer,
         guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
     ):
         async with running(config) as svc:
             await rolled_out(kube, svc)
-            await guard_effective(writer, "nvidia-dcgm")
+            await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True))
             kept = {n: shape(await kube.service(n) or {}) for n in NAMES}
         # shared-svc (and its webhook) is down: failurePolicy Ignore lets the PUTs through.
         for name in NAMES:
@@ -276,7 +285,7 @@ async def test_webhook_down_lets_writes_through_and_shared_svc_repairs(
                 assert live["spec"]["selector"] == kept[name]["spec"]["selector"]
                 assert live["uid"] == kept[name]["uid"]
             # and the guard holds again
-            await guard_effective(writer, "nvidia-dcgm")
+            await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True))
 
 
 async def test_without_a_guard_the_fight_is_reported_once_per_service_naming_gpu_operator(
@@ -338,19 +347,20 @@ async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
     async with (
         running(service_config(control_plane, kube.ns)) as svc,
         operator(control_plane, kube, tmp_path, gc) as gc_writer,
+        gpu_cluster_controller(control_plane, kube, tmp_path) as gpu_cluster,
         guard(control_plane, guard_docs(kube.ns, *policy_sets())),
     ):
         cp_writer = SimulatedOperator(gc_writer.api, kube.ns, cp)
         await settle(svc)
-        await guard_effective(gc_writer, "nvidia-dcgm-dra")
+        await guard_effective(lambda: gpu_cluster.put("Service", "nvidia-dcgm-dra", dry_run=True))
         dra = ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra")
         before = {n: shape(await kube.service(n) or {}) for n in dra}
         sm_before = await kube.service_monitor("nvidia-dcgm-exporter")
         assert sm_before is not None
         ours = writes(svc)
         for name in dra:
-            answered = await gc_writer.put(name)
-            assert "nvidia.com/gpu-operator.state" not in answered["metadata"]["labels"]
+            answered = await gpu_cluster.put("Service", name)
+            assert STATE_LABEL not in answered["metadata"]["labels"]
         sm = await cp_writer.put_monitor()
         assert sm["metadata"]["resourceVersion"] == sm_before["metadata"]["resourceVersion"]
         assert sm["metadata"]["labels"] == sm_before["metadata"]["labels"]
@@ -359,6 +369,125 @@ async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
         assert {n: shape(await kube.service(n) or {}) for n in dra} == before
         assert writes(svc) == ours
         assert await conflicting_writers(kube) == []
+
+
+# --- the GPUCluster's own ServiceMonitor (issue 28) ---------------------------------------
+
+DRA_MONITOR = "nvidia-dcgm-exporter-dra"
+MONITORED_GC = {
+    "enabled": True,
+    "serviceMonitor": {"enabled": True, "interval": "30s", "additionalLabels": {"release": "p"}},
+}
+
+
+async def gpu_cluster_monitor_puts_change_nothing(
+    kube: Kube, svc: Service, gpu_cluster: SimulatedGpuCluster, gc: dict[str, Any], mode: str
+) -> None:
+    """Its reconciles (create, 409, GET, whole PUT) are accepted and change nothing of the
+    adopted ServiceMonitor: same resourceVersion, no state label, no controller reference,
+    shared-svc's selector; shared-svc writes nothing."""
+    await settle(svc)
+    await guard_effective(lambda: gpu_cluster.put("ServiceMonitor", DRA_MONITOR, dry_run=True))
+    live = await kube.service_monitor(DRA_MONITOR)
+    assert live is not None
+    before = shape(live)
+    labels = before["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "shared-svc" and labels["release"] == "p"
+    assert STATE_LABEL not in labels
+    assert [(r["kind"], r["uid"], r["controller"]) for r in before["ownerReferences"]] == [
+        ("GPUCluster", gc["metadata"]["uid"], False)
+    ]
+    assert before["spec"]["selector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/managed-by": "shared-svc",
+            "shared-svc.nvidia.com/service-monitor": DRA_MONITOR,
+        }
+    }
+    # What it PUTs: its controller reference, the state label, its selector.
+    [sent] = [o for o in gpu_cluster.render(gc, monitors=True) if o["kind"] == "ServiceMonitor"]
+    assert sent["metadata"]["ownerReferences"][0]["controller"] is True
+    assert sent["metadata"]["labels"][STATE_LABEL] == "state-dcgm-exporter"
+    assert sent["spec"]["selector"] == {"matchLabels": {"app": DRA_MONITOR}}
+    ours = writes(svc)
+    for _ in range(3):  # several reconciles' worth
+        answered = await gpu_cluster.reconcile()
+        sm = answered[f"ServiceMonitor/{DRA_MONITOR}"]
+        assert sm["metadata"]["resourceVersion"] == before["resourceVersion"]
+        await asyncio.sleep(0.3)
+    await settle(svc)
+    after = await kube.service_monitor(DRA_MONITOR)
+    assert after is not None and shape(after) == before
+    managers = {e["manager"] for e in after["metadata"].get("managedFields") or []}
+    assert "gpu-operator" not in managers, "our fields stay ours"
+    assert writes(svc) == ours, "shared-svc makes no write after its PUTs"
+    assert await conflicting_writers(kube) == []
+    await eventually(
+        lambda: asyncio.sleep(0, svc.status()["admissionGuard"]["mode"] == mode), timeout=10
+    )
+
+
+async def test_policy_makes_the_gpu_cluster_monitor_put_change_nothing(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    gc = await kube.create_cr(gc_body(dcgmExporter=MONITORED_GC))
+    async with (
+        gpu_cluster_controller(control_plane, kube, tmp_path) as gpu_cluster,
+        guard(control_plane, guard_docs(kube.ns, *policy_sets())),
+    ):
+        # The GPUCluster controller is first: its ServiceMonitor exists as it writes it.
+        created = await gpu_cluster.reconcile()
+        assert STATE_LABEL in created[f"ServiceMonitor/{DRA_MONITOR}"]["metadata"]["labels"]
+        async with running(service_config(control_plane, kube.ns)) as svc:
+            await gpu_cluster_monitor_puts_change_nothing(kube, svc, gpu_cluster, gc, "policy")
+        adopted = await kube.events_for("ServiceMonitorAdopted")
+        assert {e["regarding"]["name"] for e in adopted} >= {DRA_MONITOR}
+
+
+async def test_webhook_makes_the_gpu_cluster_monitor_put_change_nothing_and_its_delete_404(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path, tls: Tls
+) -> None:
+    gc = await kube.create_cr(gc_body(dcgmExporter=MONITORED_GC))
+    port = free_port()
+    config = webhook_config(control_plane, kube.ns, tls, port)
+    async with (
+        running(config) as svc,
+        gpu_cluster_controller(control_plane, kube, tmp_path) as gpu_cluster,
+        guard(control_plane, guard_docs(kube.ns, *webhook_sets(tls, port))),
+    ):
+        # shared-svc is first: it creates the ServiceMonitor; the controller's create is a 409.
+        await gpu_cluster_monitor_puts_change_nothing(kube, svc, gpu_cluster, gc, "webhook")
+        live = await kube.service_monitor(DRA_MONITOR)
+        assert live is not None
+        # Its deletes while the GPUCluster needs it: by name, 404; its label sweep finds
+        # nothing (no state label on what shared-svc keeps); a delete of a collection that
+        # takes it in is judged per object (no request.name, the old object's name): 404,
+        # which the API server's collection delete counts as gone (it skips NotFound), so
+        # the request succeeds and the ServiceMonitor stays.
+        assert await gpu_cluster.delete("ServiceMonitor", DRA_MONITOR) == 404
+        assert await gpu_cluster.sweep("state-dcgm-exporter") == {}
+        code = 200
+        try:
+            await gpu_cluster.custom.delete_collection_namespaced_custom_object(
+                "monitoring.coreos.com",
+                "v1",
+                kube.ns,
+                "servicemonitors",
+                label_selector=f"app={DRA_MONITOR}",
+            )
+        except ApiException as exc:
+            code = exc.status
+        assert code == 200
+        kept = await kube.service_monitor(DRA_MONITOR)
+        assert kept is not None and kept["metadata"]["uid"] == live["metadata"]["uid"]
+        # Once the GPUCluster stops monitoring, shared-svc deletes it (no CR needs it).
+        await kube.patch_cr(
+            "GPUCluster",
+            "gpu-cluster",
+            {"spec": {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}},
+        )
+        await settle(svc)
+        assert await kube.service_monitor(DRA_MONITOR) is None
+        assert await kube.service_monitor("nvidia-dcgm-exporter") is None
 
 
 async def test_a_configured_webhook_url_that_reaches_no_server_is_said_in_status_and_a_warning(

@@ -223,3 +223,28 @@ async def test_guard_webhook_logs_a_malformed_request_once_without_traceback(
     bad = [r for r in caplog.records if "bad HTTP request" in r.getMessage()]
     assert [r.levelno for r in bad] == [logging.INFO]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def test_a_delete_of_a_collection_is_judged_per_object_by_its_old_object() -> None:
+    """The GPUCluster's clean-up deletes by its state label; the API server then asks once
+    per object with an empty ``request.name`` and the object as ``oldObject``."""
+    from shared_svc.admission.rules import review
+
+    body = delete_review(OPERATOR, name="")
+    body["request"]["resource"] = {
+        "group": "monitoring.coreos.com",
+        "version": "v1",
+        "resource": "servicemonitors",
+    }
+    body["request"]["oldObject"] = {"metadata": {"name": "nvidia-dcgm-exporter-dra"}}
+    needed = {("ServiceMonitor", "nvidia-dcgm-exporter-dra"): ("GPUCluster/gpu-cluster",)}
+    answer = review(body, namespace=NS, operator_users=[OPERATOR], needed_by=needed)
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["code"] == 404
+    assert (
+        'servicemonitors "nvidia-dcgm-exporter-dra" not found'
+        in (answer["response"]["status"]["message"])
+    )
+    body["request"]["oldObject"] = {"metadata": {"name": "someone-elses"}}
+    answer = review(body, namespace=NS, operator_users=[OPERATOR], needed_by=needed)
+    assert answer["response"]["allowed"] is True

@@ -260,7 +260,7 @@ async def guard_holds(c: Cluster, names: Iterable[str] = NAMES) -> None:
     """The API server applies the guard to gpu-operator's shape of update (a dry run)."""
     writer = SimulatedOperator(c.api, NS, await owner(c))
     for name in names:
-        await guard_effective(writer, name)
+        await guard_effective(lambda n=name: writer.put(n, dry_run=True))
 
 
 def chart_guard(tls: Tls, port: int, *, mutation: str) -> list[dict[str, Any]]:

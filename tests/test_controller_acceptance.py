@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shared_svc.reconcile.monitoring import selects
 from shared_svc.service import Service
 from testenv import ControlPlane
+from tests.admission import SimulatedGpuCluster
 from tests.svc import COMMON, Kube, cp_body, gc_body, running, service_config, settle
 
 pytestmark = pytest.mark.apiserver
@@ -143,39 +146,28 @@ async def test_selectors_follow_the_rollout_gate(kube: Kube, svc: Service) -> No
 
 
 async def test_adopts_services_created_by_gpu_operator_keeping_cluster_ip(
-    kube: Kube, svc: Service
+    control_plane: ControlPlane, kube: Kube, svc: Service, tmp_path: Path
 ) -> None:
     # Created off, so gpu-operator's Services exist before shared-svc needs them (it serves
-    # a change at once: with the stacks on, it could create them first).
+    # a change at once: with the stacks on, it could create them first). They are what the
+    # GPUCluster controller writes for the CR turned on (tests/admission.py).
     off = {"enabled": False}
     gc = await kube.create_cr(gc_body(dcgm=off, dcgmExporter=off))
-    owner = {
-        "apiVersion": "nvidia.com/v1alpha1",
-        "kind": "GPUCluster",
-        "name": "gpu-cluster",
-        "uid": gc["metadata"]["uid"],
-    }
-    before = {}
-    for name, port, pname in (
-        ("nvidia-dcgm-dra", 5555, "dcgm"),
-        ("nvidia-dcgm-exporter-dra", 9400, "gpu-metrics"),
-    ):
-        body = {
-            "metadata": {
-                "name": name,
-                "labels": {"app": name, "nvidia.com/gpu-operator.state": "state-dcgm"},
-                "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}],
-            },
-            "spec": {
-                "selector": {"app": name},
-                "ports": [{"name": pname, "port": port, "targetPort": port}],
-            },
-        }
-        created = await kube.core.create_namespaced_service(
-            kube.ns, body, field_manager="gpu-operator"
-        )
-        before[name] = (created.metadata.uid, created.spec.cluster_ip)
     on = {"enabled": True}
+    turned_on = {**gc, "spec": {**gc["spec"], "dcgm": on, "dcgmExporter": on}}
+    writer = await SimulatedGpuCluster.start(control_plane, tmp_path, kube.ns)
+    before = {}
+    try:
+        for obj in writer.render(turned_on, monitors=True):
+            created = await writer.write(obj)
+            assert created["metadata"]["labels"]["nvidia.com/gpu-operator.state"]
+            before[obj["metadata"]["name"]] = (
+                created["metadata"]["uid"],
+                created["spec"]["clusterIP"],
+            )
+    finally:
+        await writer.close()
+    assert set(before) == {"nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"}
     await kube.patch_cr("GPUCluster", "gpu-cluster", {"spec": {"dcgm": on, "dcgmExporter": on}})
     await settle(svc)
     for name, (uid, ip) in before.items():
@@ -350,9 +342,17 @@ async def test_service_monitor_selects_only_the_canonical_service(kube: Kube, sv
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["jobLabel"] == "app"
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [kube.ns]}
-    exprs = sm["spec"]["selector"]["matchExpressions"]
-    app_expr = next(e for e in exprs if e["key"] == "app")
-    assert app_expr["operator"] == "In" and app_expr["values"] == ["nvidia-dcgm-exporter"]
+    # It selects exactly the canonical Service (the alias is "false": the canonical Service
+    # covers the DRA pods), and the GPUCluster's own ServiceMonitor selects nothing.
+    dra = await kube.service_monitor("nvidia-dcgm-exporter-dra")
+    assert dra is not None
+    services = await kube.services()
+    for monitor, selected in ((sm, ["nvidia-dcgm-exporter"]), (dra, [])):
+        assert [
+            n
+            for n, o in sorted(services.items())
+            if selects(monitor, o["metadata"]["labels"], kube.ns)
+        ] == selected
     assert (
         sm["spec"]["endpoints"][0]["port"] == "gpu-metrics"
         and sm["spec"]["endpoints"][0]["interval"] == "15s"

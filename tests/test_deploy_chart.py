@@ -16,7 +16,7 @@ import yaml
 
 import testenv
 from shared_svc.config import Config
-from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
+from shared_svc.reconcile.names import SERVICE_MONITOR_NAMES, SERVICE_NAMES
 from shared_svc.runtime.runnable import DRAIN_SECONDS
 
 # Every test here but test_every_chart_setting_is_covered_by_a_value_case runs helmrender.
@@ -138,7 +138,12 @@ SERVICES_ROLE = {
     ("", "services", ("list", "watch"), ()),
     ("", "services", ("create", "delete", "patch"), tuple(sorted(SERVICE_NAMES))),
     ("monitoring.coreos.com", "servicemonitors", ("list", "watch"), ()),
-    ("monitoring.coreos.com", "servicemonitors", ("create", "delete", "patch"), (SERVICE_MONITOR,)),
+    (
+        "monitoring.coreos.com",
+        "servicemonitors",
+        ("create", "delete", "patch"),
+        SERVICE_MONITOR_NAMES,
+    ),
     ("apps", "daemonsets", ("list", "watch"), ()),
     ("", "pods", ("list", "watch"), ()),
     ("coordination.k8s.io", "leases", ("create",), ()),

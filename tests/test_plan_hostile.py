@@ -146,8 +146,11 @@ def test_aliases_within_the_budget_still_work(
     )
     code, out, err = run(capsys, write(tmp_path, "alias.yaml", text), "-o", "json")
     assert (code, err) == (0, "")
-    [monitor] = [o for o in json.loads(out)["objects"] if o["kind"] == "ServiceMonitor"]
-    assert monitor["spec"]["endpoints"][0]["relabelings"] == [{"action": "drop"}]
+    monitors = [o for o in json.loads(out)["objects"] if o["kind"] == "ServiceMonitor"]
+    # The GPUCluster's two: the canonical one and its own -dra one (section 7).
+    assert len(monitors) == 2
+    for monitor in monitors:
+        assert monitor["spec"]["endpoints"][0]["relabelings"] == [{"action": "drop"}]
 
 
 def test_a_file_over_the_size_limit_is_not_read_past_it(

@@ -12,13 +12,12 @@ from tests.test_testenv import builds, fake_go_env
 BUILD = Path(__file__).resolve().parents[1] / "testenv" / "prometheus" / "build.sh"
 
 
-def test_prometheus_builds_started_at_once_build_once_into_their_own_cache_kind(
-    tmp_path: Path,
-) -> None:
-    env = fake_go_env(tmp_path)
+def build_twice_at_once(build: Path, env: dict[str, str]) -> tuple[set[str], list[tuple[str, str]]]:
+    """Two runs of ``build`` started at once: both succeed and print one directory; returns
+    it (a set of one) and each run's (stdout, stderr)."""
     runs = [
         subprocess.Popen(
-            ["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ["bash", str(build)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
@@ -26,6 +25,14 @@ def test_prometheus_builds_started_at_once_build_once_into_their_own_cache_kind(
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     dirs = {out.strip() for out, _ in outputs}
     assert len(dirs) == 1, dirs
+    return dirs, outputs
+
+
+def test_prometheus_builds_started_at_once_build_once_into_their_own_cache_kind(
+    tmp_path: Path,
+) -> None:
+    env = fake_go_env(tmp_path)
+    dirs, outputs = build_twice_at_once(BUILD, env)
     (log,) = builds(tmp_path)
     assert "-mod=readonly" in log and "github.com/prometheus/prometheus/cmd/prometheus" in log
     assert "common/version.Version=3.5.0" in log, "v0.305.0 is Prometheus 3.5.0"

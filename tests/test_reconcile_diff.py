@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from shared_svc.reconcile.model import Settings
+from shared_svc.reconcile.names import MONITOR_LABEL
 from shared_svc.reconcile.planner import plan
 from tests.worlds import (
     action_of,
@@ -106,9 +107,11 @@ def test_gate_closing_turns_the_alias_on_before_the_canonical_narrows() -> None:
     w = with_objects(w, *stack("GPUCluster", common=False, components=["exporter"]))
     order = _names(plan(w, Settings()).writes)
     alias = order.index(("update", "Service", "nvidia-dcgm-exporter-dra"))
-    monitor = order.index(("update", "ServiceMonitor", "nvidia-dcgm-exporter"))
     canonical = order.index(("update", "Service", "nvidia-dcgm-exporter"))
-    assert alias < monitor < canonical
+    assert alias < canonical
+    # The alias names its ServiceMonitor in the write that turns it "true": no
+    # ServiceMonitor changes with a scrape decision (section 7).
+    assert [k for k in order if k[1] == "ServiceMonitor"] == []
 
 
 def test_gate_opening_widens_the_canonical_before_the_alias_stops() -> None:
@@ -120,17 +123,22 @@ def test_gate_opening_widens_the_canonical_before_the_alias_stops() -> None:
     order = _names(plan(w, Settings()).writes)
     canonical = order.index(("update", "Service", "nvidia-dcgm-exporter"))
     alias = order.index(("update", "Service", "nvidia-dcgm-exporter-dra"))
-    monitor = order.index(("update", "ServiceMonitor", "nvidia-dcgm-exporter"))
-    assert canonical < alias < monitor
+    assert canonical < alias
+    assert [k for k in order if k[1] == "ServiceMonitor"] == []
 
 
-def test_creates_first_deletes_last_monitor_after_its_services() -> None:
+def test_creates_first_deletes_last_a_service_naming_a_new_monitor_after_it() -> None:
     w = settled(world(cluster_policy()))
     gc = gpu_cluster(spec=gc_spec(monitor=SM_ON))
     w2 = with_objects(w, gc)
     w2 = type(w2)(gpu_clusters=w2.gpu_clusters, services=w2.services)  # the ClusterPolicy is gone
-    kinds = [(a.action, a.kind) for a in plan(w2, Settings()).writes]
+    result = plan(w2, Settings())
+    kinds = [(a.action, a.kind) for a in result.writes]
     assert kinds[0] == ("create", "Service")
-    assert kinds.index(("create", "ServiceMonitor")) > max(
-        i for i, k in enumerate(kinds) if k[1] == "Service"
-    )
+    created = {a.name: i for i, a in enumerate(result.writes) if a.kind == "ServiceMonitor"}
+    assert set(created) == {"nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra"}
+    # A Service whose label names a ServiceMonitor this plan creates is written after it.
+    for i, a in enumerate(result.writes):
+        named = (a.apply or {}).get("metadata", {}).get("labels", {}).get(MONITOR_LABEL)
+        if a.kind == "Service" and named is not None:
+            assert i > created[named], (a.name, named, kinds)

@@ -1,12 +1,15 @@
-"""Contract sections 3 and 7: one canonical scrape target, the one ServiceMonitor."""
+"""Contract sections 3 and 7: one canonical scrape target; shared-svc's ServiceMonitors (the
+canonical one and, amended section 7, the GPUCluster's own ``nvidia-dcgm-exporter-dra``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from shared_svc.reconcile.model import Plan, Settings
+from shared_svc.reconcile.monitoring import selects
 from shared_svc.reconcile.planner import plan
 from tests.worlds import (
+    NS,
     action_of,
     cluster_policy,
     cr_ref,
@@ -29,10 +32,14 @@ def scrape(result: Plan, name: str) -> str:
     return value
 
 
-def monitored(result: Plan) -> list[str]:
-    sm = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter")
-    values: list[str] = sm["spec"]["selector"]["matchExpressions"][0]["values"]
-    return values
+def monitored(result: Plan, name: str = "nvidia-dcgm-exporter") -> list[str]:
+    """The exporter Services ServiceMonitor ``name`` selects after the plan."""
+    sm = manifest(result, "ServiceMonitor", name)
+    return sorted(
+        o["metadata"]["name"]
+        for o in result.objects
+        if o["kind"] == "Service" and selects(sm, o["metadata"]["labels"], NS)
+    )
 
 
 def cp_with_monitor(day: int = 1, **monitor: Any) -> dict[str, Any]:
@@ -46,6 +53,7 @@ def test_dra_only_canonical_scrapes_alias_does_not() -> None:
         assert scrape(result, "nvidia-dcgm-exporter") == "true"
         assert scrape(result, "nvidia-dcgm-exporter-dra") == "false"
         assert monitored(result) == ["nvidia-dcgm-exporter"]
+        assert monitored(result, "nvidia-dcgm-exporter-dra") == []
 
 
 def test_migration_with_gate_closed_scrapes_the_alias_too() -> None:
@@ -54,7 +62,19 @@ def test_migration_with_gate_closed_scrapes_the_alias_too() -> None:
     result = plan(w, Settings())
     assert scrape(result, "nvidia-dcgm-exporter") == "true"
     assert scrape(result, "nvidia-dcgm-exporter-dra") == "true"  # no exporter goes unscraped
+    # Each by exactly one ServiceMonitor: the alias by the GPUCluster's own.
+    assert monitored(result) == ["nvidia-dcgm-exporter"]
+    assert monitored(result, "nvidia-dcgm-exporter-dra") == ["nvidia-dcgm-exporter-dra"]
+
+
+def test_migration_with_only_the_cluster_policy_monitoring_scrapes_the_alias_canonically() -> None:
+    cp = cp_with_monitor()
+    gc = gpu_cluster(spec=gc_spec())  # no ServiceMonitor of its own
+    w = world(cp, gc, stack("ClusterPolicy"), stack("GPUCluster", common=False))
+    result = plan(w, Settings())
+    assert scrape(result, "nvidia-dcgm-exporter-dra") == "true"
     assert monitored(result) == ["nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra"]
+    assert not any(o["metadata"]["name"] == "nvidia-dcgm-exporter-dra" for o in monitors(result))
 
 
 def test_gate_open_both_stacks_the_alias_stops_scraping() -> None:
@@ -64,6 +84,103 @@ def test_gate_open_both_stacks_the_alias_stops_scraping() -> None:
     )
     assert scrape(result, "nvidia-dcgm-exporter-dra") == "false"
     assert monitored(result) == ["nvidia-dcgm-exporter"]
+    assert monitored(result, "nvidia-dcgm-exporter-dra") == []
+
+
+def monitors(result: Plan) -> list[dict[str, Any]]:
+    return [o for o in result.objects if o["kind"] == "ServiceMonitor"]
+
+
+def gc_monitor(gc: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    """The ServiceMonitor the GPUCluster controller keeps (facts 4 and 10): its controller
+    reference, the state label, ``app: nvidia-dcgm-exporter-dra`` as selector."""
+    sm = service_monitor("nvidia-dcgm-exporter-dra", owners=[cr_ref(gc, controller=True)])
+    sm["metadata"]["labels"]["nvidia.com/gpu-operator.state"] = "state-dcgm-exporter"
+    sm["spec"]["endpoints"][0].update({"honorLabels": False, **settings})
+    return sm
+
+
+def test_the_gpu_cluster_service_monitor_is_adopted_owned_and_without_the_state_label() -> None:
+    gc = gpu_cluster(spec=gc_spec(monitor={**SM_ON, "additionalLabels": {"release": "p"}}))
+    live = gc_monitor(gc, interval="30s")
+    # A migration with the gate closed: the alias is scraped (scrape "true").
+    w = world(cluster_policy(), gc, stack("ClusterPolicy"), stack("GPUCluster", common=False), live)
+    result = plan(w, Settings())
+    action = action_of(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    assert (action.action, action.reason) == ("update", "ServiceMonitorAdopted")
+    assert {"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu-operator.state"} in (
+        action.json_patch
+    )
+    sm = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    assert sm["metadata"]["ownerReferences"] == [cr_ref(gc)]
+    assert sm["metadata"]["labels"] == {
+        "app": "nvidia-dcgm-exporter-dra",
+        "app.kubernetes.io/managed-by": "shared-svc",
+        "release": "p",
+    }
+    assert sm["spec"]["jobLabel"] == "app"
+    # Its settings come from the GPUCluster only (not the live 30s).
+    assert sm["spec"]["endpoints"] == [
+        {"port": "gpu-metrics", "path": "/metrics", "interval": "15s"}
+    ]
+    assert monitored(result, "nvidia-dcgm-exporter-dra") == ["nvidia-dcgm-exporter-dra"]
+    # Ours now: not a DuplicateScrapeTarget.
+    assert [p for p in result.pending if p.reason == "DuplicateScrapeTarget"] == []
+    assert plan(settled(w), Settings()).writes == ()
+
+
+def test_the_dra_service_monitor_settings_and_conflicts_come_from_the_gpu_cluster_only() -> None:
+    cp = cp_with_monitor(day=1, interval="30s", honorLabels=True)
+    gc = gpu_cluster(day=4, spec=gc_spec(monitor={**SM_ON, "additionalLabels": {"app": "x"}}))
+    result = plan(world(cp, gc), Settings())
+    dra = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    assert dra["metadata"]["ownerReferences"] == [cr_ref(gc)]
+    assert dra["spec"]["endpoints"][0] == {
+        "port": "gpu-metrics",
+        "path": "/metrics",
+        "interval": "15s",
+    }
+    canonical = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter")
+    assert canonical["metadata"]["ownerReferences"] == [cr_ref(cp), cr_ref(gc)]
+    # The canonical one has both CRs' settings, so their conflicts; the -dra one none.
+    assert {c.object for c in result.conflicts} == {"ServiceMonitor/nvidia-dcgm-exporter"}
+    reserved = [r for r in result.reports if r.reason == "ReservedLabelIgnored"]
+    assert sorted(r.note.rsplit(" ", 1)[-1] for r in reserved) == [
+        "ServiceMonitor/nvidia-dcgm-exporter",
+        "ServiceMonitor/nvidia-dcgm-exporter-dra",
+    ]
+
+
+def test_the_dra_service_monitor_is_deleted_when_the_gpu_cluster_stops_monitoring() -> None:
+    gc = gpu_cluster(spec=gc_spec(monitor=SM_ON))
+    w = settled(
+        world(cluster_policy(), gc, stack("ClusterPolicy"), stack("GPUCluster", common=False))
+    )
+    off = gpu_cluster(spec=gc_spec(monitor={"enabled": False}))
+    result = plan(world(cluster_policy(), off, *w.services, *w.service_monitors), Settings())
+    writes = [(a.action, a.kind, a.name) for a in result.writes]
+    assert ("delete", "ServiceMonitor", "nvidia-dcgm-exporter-dra") in writes
+    assert ("delete", "ServiceMonitor", "nvidia-dcgm-exporter") in writes
+    # The alias leaves it (its label goes) before it is deleted.
+    alias = writes.index(("update", "Service", "nvidia-dcgm-exporter-dra"))
+    assert alias < writes.index(("delete", "ServiceMonitor", "nvidia-dcgm-exporter-dra"))
+
+
+def test_a_foreign_held_dra_service_monitor_is_not_adopted_and_stays_a_duplicate() -> None:
+    from tests.worlds import foreign_ref
+
+    gc = gpu_cluster(spec=gc_spec(monitor=SM_ON))
+    live = gc_monitor(gc)
+    live["metadata"]["ownerReferences"].append(foreign_ref())
+    w = world(gc, stack("GPUCluster", common=False), live)
+    result = plan(w, Settings())
+    assert action_of(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra").action == "skip"
+    # The alias goes to the canonical ServiceMonitor, and the foreign one is reported.
+    assert monitored(result) == ["nvidia-dcgm-exporter"]  # the alias is "false" here
+    assert [(p.object, p.reason) for p in result.pending] == [
+        ("ServiceMonitor/nvidia-dcgm-exporter-dra", "DuplicateScrapeTarget"),
+        ("ServiceMonitor/nvidia-dcgm-exporter-dra", "ServiceMonitorNotAdopted"),
+    ]
 
 
 def test_service_monitor_shape_and_settings() -> None:
@@ -84,7 +201,12 @@ def test_service_monitor_shape_and_settings() -> None:
     }
     assert sm["spec"]["jobLabel"] == "app"
     assert sm["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
-    assert sm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "shared-svc"}
+    assert sm["spec"]["selector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/managed-by": "shared-svc",
+            "shared-svc.nvidia.com/service-monitor": "nvidia-dcgm-exporter",
+        }
+    }
     assert sm["spec"]["endpoints"] == [
         {
             "port": "gpu-metrics",

@@ -80,3 +80,11 @@ def test_the_fight_and_dedup_rules_are_in_the_reconcile_table() -> None:
     text = "\n".join(rows("reconcile.md"))
     for name in ("fight_verdict", "fight_report", "warnings_to_emit", "next_active"):
         assert f"`fight.py:{name}`" in text
+
+
+def test_every_test_the_reconcile_table_names_exists() -> None:
+    named = [found for row in rows("reconcile.md") for found in TEST.findall(row)]
+    # The amended section 7 (issue 28) names its tests; a row may name none.
+    assert any("test_monitor_selection_props.py" in path for path, _ in named), named
+    for path, name in named:
+        assert name in defined_tests(path), f"{path}::{name} does not exist"

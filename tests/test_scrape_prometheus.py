@@ -36,6 +36,7 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from testenv import prometheus as prom_env
+from tests.conftest import started
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.svc import Kube, cp_body, gc_body, settle
@@ -68,14 +69,7 @@ def stand_ins() -> Iterator[prom_env.StandIns]:
 def prometheus(
     kcm_plane: testenv.ControlPlane, stand_ins: prom_env.StandIns
 ) -> Iterator[prom_env.Prometheus]:
-    try:
-        prom = prom_env.start(kcm_plane, stand_ins)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"Prometheus did not start: {exc}")
-    try:
-        yield prom
-    finally:
-        prom.stop()
+    yield from started("Prometheus", lambda: prom_env.start(kcm_plane, stand_ins))
 
 
 @dataclass

@@ -308,6 +308,92 @@ def service_monitor(
     }
 
 
+# ---------------------------------------------------------------- gpu-operator's GPUCluster controller
+
+# The state of each object the GPUCluster controller renders (its state label's value).
+GC_STATES = {
+    ("Service", "nvidia-dcgm-dra"): "state-dcgm",
+    ("Service", "nvidia-dcgm-exporter-dra"): "state-dcgm-exporter",
+    ("ServiceMonitor", "nvidia-dcgm-exporter-dra"): "state-dcgm-exporter",
+}
+
+
+def gpu_cluster_objects(
+    gc: K8sObject, namespace: str = NS, *, monitors: bool = True
+) -> list[K8sObject]:
+    """What gpu-operator v26.7.0's GPUCluster controller writes for ``gc`` (facts 1.1, 4 and
+    10), in its order, as the bodies it sends: ``nvidia-dcgm-dra`` (``dcgm.enabled: true``),
+    ``nvidia-dcgm-exporter-dra`` (the exporter on) and, with its ``serviceMonitor.enabled``
+    and the API served (``monitors``), the ServiceMonitor ``nvidia-dcgm-exporter-dra``; each
+    with a controller reference to ``gc`` and the state label. The one rendering of it
+    (tests/admission.py ``SimulatedGpuCluster`` writes these to an API server)."""
+    spec = gc.get("spec") or {}
+    block = spec.get("dcgmExporter")
+    exporter = isinstance(block, dict) and block.get("enabled") is not False
+    block = block if isinstance(block, dict) else {}
+    out = []
+    if (spec.get("dcgm") or {}).get("enabled") is True:
+        out.append(_gc_service(gc, namespace, "nvidia-dcgm-dra", {}))
+    if exporter:
+        out.append(
+            _gc_service(gc, namespace, "nvidia-dcgm-exporter-dra", block.get("service") or {})
+        )
+        monitor = block.get("serviceMonitor") or {}
+        if monitors and monitor.get("enabled") is True:
+            out.append(_gc_service_monitor(gc, namespace, monitor))
+    return out
+
+
+def _gc_metadata(gc: K8sObject, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app": name, STATE_LABEL: GC_STATES[(kind, name)]},
+        "ownerReferences": [cr_ref(gc, controller=True)],
+    }
+
+
+def _gc_service(gc: K8sObject, namespace: str, name: str, settings: dict[str, Any]) -> K8sObject:
+    metadata = _gc_metadata(gc, namespace, "Service", name)
+    if name == "nvidia-dcgm-dra":
+        port = {"name": "dcgm", "port": 5555, "targetPort": 5555, "protocol": "TCP"}
+        spec: dict[str, Any] = {"type": "ClusterIP", "internalTrafficPolicy": "Local"}
+    else:
+        metadata["annotations"] = {"prometheus.io/scrape": "true"}
+        port = {"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}
+        spec = {"type": settings.get("type") or "ClusterIP"}
+        if settings.get("internalTrafficPolicy"):
+            spec["internalTrafficPolicy"] = settings["internalTrafficPolicy"]
+    spec.update({"selector": {"app": name}, "ports": [port]})
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
+
+
+def _gc_service_monitor(gc: K8sObject, namespace: str, settings: dict[str, Any]) -> K8sObject:
+    """manifests/state-dcgm-exporter/0600_service_monitor.yaml (facts 4)."""
+    name = "nvidia-dcgm-exporter-dra"
+    metadata = _gc_metadata(gc, namespace, "ServiceMonitor", name)
+    extra = {str(k): str(v) for k, v in (settings.get("additionalLabels") or {}).items()}
+    metadata["labels"] = {"app": name, **extra, STATE_LABEL: GC_STATES[("ServiceMonitor", name)]}
+    endpoint: dict[str, Any] = {"port": "gpu-metrics", "path": "/metrics"}
+    for key in ("interval", "scrapeTimeout"):
+        if settings.get(key):
+            endpoint[key] = settings[key]
+    endpoint["honorLabels"] = settings.get("honorLabels") is True  # always emitted
+    if settings.get("relabelings"):
+        endpoint["relabelings"] = settings["relabelings"]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": metadata,
+        "spec": {
+            "jobLabel": "app",
+            "namespaceSelector": {"matchNames": [namespace]},
+            "selector": {"matchLabels": {"app": name}},
+            "endpoints": [endpoint],
+        },
+    }
+
+
 _FIELDS = WORLD_KINDS  # kind -> World field
 
 

@@ -7,7 +7,9 @@
   resourceVersion). Any other request: ``None`` (never changed).
 - ``decide_delete``: gpu-operator's DELETE of an object a CR still needs (shared-svc's last
   plan) is answered ``404 NotFound``, which gpu-operator takes as "already deleted" (a 403
-  would stall its later states). Every other delete is allowed.
+  would stall its later states). Every other delete is allowed. The object is named by the
+  request, or, in a delete of a collection (the API server asks once per object with no
+  name: the GPUCluster's clean-up deletes by the state label), by ``oldObject``.
 - ``review``: one AdmissionReview v1 request in, its response out.
 
 The MutatingAdmissionPolicy in the chart (templates/admission-policy.yaml) expresses the
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared_svc.k8s.managed_fields import managed_fields
-from shared_svc.reconcile.names import SERVICE_MONITOR, SERVICE_NAMES
+from shared_svc.reconcile.names import SERVICE_MONITOR_NAMES, SERVICE_NAMES
 from shared_svc.reconcile.owners import cr_refs, is_managed
 
 # Marks the admission objects (policy binding, webhook configurations) that guard the
@@ -40,7 +42,8 @@ RESTORED: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 GUARDED: dict[str, tuple[str, ...]] = {
     "Service": SERVICE_NAMES,
-    "ServiceMonitor": (SERVICE_MONITOR,),
+    # The canonical one and the GPUCluster's own nvidia-dcgm-exporter-dra (section 7).
+    "ServiceMonitor": SERVICE_MONITOR_NAMES,
 }
 RESOURCE_KINDS = {"services": "Service", "servicemonitors": "ServiceMonitor"}
 
@@ -186,7 +189,7 @@ def review(
             user = request.get("userInfo") or {}
             verdict = decide_delete(
                 kind=kind,
-                name=str(request.get("name") or ""),
+                name=deleted_name(request),
                 request_namespace=request.get("namespace"),
                 namespace=namespace,
                 username=str(user.get("username", "")) if isinstance(user, Mapping) else "",
@@ -207,6 +210,18 @@ def review(
 
 def _mapping(value: Any) -> Mapping[str, Any] | None:
     return value if isinstance(value, Mapping) else None
+
+
+def deleted_name(request: Mapping[str, Any]) -> str:
+    """The name of the object a DELETE removes: ``request.name``, or, for each object of a
+    delete of a collection (``request.name`` empty), ``oldObject.metadata.name``."""
+    name = request.get("name")
+    if isinstance(name, str) and name:
+        return name
+    old = _mapping(request.get("oldObject")) or {}
+    meta = _mapping(old.get("metadata")) or {}
+    found = meta.get("name")
+    return found if isinstance(found, str) else ""
 
 
 def needed_by_of(status: Iterable[Any]) -> dict[tuple[str, str], tuple[str, ...]]:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared_svc.k8s.objects import K8sObject, annotations_of, labels_of, meta, spec
+from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.model import Action, ManagedKind
 from shared_svc.reconcile.names import (
-    APP_LABEL,
     COMMON_LABEL,
     INTENT_HASH_ANNOTATION,
+    MONITOR_LABEL,
     SCRAPE_ANNOTATION,
     STATE_LABEL,
 )
@@ -240,28 +241,54 @@ def _common_selector(selector: Any) -> bool:
     return isinstance(selector, dict) and any(k in COMMON_LABEL.values() for k in selector)
 
 
-def _monitor_names(obj: K8sObject | None) -> set[str]:
-    selector = spec(obj).get("selector") if obj is not None else None
-    exprs = selector.get("matchExpressions") if isinstance(selector, dict) else None
-    names: set[str] = set()
-    for expr in exprs if isinstance(exprs, list) else []:
-        if (
-            isinstance(expr, dict)
-            and expr.get("key") == APP_LABEL
-            and isinstance(expr.get("values"), list)
-        ):
-            names.update(v for v in expr["values"] if isinstance(v, str))
-    return names
+def _selected(selector: Any, labels: dict[str, dict[str, str]]) -> frozenset[str]:
+    """The Services (name -> labels after the plan) a ServiceMonitor selector selects."""
+    try:
+        chosen = label_selector(selector)
+    except SelectorError:
+        return frozenset()  # prometheus-operator rejects it: it selects nothing
+    return frozenset(name for name, these in labels.items() if chosen.matches(these))
 
 
-def _phase(action: Action, live: K8sObject | None) -> int:
-    """Coverage never dips (section 5).
+@dataclass(frozen=True)
+class _Plan:
+    """What the order of one action depends on, from the whole plan."""
+
+    new_monitors: frozenset[str]  # ServiceMonitors this plan creates or adopts
+    labels: dict[str, dict[str, str]]  # Service name -> its labels after the plan
+
+
+def _plan_of(actions: Sequence[tuple[Action, K8sObject | None]]) -> _Plan:
+    labels = {}
+    for action, live in actions:
+        if action.kind != "Service" or action.action == "delete":
+            continue
+        after = action.apply if action.apply is not None else live
+        if after is not None:
+            labels[action.name] = labels_of(after)
+    new = frozenset(
+        a.name
+        for a, live in actions
+        if a.kind == "ServiceMonitor"
+        and a.action in ("create", "update")
+        and (live is None or not is_managed(live))
+    )
+    return _Plan(new, labels)
+
+
+def _phase(action: Action, live: K8sObject | None, whole: _Plan) -> int:
+    """Coverage never dips (section 5), and every scrape-"true" exporter Service stays
+    selected by exactly one of our ServiceMonitors (section 7).
 
     0: Service creates and widening updates (scrape turns "true", selector moves to the
-    common label); 1: other Service updates; 2: ServiceMonitor creates and updates that
-    select more Services, after the Services they select; 3: narrowing Service updates;
-    4: other ServiceMonitor updates; then deletes (the ServiceMonitor before the Services
-    it selects); then actions that write nothing.
+    common label); 1: other Service updates; 2: ServiceMonitor creates, and updates that
+    select at least the Services they selected; 3 and 4: the Service writes of 0 and 1
+    whose ``MONITOR_LABEL`` names a ServiceMonitor this plan creates or adopts (after it is
+    ours, so the Service's label and its selection change in that one write); 5: narrowing Service
+    updates (scrape "true" -> "false", selector leaves the common label); 6: other
+    ServiceMonitor updates (they select fewer: after the Services moved away); then
+    deletes (ServiceMonitors before the Services they selected); then actions that write
+    nothing.
     """
     if action.action in ("unchanged", "skip"):
         return 9
@@ -269,29 +296,33 @@ def _phase(action: Action, live: K8sObject | None) -> int:
         return 7 if action.kind == "ServiceMonitor" else 8
     body = action.apply
     if action.kind == "ServiceMonitor":
-        widening = body is not None and (
-            live is None or _monitor_names(body) >= _monitor_names(live)
-        )
-        return 2 if widening else 4
+        if body is None or live is None:
+            return 2
+        kept = _selected(spec(body).get("selector"), whole.labels)
+        return 2 if kept >= _selected(spec(live).get("selector"), whole.labels) else 6
+    late = body is not None and labels_of(body).get(MONITOR_LABEL) in whole.new_monitors
     if live is None:
-        return 0
+        return 3 if late else 0
     if body is None:
         return 1
     want_selector = spec(body).get("selector")
     old_selector = spec(live).get("selector")
     want_scrape, old_scrape = _scrape_of(body), _scrape_of(live)
     moved = want_selector != old_selector
-    if want_scrape == "true" and old_scrape != "true":
-        return 0
-    if moved and _common_selector(want_selector) and not _common_selector(old_selector):
-        return 0
     if old_scrape == "true" and want_scrape == "false":
-        return 3
-    if moved and _common_selector(old_selector):
-        return 3
-    return 1
+        return 5
+    if moved and _common_selector(old_selector) and not _common_selector(want_selector):
+        return 5
+    if want_scrape == "true" and old_scrape != "true":
+        return 3 if late else 0
+    if moved and _common_selector(want_selector):
+        return 3 if late else 0
+    return 4 if late else 1
 
 
 def order_actions(actions: Sequence[tuple[Action, K8sObject | None]]) -> tuple[Action, ...]:
-    ranked = sorted(actions, key=lambda pair: (_phase(*pair), pair[0].kind, pair[0].name))
+    whole = _plan_of(actions)
+    ranked = sorted(
+        actions, key=lambda pair: (_phase(pair[0], pair[1], whole), pair[0].kind, pair[0].name)
+    )
     return tuple(action for action, _ in ranked)

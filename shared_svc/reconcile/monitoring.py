@@ -1,9 +1,18 @@
-"""The canonical scrape target and the one ServiceMonitor (contract sections 3 and 7).
+"""The canonical scrape target and shared-svc's ServiceMonitors (contract sections 3 and 7).
 
 Every exporter pod is scraped exactly once: the canonical Service carries scrape "true",
 the ``-dra`` alias "false" while the canonical one covers the DRA pods and "true" while it
-does not (a migration with the gate closed), and the ServiceMonitor selects exactly the
-Services that carry "true".
+does not (a migration with the gate closed).
+
+Amended section 7: every exporter Service with scrape "true" is selected by exactly one of
+shared-svc's ServiceMonitors (``nvidia-dcgm-exporter``, and the GPUCluster's own
+``nvidia-dcgm-exporter-dra`` once adopted), one with "false" by none, at every step. Each
+ServiceMonitor selects, by a fixed selector, the managed Services whose label
+``MONITOR_LABEL`` names it; the Service carries that label exactly while its scrape
+annotation is "true". So a Service's scrape flip and its selection are one write (the same
+object), a Service moves from one ServiceMonitor to the other in one write, and no
+ServiceMonitor ever changes because a scrape decision did. ``jobLabel: app`` on both: the
+Prometheus ``job`` stays the Service's ``app`` label whichever ServiceMonitor scrapes it.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ from shared_svc.reconcile.names import (
     EXPORTER_PORT,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    MONITOR_LABEL,
     RESERVED_LABELS,
     SERVICE_MONITOR,
     SERVICE_MONITOR_API,
+    SERVICE_MONITOR_DRA,
 )
 from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import OwnerRef
@@ -39,7 +50,10 @@ _ENDPOINT_FIELDS = (
     ("honor_labels", "honorLabels"),
     ("relabelings", "relabelings"),
 )
-OBJECT = f"ServiceMonitor/{SERVICE_MONITOR}"
+
+
+def object_name(name: str) -> str:
+    return f"ServiceMonitor/{name}"
 
 
 def scrape_value(name: str, canonical_covers_dra: bool) -> str:
@@ -47,6 +61,22 @@ def scrape_value(name: str, canonical_covers_dra: bool) -> str:
     if name == SERVICE_MONITOR:
         return "true"
     return "false" if canonical_covers_dra else "true"
+
+
+def monitor_of(name: str, scrape: str | None, kept: frozenset[str]) -> str | None:
+    """``MONITOR_LABEL`` of exporter Service ``name``: which of our ServiceMonitors selects it.
+
+    None while its scrape is not "true" (selected by none), or when no ServiceMonitor of
+    ours is to select it. ``kept``: the ServiceMonitors a CR needs and shared-svc will keep
+    (whether the API is served yet or not: once it is, each created ServiceMonitor selects
+    its Services at once). The alias goes to the GPUCluster's own ServiceMonitor while that
+    one is kept (its settings are the GPUCluster's), else to the canonical one.
+    """
+    if scrape != "true":
+        return None
+    if name == SERVICE_MONITOR_DRA and SERVICE_MONITOR_DRA in kept:
+        return SERVICE_MONITOR_DRA
+    return SERVICE_MONITOR if SERVICE_MONITOR in kept else None
 
 
 @dataclass(frozen=True)
@@ -63,8 +93,11 @@ def _endpoint0(live: K8sObject | None) -> dict[str, Any]:
     return first if isinstance(first, dict) else {}
 
 
-def monitor_settings(needing: Sequence[CRSpec], live: K8sObject | None) -> MonitorSettings:
-    """ServiceMonitor settings from the CRs that need it; conflicts resolved per field.
+def monitor_settings(
+    name: str, needing: Sequence[CRSpec], live: K8sObject | None
+) -> MonitorSettings:
+    """Settings of ServiceMonitor ``name`` from the CRs that need it (only those: the
+    ``-dra`` one's come from the GPUCluster alone); conflicts resolved per field.
 
     An InvalidSpec CR takes part with the live values (section 9: its settings are ignored
     and the live values kept).
@@ -84,7 +117,7 @@ def monitor_settings(needing: Sequence[CRSpec], live: K8sObject | None) -> Monit
                 values.append((cr, list(value) if isinstance(value, tuple) else value))
             else:
                 values.append((cr, live_endpoint.get(key)))
-        resolution = resolve(OBJECT, f"spec.endpoints[0].{key}", values)
+        resolution = resolve(object_name(name), f"spec.endpoints[0].{key}", values)
         resolutions.append(resolution)
         if resolution.value is not None:
             endpoint[key] = resolution.value
@@ -95,18 +128,18 @@ def monitor_settings(needing: Sequence[CRSpec], live: K8sObject | None) -> Monit
         )
         for key, value in pairs:
             if key in RESERVED_LABELS:
-                reports.append(_reserved_label_report(cr, key, value))
+                reports.append(_reserved_label_report(name, cr, key, value))
                 continue
             per_key.setdefault(key, []).append((cr, value))
     chosen: dict[str, str] = {}
     for key in sorted(per_key):
-        resolution = resolve(OBJECT, f'metadata.labels["{key}"]', per_key[key])
+        resolution = resolve(object_name(name), f'metadata.labels["{key}"]', per_key[key])
         resolutions.append(resolution)
         chosen[key] = resolution.value
     return MonitorSettings(endpoint, chosen, tuple(resolutions), tuple(reports))
 
 
-def _reserved_label_report(cr: CRSpec, key: str, value: str) -> Report:
+def _reserved_label_report(name: str, cr: CRSpec, key: str, value: str) -> Report:
     return Report(
         type="Warning",
         reason="ReservedLabelIgnored",
@@ -114,51 +147,42 @@ def _reserved_label_report(cr: CRSpec, key: str, value: str) -> Report:
         regarding=cr_event_ref(cr),
         note=note(
             f"spec.dcgmExporter.serviceMonitor.additionalLabels[{json.dumps(key)}] is reserved "
-            f"and ignored on {OBJECT}"
+            f"and ignored on {object_name(name)}"
         ),
-        key=f"ReservedLabelIgnored/{cr.label}/{stable_digest([cr.uid, key, value])}",
+        key=f"ReservedLabelIgnored/{cr.label}/{stable_digest([cr.uid, name, key, value])}",
     )
 
 
+def monitor_selector(name: str) -> dict[str, Any]:
+    """The fixed selector of our ServiceMonitor ``name``: the managed Services naming it."""
+    return {"matchLabels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, MONITOR_LABEL: name}}
+
+
 def service_monitor_body(
-    namespace: str, scraped: Sequence[str], settings: MonitorSettings, owners: list[OwnerRef]
+    name: str, namespace: str, settings: MonitorSettings, owners: list[OwnerRef]
 ) -> K8sObject:
     endpoint = {"port": EXPORTER_PORT["name"], "path": "/metrics", **settings.endpoint}
     body: K8sObject = {
         "apiVersion": SERVICE_MONITOR_API,
         "kind": "ServiceMonitor",
         "metadata": {
-            "name": SERVICE_MONITOR,
+            "name": name,
             "namespace": namespace,
-            "labels": {**settings.labels, **managed_labels(SERVICE_MONITOR)},
+            "labels": {**settings.labels, **managed_labels(name)},
             "annotations": {},
             "ownerReferences": owners,
         },
         "spec": {
             "jobLabel": APP_LABEL,
             "namespaceSelector": {"matchNames": [namespace]},
-            "selector": {
-                "matchLabels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE},
-                "matchExpressions": [_scraped_expression(scraped)],
-            },
+            "selector": monitor_selector(name),
             "endpoints": [endpoint],
         },
     }
     return with_intent_hash(body)
 
 
-def _scraped_expression(scraped: Sequence[str]) -> dict[str, Any]:
-    """``app In [...]``; with nothing to scrape, a valid expression that selects nothing.
-
-    ``In`` with no values is an invalid label selector (prometheus-operator rejects the whole
-    ServiceMonitor); ``managed-by DoesNotExist`` contradicts the ``matchLabels`` beside it.
-    """
-    if scraped:
-        return {"key": APP_LABEL, "operator": "In", "values": sorted(scraped)}
-    return {"key": MANAGED_BY_LABEL, "operator": "DoesNotExist"}
-
-
-def _watches_namespace(monitor: K8sObject, namespace: str) -> bool:
+def watches_namespace(monitor: K8sObject, namespace: str) -> bool:
     """prometheus-operator's reading: ``any``, else ``matchNames``, else its own namespace.
 
     Neither ``any: true`` nor a non-empty ``matchNames`` (``{}``, ``{any: false}``,
@@ -184,30 +208,38 @@ class ScrapeTarget:
     scrape: str | None
 
 
+def selects(monitor: K8sObject, labels: Mapping[str, str], namespace: str) -> bool:
+    """Whether prometheus-operator has ``monitor`` select a Service with ``labels`` in
+    ``namespace`` (its namespaceSelector, then its label selector; an invalid selector
+    selects nothing: prometheus-operator rejects the ServiceMonitor)."""
+    if not watches_namespace(monitor, namespace):
+        return False
+    try:
+        return label_selector(spec(monitor).get("selector")).matches(labels)
+    except SelectorError:
+        return False
+
+
 def duplicate_scrape_targets(
     monitors: Iterable[K8sObject],
     targets: Sequence[ScrapeTarget],
-    ours_selects: frozenset[str],
+    ours_selects: Mapping[str, str],
     namespace: str,
 ) -> tuple[list[Pending], list[Report]]:
-    """Unmanaged ServiceMonitors that would scrape an exporter a second time (section 7)."""
+    """Unmanaged ServiceMonitors that would scrape an exporter a second time (section 7).
+
+    ``ours_selects``: exporter Service -> the ServiceMonitor of ours that selects it."""
     pending: list[Pending] = []
     reports: list[Report] = []
     for monitor in sorted(monitors, key=name_of):
-        if not _watches_namespace(monitor, namespace):
-            continue
-        try:
-            selector = label_selector(spec(monitor).get("selector"))
-        except SelectorError:
-            continue  # prometheus-operator rejects it: it scrapes nothing
-        hits = [t for t in targets if selector.matches(t.labels)]
+        hits = [t for t in targets if selects(monitor, t.labels, namespace)]
         doubled = sorted(t.name for t in hits if t.name in ours_selects)
         aliases = sorted(t.name for t in hits if t.scrape == "false")
         if not doubled and not aliases:
             continue
         why = []
-        if doubled:
-            why.append(f"{', '.join(doubled)} (also selected by {OBJECT})")
+        for target in doubled:
+            why.append(f"{target} (also selected by {object_name(ours_selects[target])})")
         if aliases:
             why.append(f"{', '.join(aliases)} (an alias with prometheus.io/scrape=false)")
         name = name_of(monitor)

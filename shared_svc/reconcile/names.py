@@ -12,8 +12,13 @@ EXPORTER: Final = "nvidia-dcgm-exporter"
 EXPORTER_DRA: Final = "nvidia-dcgm-exporter-dra"
 SERVICE_NAMES: Final = (DCGM, DCGM_DRA, EXPORTER, EXPORTER_DRA)
 STABLE_NAMES: Final = (DCGM, EXPORTER)
-# The one ServiceMonitor shares its name with the canonical scrape Service (section 7).
+# The canonical ServiceMonitor shares its name with the canonical scrape Service (section 7);
+# the GPUCluster stack's own, adopted and kept like the Services (amended section 7), with
+# the DRA alias. Each exporter Service names the one of them that selects it in
+# MONITOR_LABEL (monitoring.py).
 SERVICE_MONITOR: Final = EXPORTER
+SERVICE_MONITOR_DRA: Final = EXPORTER_DRA
+SERVICE_MONITOR_NAMES: Final = (SERVICE_MONITOR, SERVICE_MONITOR_DRA)
 
 COMPONENT_OF: Final[dict[str, Component]] = {
     DCGM: "dcgm",
@@ -36,6 +41,9 @@ MANAGED_BY_VALUE: Final = "shared-svc"
 STATE_LABEL: Final = "nvidia.com/gpu-operator.state"
 SCRAPE_ANNOTATION: Final = "prometheus.io/scrape"
 INTENT_HASH_ANNOTATION: Final = "shared-svc.nvidia.com/intent-hash"
+# On an exporter Service with scrape "true": the name of shared-svc's ServiceMonitor that
+# selects it (each ServiceMonitor selects exactly the Services naming it).
+MONITOR_LABEL: Final = "shared-svc.nvidia.com/service-monitor"
 RESERVED_LABELS: Final = (APP_LABEL, MANAGED_BY_LABEL, STATE_LABEL)
 
 SERVICE_API: Final = "v1"

@@ -14,6 +14,7 @@ from shared_svc.reconcile.names import (
     EXPORTER_DRA,
     GPU_CLUSTER_NAME,
     SERVICE_MONITOR,
+    SERVICE_MONITOR_DRA,
 )
 from shared_svc.reconcile.specs import CLUSTER_POLICY, GPU_CLUSTER, CRKind, CRSpec, parse_cr
 
@@ -42,7 +43,8 @@ def counting_crs(world: World) -> tuple[CRSpec, ...]:
 
 
 def needs_table(cr: CRSpec) -> tuple[ObjectKey, ...]:
-    """What a valid CR needs (section 2; the ServiceMonitor from section 7)."""
+    """What a valid CR needs (section 2; the ServiceMonitors from section 7: the canonical
+    one for either stack, the GPUCluster's own ``-dra`` one for the GPUCluster only)."""
     legacy = cr.kind == CLUSTER_POLICY
     wanted: list[ObjectKey] = []
     if cr.dcgm_on:
@@ -55,6 +57,8 @@ def needs_table(cr: CRSpec) -> tuple[ObjectKey, ...]:
             wanted.append(("Service", EXPORTER_DRA))
         if cr.service_monitor_on:
             wanted.append(("ServiceMonitor", SERVICE_MONITOR))
+            if not legacy:
+                wanted.append(("ServiceMonitor", SERVICE_MONITOR_DRA))
     return tuple(wanted)
 
 

@@ -41,6 +41,7 @@ from shared_svc.reconcile.model import (
 from shared_svc.reconcile.monitoring import (
     ScrapeTarget,
     duplicate_scrape_targets,
+    monitor_of,
     monitor_settings,
     scrape_value,
     service_monitor_body,
@@ -48,10 +49,11 @@ from shared_svc.reconcile.monitoring import (
 from shared_svc.reconcile.names import (
     EXPORTER,
     EXPORTER_DRA,
+    MONITOR_LABEL,
     SCRAPE_ANNOTATION,
     SERVICE_API,
-    SERVICE_MONITOR,
     SERVICE_MONITOR_API,
+    SERVICE_MONITOR_NAMES,
     SERVICE_NAMES,
 )
 from shared_svc.reconcile.needs import Needs, ObjectKey, compute_needs, counting_crs
@@ -67,7 +69,7 @@ from shared_svc.reconcile.selectors import (
 from shared_svc.reconcile.shapes import exporter_settings, service_body
 from shared_svc.reconcile.specs import CRSpec
 
-SERVICE_MONITOR_KEY: ObjectKey = ("ServiceMonitor", SERVICE_MONITOR)
+MONITOR_KEYS: dict[str, ObjectKey] = {n: ("ServiceMonitor", n) for n in SERVICE_MONITOR_NAMES}
 
 
 def live_objects(world: World, settings: Settings) -> dict[ObjectKey, K8sObject]:
@@ -85,9 +87,9 @@ def live_objects(world: World, settings: Settings) -> dict[ObjectKey, K8sObject]
             if (
                 isinstance(sm, dict)
                 and in_namespace(sm, settings.namespace)
-                and name_of(sm) == SERVICE_MONITOR
+                and name_of(sm) in SERVICE_MONITOR_NAMES
             ):
-                found[SERVICE_MONITOR_KEY] = sm
+                found[MONITOR_KEYS[name_of(sm)]] = sm
     return found
 
 
@@ -107,8 +109,11 @@ class _Planner:
         self.notes: list[str] = []
         self.desired: dict[ObjectKey, Desired] = {}
         self.choices: dict[str, SelectorChoice] = {}
-        # The exporter Services our ServiceMonitor selects (scrape "true" after the plan).
-        self.scraped: tuple[str, ...] = ()
+        # Our ServiceMonitors that a CR needs and that we keep (served or not yet): the
+        # ones an exporter Service may name in MONITOR_LABEL.
+        self.kept_monitors = frozenset(
+            name for name, key in MONITOR_KEYS.items() if self.will_manage(key)
+        )
 
     def will_manage(self, key: ObjectKey) -> bool:
         """Needed, and either absent, ours, or ours to adopt."""
@@ -174,12 +179,14 @@ class _Planner:
             if name in (EXPORTER, EXPORTER_DRA):
                 service_type, policy = exporter_settings(name, needing, self.live.get(key))
                 self._collect(service_type, policy)
+                scrape = scrape_value(name, covers_dra)
                 body = service_body(
                     name,
                     ns,
                     choice.selector,
                     owner_refs_for(needing),
-                    scrape=scrape_value(name, covers_dra),
+                    scrape=scrape,
+                    monitor=monitor_of(name, scrape, self.kept_monitors),
                     service_type=service_type.value,
                     traffic_policy=policy.value,
                 )
@@ -187,33 +194,37 @@ class _Planner:
                 body = service_body(name, ns, choice.selector, owner_refs_for(needing))
             self.desired[key] = Desired("Service", name, body)
 
-    def plan_service_monitor(self) -> None:
-        needing = self.needs.needed_by(SERVICE_MONITOR_KEY)
-        scraped = [
-            name
-            for name in (EXPORTER, EXPORTER_DRA)
-            if ("Service", name) in self.desired
-            and self.will_manage(("Service", name))
-            and annotations_of(self.desired[("Service", name)].body).get(SCRAPE_ANNOTATION)
-            == "true"
-        ]
-        if not needing:
-            return
-        self.scraped = tuple(sorted(scraped))
-        if not self.settings.service_monitor_served:
-            who = ", ".join(cr.label for cr in needing)
-            self.notes.append(
-                f"ServiceMonitor {SERVICE_MONITOR} skipped: {SERVICE_MONITOR_API} ServiceMonitor is not "
-                f"served by the cluster (needed by {who})"
+    def plan_service_monitors(self) -> None:
+        for name, key in MONITOR_KEYS.items():
+            needing = self.needs.needed_by(key)
+            if not needing:
+                continue
+            if not self.settings.service_monitor_served:
+                who = ", ".join(cr.label for cr in needing)
+                self.notes.append(
+                    f"ServiceMonitor {name} skipped: {SERVICE_MONITOR_API} ServiceMonitor is not "
+                    f"served by the cluster (needed by {who})"
+                )
+                continue
+            settings = monitor_settings(name, needing, self.live.get(key))
+            self._collect(*settings.resolutions)
+            self.reports.extend(settings.reports)
+            body = service_monitor_body(
+                name, self.settings.namespace, settings, owner_refs_for(needing)
             )
-            return
-        settings = monitor_settings(needing, self.live.get(SERVICE_MONITOR_KEY))
-        self._collect(*settings.resolutions)
-        self.reports.extend(settings.reports)
-        body = service_monitor_body(
-            self.settings.namespace, scraped, settings, owner_refs_for(needing)
-        )
-        self.desired[SERVICE_MONITOR_KEY] = Desired("ServiceMonitor", SERVICE_MONITOR, body)
+            self.desired[key] = Desired("ServiceMonitor", name, body)
+
+    def ours_selects(self) -> dict[str, str]:
+        """Exporter Service -> the ServiceMonitor of ours that selects it after the plan."""
+        out = {}
+        for name in (EXPORTER, EXPORTER_DRA):
+            key: ObjectKey = ("Service", name)
+            if key not in self.desired or not self.will_manage(key):
+                continue
+            monitor = labels_of(self.desired[key].body).get(MONITOR_LABEL)
+            if monitor in MONITOR_KEYS and MONITOR_KEYS[monitor] in self.desired:
+                out[name] = monitor
+        return out
 
     def check_duplicate_scrapes(self) -> None:
         if not self.settings.service_monitor_served:
@@ -231,21 +242,17 @@ class _Planner:
                 targets.append(
                     ScrapeTarget(name, labels_of(live), annotations_of(live).get(SCRAPE_ANNOTATION))
                 )
-        ours = self.desired.get(SERVICE_MONITOR_KEY)
-        ours_selects: frozenset[str] = frozenset()
-        if ours is not None and self.will_manage(SERVICE_MONITOR_KEY):
-            ours_selects = frozenset(self.scraped)
-        adopted = self.will_manage(SERVICE_MONITOR_KEY)
+        # Ours, and the same-named ones this plan adopts, are not duplicates: they are kept.
         monitors = [
             sm
             for sm in self.world.service_monitors
             if isinstance(sm, dict)
             and in_namespace(sm, self.settings.namespace)
             and not is_managed(sm)
-            and not (adopted and name_of(sm) == SERVICE_MONITOR)
+            and name_of(sm) not in self.kept_monitors
         ]
         pending, reports = duplicate_scrape_targets(
-            monitors, targets, ours_selects, self.settings.namespace
+            monitors, targets, self.ours_selects(), self.settings.namespace
         )
         self.pending.extend(pending)
         self.reports.extend(reports)
@@ -380,11 +387,11 @@ def _selector_text(selector: object) -> str:
 
 
 def plan(world: World, settings: Settings) -> Plan:
-    """Desired Services and ServiceMonitor, the writes to get there, and what to report."""
+    """Desired Services and ServiceMonitors, the writes to get there, and what to report."""
     planner = _Planner(world, settings)
     errors = planner.spec_errors()
     planner.plan_services()
-    planner.plan_service_monitor()
+    planner.plan_service_monitors()
     planner.check_duplicate_scrapes()
     pairs = planner.actions()
     ordered = order_actions(pairs)

@@ -16,6 +16,8 @@ from shared_svc.reconcile.names import (
     INTENT_HASH_ANNOTATION,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    MONITOR_LABEL,
+    SCRAPE_ANNOTATION,
     SERVICE_API,
 )
 from shared_svc.reconcile.objects import stable_digest
@@ -52,10 +54,12 @@ def service_body(
     owners: list[OwnerRef],
     *,
     scrape: str | None = None,
+    monitor: str | None = None,
     service_type: str | None = None,
     traffic_policy: str | None = None,
 ) -> K8sObject:
-    """The apply body of one Service (section 3)."""
+    """The apply body of one Service (section 3); ``monitor``: the ServiceMonitor of ours
+    that selects it (``MONITOR_LABEL``, section 7)."""
     if COMPONENT_OF[name] == "dcgm":
         # Exporters reach the hostengine on their own node: always ClusterIP + Local.
         port, service_type, traffic_policy = DCGM_PORT, "ClusterIP", "Local"
@@ -66,14 +70,17 @@ def service_body(
         body_spec["type"] = service_type
     if traffic_policy is not None:
         body_spec["internalTrafficPolicy"] = traffic_policy
-    annotations = {"prometheus.io/scrape": scrape} if scrape is not None else {}
+    annotations = {SCRAPE_ANNOTATION: scrape} if scrape is not None else {}
+    labels = managed_labels(name)
+    if monitor is not None:
+        labels[MONITOR_LABEL] = monitor
     body: K8sObject = {
         "apiVersion": SERVICE_API,
         "kind": "Service",
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": managed_labels(name),
+            "labels": labels,
             "annotations": annotations,
             "ownerReferences": owners,
         },
