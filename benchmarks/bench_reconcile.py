@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared_svc.kube.union import UnionInformer
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import api_daemonset, api_pod
 from tests.test_informer_events import fill
 from tests.test_reconcile_cost import standby

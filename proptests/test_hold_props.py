@@ -13,7 +13,7 @@ from proptests.strategies import crs, settings_strategy, workloads, worlds
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import covered_nodes, index_workloads, rule_selectors
+from shared_svc.reconcile.selection import covered_nodes, index_workloads, rule_selectors
 from tests.worlds import apply_plan, find
 
 HOLDING = ("nvidia-dcgm",)

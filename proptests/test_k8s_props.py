@@ -18,7 +18,7 @@ from shared_svc.k8s.selectors import (
     parse_selector,
     selector_from_set,
 )
-from shared_svc.kube.events import event_body
+from shared_svc.kube.recorder import event_body
 from shared_svc.upgrade.planner import _Builder
 from shared_svc.upgrade.settings import UpgradeSettings
 

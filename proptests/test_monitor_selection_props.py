@@ -44,7 +44,7 @@ from shared_svc.reconcile.names import (
     SERVICE_MONITOR_NAMES,
 )
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import serving_node
+from shared_svc.reconcile.selection import serving_node
 from tests.worlds import (
     NS,
     apply_plan,

@@ -12,7 +12,7 @@ from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from shared_svc.k8s.objects import labels_of, name_of
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import index_workloads, pod_fields
+from shared_svc.reconcile.selection import index_workloads, pod_fields
 from tests.realistic import api_pod
 
 # Where a pod's read fields live, and what a hostile or odd pod may carry there.

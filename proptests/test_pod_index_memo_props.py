@@ -1,4 +1,4 @@
-"""The pod index kept from one plan to the next (``selectors.pod_index``, issue 22) never
+"""The pod index kept from one plan to the next (``selection.pod_index``, issue 22) never
 changes a plan: over sequences of generated worlds, where a world keeps the very pods
 tuple of an earlier one (a change of the CRs, Services or DaemonSets only, as the caches
 hand it out) or brings its own, and the namespace changes too, each plan equals the plan
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proptests.strategies import settings_strategy, worlds
-from shared_svc.reconcile import selectors
+from shared_svc.reconcile import selection
 from shared_svc.reconcile.model import Plan, Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.worlds import pod
@@ -41,10 +41,10 @@ def _sequence(drawn: list[tuple[World, int | None, str]]) -> list[tuple[World, s
 
 def _plans(sequence: list[tuple[World, str]], settings: Settings, *, kept: bool) -> list[Plan]:
     plans = []
-    selectors.pod_index.clear()
+    selection.pod_index.clear()
     for w, namespace in sequence:
         if not kept:
-            selectors.pod_index.clear()
+            selection.pod_index.clear()
         plans.append(plan(w, replace(settings, namespace=namespace)))
     return plans
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from proptests.strategies import json_values, set_at, settings_strategy, worlds
 from proptests.test_pod_fields_props import fleshed_out
-from shared_svc.caches import dcgm_pod_selectors
+from shared_svc.controllers.services.caches import dcgm_pod_selectors
 from shared_svc.k8s.objects import key_of, labels_of
 from shared_svc.k8s.projections import DRIVER_CONFIG_DIGEST, daemonset_fields
 from shared_svc.k8s.selectors import parse_selector
@@ -22,7 +22,7 @@ from shared_svc.kube.store import SharedValues
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.names import DRA_APP, LEGACY_APP, SERVICE_NAMES
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import (
+from shared_svc.reconcile.selection import (
     covered_nodes,
     index_workloads,
     pod_fields,
@@ -181,7 +181,7 @@ def _well_typed(ds: dict[str, Any]) -> bool:
     return True
 
 
-# --- issue 22: the operator-pod cache holds only the DCGM pods (shared_svc.caches) ---
+# --- issue 22: the operator-pod cache holds only the DCGM pods (shared_svc.controllers.services.caches) ---
 
 DCGM_SELECTORS = tuple(parse_selector(s) for s in dcgm_pod_selectors())
 DCGM_LABEL_KEYS = ("app", "nvidia.com/gpu-operator.dcgm", "nvidia.com/gpu-operator.dcgm-exporter")

@@ -28,7 +28,7 @@ from shared_svc.reconcile.names import (
 )
 from shared_svc.reconcile.needs import compute_needs, counting_crs
 from shared_svc.reconcile.planner import live_objects, plan
-from shared_svc.reconcile.selectors import serving_node
+from shared_svc.reconcile.selection import serving_node
 from shared_svc.reconcile.specs import CLUSTER_POLICY
 from tests.worlds import apply_plan, cluster_policy, daemonset, find, gpu_cluster, pod, world
 

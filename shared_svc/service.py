@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc import caches
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
+from shared_svc.controllers.services import caches
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.http import HttpServer, make_app
-from shared_svc.kube.events import EventPublisher, EventRecorder
 from shared_svc.kube.lease import LeaseElector
+from shared_svc.kube.recorder import EventPublisher, EventRecorder
 from shared_svc.kube.writer import Writer
 from shared_svc.kubeconfig import api_client, small_tls_reads, without_compression
-from shared_svc.metrics import Metrics
-from shared_svc.runtime.runnable import Manager, Runnable
+from shared_svc.runtime.manager import Manager, Runnable
+from shared_svc.service_metrics import Metrics
 
 if TYPE_CHECKING:
-    from shared_svc.upgrade.controller import UpgradeController
+    from shared_svc.controllers.upgrade.reconciler import UpgradeController
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Service:
         return self.manager.runnables if self.manager is not None else []
 
     def alive(self) -> bool:
-        """No part wedged (shared_svc.runtime.runnable.STALL_SECONDS)."""
+        """No part wedged (shared_svc.runtime.manager.STALL_SECONDS)."""
         return all(r.alive() for r in self.runnables())
 
     def ready(self) -> bool:
@@ -157,7 +157,7 @@ class Service:
                 informers=informers,
             )
         if cfg.upgrade_controller:
-            from shared_svc.upgrade.controller import UpgradeController
+            from shared_svc.controllers.upgrade.reconciler import UpgradeController
 
             self.upgrade = UpgradeController(
                 api,

@@ -1,4 +1,4 @@
-"""Prometheus metrics: controller-runtime's names (``shared_svc.runtime.metrics``, one
+"""Prometheus metrics: controller-runtime's names (``shared_svc.runtime.instrumentation``, one
 set for both controllers) plus domain metrics.
 
 One registry per running service (not the global default), so several replicas can run
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared_svc.runtime.metrics import RuntimeMetrics
+from shared_svc.runtime.instrumentation import RuntimeMetrics
 
 CONTROLLER = "shared-services"
 

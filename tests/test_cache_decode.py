@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from proptests.test_cache_decode_props import NODES, PODS, event_outcome, exact, page_outcome
-from shared_svc.caches import POD_DECODER
+from shared_svc.controllers.services.caches import POD_DECODER
 from shared_svc.kube import untrusted
 from shared_svc.kube.resources import METADATA_DECODER
 from shared_svc.kube.untrusted import MAX_DEPTH, PRUNED

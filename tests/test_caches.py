@@ -1,4 +1,4 @@
-"""Each cache is declared once (``shared_svc.caches``, issue 21): controllers that read one
+"""Each cache is declared once (``shared_svc.controllers.services.caches``, issue 21): controllers that read one
 resource share one cache whichever asks first, and the registry's options are its own."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from shared_svc import caches
 from shared_svc.config import Config
-from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+from shared_svc.controllers.services import caches
+from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 
 API: Any = object()  # no request is sent: caches are only made, not run
 

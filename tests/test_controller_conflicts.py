@@ -12,7 +12,7 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.metrics import Metrics
+from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.svc import (
@@ -82,9 +82,9 @@ def test_a_write_meeting_changes_is_info_until_the_same_object_keeps_meeting_the
 
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.executor import ObjectChanged
-    from shared_svc.kube.events import EventPublisher
-    from shared_svc.outcomes import CHANGED_WARN_AFTER, Outcomes
+    from shared_svc.controllers.services.executor import ObjectChanged
+    from shared_svc.controllers.services.outcomes import CHANGED_WARN_AFTER, Outcomes
+    from shared_svc.kube.recorder import EventPublisher
 
     outcomes = Outcomes(Config(), events=EventPublisher(FlakyRecorder()), metrics=Metrics())
     caplog.set_level(logging.INFO, logger="shared_svc")

@@ -11,11 +11,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.k8s.events import ObjectRef, Report
-from shared_svc.kube.events import EventPublisher, EventRecorder, event_name
-from shared_svc.metrics import Metrics
+from shared_svc.kube.recorder import EventPublisher, EventRecorder, event_name
 from shared_svc.reconcile.model import Plan
+from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.svc import FlakyRecorder, Kube, apiserver_write_count
 

@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 
 import testenv
-from shared_svc import caches
-from shared_svc.controller import ServicesController
+from shared_svc.controllers.services import caches
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.kube.registry import CacheRunnable
 from shared_svc.kube.writer import raw_request
 from shared_svc.service import Service
@@ -61,7 +61,7 @@ async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
 def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: ControlPlane) -> None:
     code = (
         "import asyncio, sys\n"
-        "from shared_svc.controller import ServicesController\n"
+        "from shared_svc.controllers.services.reconciler import ServicesController\n"
         "async def crash(self, stop): raise RuntimeError('boom')\n"
         "ServicesController.run = crash\n"
         "from shared_svc.cli import main\n"

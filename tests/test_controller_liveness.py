@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from shared_svc import controller as controller_module
-from shared_svc.runtime import runnable as runnable_module
+from shared_svc.controllers.services import reconciler as controller_module
+from shared_svc.runtime import manager as runnable_module
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
-from shared_svc.metrics import Metrics
+from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.svc import (

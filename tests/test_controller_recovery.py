@@ -15,10 +15,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import testenv
 from shared_svc import __version__
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.kube.writer import raw_request
-from shared_svc.metrics import Metrics
 from shared_svc.reconcile.model import Action, Plan
+from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.refusals import ServiceWritesRefused

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
-from shared_svc.metrics import Metrics
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.reconcile.model import Plan
+from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.svc import Kube, apiserver_write_count, cp_body, running, service_config
@@ -35,8 +35,8 @@ def test_pending_gauge_drops_to_zero_when_a_reason_goes_away() -> None:
 
 
 def test_a_contested_object_shows_its_seconds_left_and_not_its_monotonic_deadline() -> None:
+    from shared_svc.controllers.services.status import contest_status
     from shared_svc.reconcile.fight import Contest
-    from shared_svc.status import contest_status
 
     contest = Contest(
         "Service/nvidia-dcgm",

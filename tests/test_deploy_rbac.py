@@ -22,9 +22,9 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from shared_svc.kube.writer import Writer
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from testenv import ControlPlane
@@ -441,7 +441,7 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         }
         assert {k: await status_of(c) for k, c in off.items()} == dict.fromkeys(off, 403)
 
-        # The same release with controllers.upgrade=true: the calls of shared_svc.upgrade.io work.
+        # The same release with controllers.upgrade=true: the calls of shared_svc.controllers.upgrade.io work.
         control_plane.apply_manifests(
             rbac_docs(render_docs(*UPGRADE_ON, name=ident.release, namespace=ns))
         )
@@ -506,7 +506,7 @@ async def test_upgrade_controller_alone_reads_cluster_policies_and_cannot_write_
     try:
         await eventually(lambda: _ok(client.CoreV1Api(api).list_node()), timeout=15)
         custom = client.CustomObjectsApi(api)
-        # The gate check's cache (shared_svc.upgrade.io) syncs: ClusterPolicies are listed
+        # The gate check's cache (shared_svc.controllers.upgrade.io) syncs: ClusterPolicies are listed
         # and watched with the upgrade controller's own grant (no Services controller here).
         io = KubeUpgradeIO(
             api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())

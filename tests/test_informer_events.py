@@ -14,7 +14,7 @@ import pytest
 
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Informer, Resource
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 
 
 class Events:

@@ -13,7 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.kube.reflector import Informer, Resource
 from shared_svc.kube.writer import raw_request
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.realistic import api_pod

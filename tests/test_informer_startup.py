@@ -11,7 +11,7 @@ import re
 import pytest
 
 from shared_svc.kube.reflector import Informer, Resource
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from testenv import ControlPlane
 from tests.svc import Kube
 

@@ -1,6 +1,6 @@
 """The operator-pod cache holds the DCGM pods only (issue 22), on the real API server: the
 union of ``app in (the four DCGM apps)`` and the two common labels, as three disjoint
-list+watches merged into one store (``shared_svc.caches.operator_pods``); the other
+list+watches merged into one store (``shared_svc.controllers.services.caches.operator_pods``); the other
 operands' pods are neither listed nor kept, and planning over the cache is planning over
 every pod of the namespace."""
 
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from shared_svc import caches
 from shared_svc.config import Config
+from shared_svc.controllers.services import caches
 from shared_svc.kube.union import UnionInformer
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from tests import worlds
 from tests.kube import eventually
 from tests.svc import Kube

@@ -19,11 +19,11 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.io import KubeUpgradeIO, node_resources, upgrade_write_limiter
 from shared_svc.kube.reflector import Informer
 from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.io import KubeUpgradeIO, node_resources, upgrade_write_limiter
 from shared_svc.upgrade.planner import NodePatch
 from shared_svc.upgrade.states import state_label_key
 from tests.kube import eventually, unique

@@ -250,7 +250,7 @@ def test_json_is_read_as_json_and_a_flow_mapping_as_yaml(
 def test_stdin_is_bounded_as_a_file_is(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 100)
+    monkeypatch.setattr("shared_svc.commands.plan.manifests.MAX_BYTES", 100)
     text = yaml.safe_dump(CP) + "#" * 200
     path = write(tmp_path, "big.yaml", text)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
@@ -266,7 +266,7 @@ def plan_process(
     """``shared-svc plan ARGS`` as its own process, ``stdin`` its standard input (the
     whole-file bound ``manifests.MAX_BYTES`` lowered to ``max_bytes``)."""
     code = (
-        "import sys, shared_svc.manifests as m\n"
+        "import sys, shared_svc.commands.plan.manifests as m\n"
         f"m.MAX_BYTES = {max_bytes or 'm.MAX_BYTES'}\n"
         "from shared_svc.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from shared_svc import manifests
+import shared_svc
 from shared_svc.cli import main
-from shared_svc.manifests import InputError, load_documents, well_formed
+from shared_svc.commands.plan import manifests
+from shared_svc.commands.plan.manifests import InputError, load_documents, well_formed
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.worlds import cluster_policy, service
@@ -107,7 +108,7 @@ def test_nesting_up_to_the_bound_is_accepted() -> None:
 def test_the_nesting_limit_is_written_once_for_manifests_and_caches() -> None:
     """``plan -f`` and the caches bound one depth: ``k8s.limits.MAX_DEPTH``, assigned
     nowhere else (a second literal could drift from it)."""
-    package = Path(manifests.__file__).parent
+    package = Path(shared_svc.__file__).parent
     assigned = sorted(
         str(path.relative_to(package))
         for path in package.rglob("*.py")
@@ -156,7 +157,7 @@ def test_aliases_within_the_budget_still_work(
 def test_a_file_over_the_size_limit_is_not_read_past_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 1000)
+    monkeypatch.setattr("shared_svc.commands.plan.manifests.MAX_BYTES", 1000)
     big = write(tmp_path, "big.yaml", "# " + "x" * 2000 + "\n")
     code, out, err = run(capsys, big)
     assert (code, out) == (2, "") and "larger than" in err and err.count("\n") == 1

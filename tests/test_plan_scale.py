@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from shared_svc import manifests
 from shared_svc.cli import main
-from shared_svc.commands.plan import load_world, plan_output
+from shared_svc.commands.plan import load_world, manifests, plan_output
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.realistic import pod_list
@@ -156,7 +155,9 @@ def test_a_json_list_over_the_yaml_size_limit_is_read(
     listing = pod_list(8)
     path = tmp_path / "pods.json"
     path.write_text(json.dumps(listing))
-    monkeypatch.setattr("shared_svc.manifests.MAX_BYTES", 50_000)  # a pod is at most 22 KiB
+    monkeypatch.setattr(
+        "shared_svc.commands.plan.manifests.MAX_BYTES", 50_000
+    )  # a pod is at most 22 KiB
     code, out, err = command(capsys, path)
     assert (code, out, err) == (0, whole_objects_plan(listing), "")
     # Not JSON and over the limit: one line, never read as YAML.

@@ -15,9 +15,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_svc import manifests
-from shared_svc.commands.plan import _keep, _shape
-from shared_svc.manifests import (
+from shared_svc.commands.plan import _keep, _shape, manifests
+from shared_svc.commands.plan.manifests import (
     ALL,
     MAX_ALIAS_NODES,
     MAX_DEPTH,
@@ -26,7 +25,7 @@ from shared_svc.manifests import (
     load_documents,
     load_yaml_stream,
 )
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import pod_list
 
 

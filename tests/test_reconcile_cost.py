@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controller import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector
 from shared_svc.kube.reflector import Informer
 from shared_svc.kube.registry import Informers
 from shared_svc.kube.union import UnionInformer
-from shared_svc.metrics import Metrics
-from shared_svc.reconcile import selectors
+from shared_svc.reconcile import selection
 from shared_svc.reconcile.planner import plan
+from shared_svc.service_metrics import Metrics
 from tests import worlds
 from tests.test_informer_events import fill, one_event, pods_cache
 from tests.test_informer_events import pod as plain_pod
@@ -195,14 +195,14 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
 ) -> None:
     ctrl = _controller()
     indexed: list[int] = []
-    build = selectors.build_pod_index
+    build = selection.build_pod_index
 
-    def counting(pods: Any, namespace: str) -> selectors.PodIndex:
+    def counting(pods: Any, namespace: str) -> selection.PodIndex:
         indexed.append(len(pods))
         return build(pods, namespace)
 
-    monkeypatch.setattr(selectors, "build_pod_index", counting)
-    selectors.pod_index.clear()
+    monkeypatch.setattr(selection, "build_pod_index", counting)
+    selection.pod_index.clear()
     _counted(_union(ctrl))
     assert await ctrl.reconcile_once()
     assert ctrl.last_reconcile["result"] == "standby"
@@ -223,7 +223,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     assert CountingStore.passes == 0, "a pod cache was passed over for a ClusterPolicy change"
     assert ctrl.last_plan != first  # the change is planned
     settings = ctrl._config.core_settings(service_monitor_served=False)
-    selectors.pod_index.clear()
+    selection.pod_index.clear()
     assert ctrl.last_plan == plan(ctrl.snapshot(), settings)  # the plan from scratch
     assert len(indexed) == 2
     second = ctrl.last_plan
@@ -237,7 +237,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     assert len(indexed) == 3
     kept = ctrl.last_plan
     assert kept != second  # one more straggler
-    selectors.pod_index.clear()
+    selection.pod_index.clear()
     assert kept == plan(ctrl.snapshot(), settings)
 
 
@@ -251,7 +251,7 @@ def test_a_held_selector_counts_the_covered_nodes_once_while_the_pods_stay(
     monkeypatch.setattr(
         Selector, "matches", lambda self, labels: matched.append(1) or matches(self, labels)
     )
-    selectors.pod_index.clear()
+    selection.pod_index.clear()
     held = add_cluster_policy(gpu_cluster_running(["a", "b"]), [])
     settings = Config().core_settings(service_monitor_served=False)
     first = plan(held, settings)
@@ -265,7 +265,7 @@ def test_a_held_selector_counts_the_covered_nodes_once_while_the_pods_stay(
     again = plan(cr_only, settings)
     assert held_messages(again) == held_messages(first)
     assert matched == [], "the serving pods were matched again"
-    selectors.pod_index.clear()
+    selection.pod_index.clear()
     assert again == plan(cr_only, settings)
 
 
@@ -277,7 +277,7 @@ def test_the_kept_pod_index_holds_the_pods_own_label_sets_not_a_copy_per_pod() -
         for app in worlds.APPS.values()
         for n in range(5)
     )
-    index = selectors.build_pod_index(pods, worlds.NS)
+    index = selection.build_pod_index(pods, worlds.NS)
     assert len(index.serving_labels) == len(pods)
     assert all(
         labels is pod["metadata"]["labels"]
@@ -285,5 +285,5 @@ def test_the_kept_pod_index_holds_the_pods_own_label_sets_not_a_copy_per_pod() -
     )
     odd = worlds.pod("nvidia-dcgm", "odd", node="node-0")
     odd["metadata"]["labels"]["n"] = 1  # not text: left out, as labels_of does
-    (labels,) = selectors.build_pod_index((odd,), worlds.NS).serving_labels
+    (labels,) = selection.build_pod_index((odd,), worlds.NS).serving_labels
     assert "n" not in labels and labels["app"] == "nvidia-dcgm"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared_svc.reconcile.model import Plan, Settings, World
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import gate_open, index_workloads
+from shared_svc.reconcile.selection import gate_open, index_workloads
 from tests.worlds import (
     cluster_policy,
     daemonset,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.runnable import Controller, Manager, Periodic, Result
+from shared_svc.runtime.instrumentation import RuntimeMetrics
+from shared_svc.runtime.manager import Controller, Manager, Periodic, Result
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 from shared_svc.wait.ratelimit import (
     BucketRateLimiter,
@@ -396,7 +396,7 @@ async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
 
 
 async def test_a_periodic_part_stuck_in_one_step_is_not_alive() -> None:
-    from shared_svc.runtime.runnable import STALL_SECONDS
+    from shared_svc.runtime.manager import STALL_SECONDS
 
     entered, release = asyncio.Event(), asyncio.Event()
 
@@ -446,8 +446,8 @@ def test_a_part_says_only_what_differs_from_the_runnable_defaults() -> None:
 
 
 def test_each_declared_cache_is_one_runnable_ready_once_synced() -> None:
-    from shared_svc import caches
     from shared_svc.config import Config
+    from shared_svc.controllers.services import caches
     from shared_svc.kube.registry import CacheRunnable, Informers
 
     registry = Informers(object())  # type: ignore[arg-type]  # caches made, not run

@@ -13,11 +13,11 @@ import pytest
 from pydantic import ValidationError
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.io import ForeignKeyError, check_own_keys
+from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
-from shared_svc.kube.events import EventPublisher
+from shared_svc.kube.recorder import EventPublisher
 from shared_svc.runtime.source import Event, NewestVersions
-from shared_svc.upgrade.controller import UpgradeController
-from shared_svc.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually

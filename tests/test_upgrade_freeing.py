@@ -33,11 +33,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import testenv
 from shared_svc.cli import main
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.io import pods_on_node
+from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
-from shared_svc.kube.events import EventRecorder
+from shared_svc.kube.recorder import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.upgrade.controller import UpgradeController
-from shared_svc.upgrade.io import pods_on_node
 from shared_svc.wait.ratelimit import BucketRateLimiter
 from testenv import upgrade_examples as ex
 from tests.apiproxy import ThrottlingProxy, kubeconfig_via
@@ -698,7 +698,7 @@ async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the
 ) -> None:
     """Issue 12, upgrade waves: the evictions of one node are in flight together, and the
     node itself comes from the node cache (no GET of it per pass)."""
-    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade import io as upgrade_io
 
     real = upgrade_io.raw_request
     sent: list[tuple[str, str]] = []
@@ -739,7 +739,7 @@ async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
 ) -> None:
     """Issue 12, upgrade waves within the write rate limit: every node patch, eviction and
     delete the upgrade controller sends has taken a token of its bucket first."""
-    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade import io as upgrade_io
 
     real = upgrade_io.raw_request
     log: list[str] = []  # "take", or the method of a write sent
@@ -773,7 +773,7 @@ async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
 
 
 def test_the_upgrade_controller_builds_its_bucket_from_the_settings() -> None:
-    from shared_svc.upgrade.io import upgrade_write_limiter
+    from shared_svc.controllers.upgrade.io import upgrade_write_limiter
 
     bucket = upgrade_write_limiter(settings(upgrade_writes_per_second=7.0, upgrade_writes_burst=9))
     assert (bucket.rate, bucket.burst) == (7.0, 9.0)
@@ -790,7 +790,7 @@ async def test_a_wave_reads_each_freed_node_s_pods_once_without_the_operands_and
     ``cordon-required`` costs one pod list (its operands in the operator namespace left out
     by the field selector: none of them is read), one node patch and its evictions; a node
     in ``upgrade-required`` (no record) costs no request at all."""
-    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade import io as upgrade_io
 
     real = upgrade_io.raw_request
     sent: list[tuple[str, str, str]] = []  # method, path, field selector

@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import NOTE_LIMIT, Report
 from shared_svc.k8s.selectors import parse_selector
-from shared_svc.kube.events import event_body
+from shared_svc.kube.recorder import event_body
 from shared_svc.upgrade import daemonsets, record
-from shared_svc.upgrade.controller import UpgradeController
 from shared_svc.upgrade.gate import (
     DEFAULT_GATE_TIMEOUT_SECONDS,
     NoConsumerLabel,

@@ -34,8 +34,8 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.cli import main as cli
+from shared_svc.controllers.upgrade.io import FIELD_MANAGER
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from shared_svc.upgrade.io import FIELD_MANAGER
 from testenv import ControlPlane
 from testenv import gpu_operator as gpu_env
 from tests.kube import api_client, eventually

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade import reconciler as controller_module
+from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.upgrade import controller as controller_module
-from shared_svc.upgrade.controller import UpgradeController
-from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.test_informer_events import fill as _fill

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shared_svc.admission.probe import probe, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
 from shared_svc.k8s.events import ObjectRef, Report
-from shared_svc.kube.events import EventPublisher
+from shared_svc.kube.recorder import EventPublisher
 from shared_svc.kube.resources import (
     GVR,
     MUTATING_POLICY_BINDINGS,
@@ -29,7 +29,7 @@ from shared_svc.kube.resources import (
     VALIDATING_WEBHOOKS,
 )
 from shared_svc.kube.writer import raw_request
-from shared_svc.runtime.runnable import Manager, Periodic, Runnable
+from shared_svc.runtime.manager import Manager, Periodic, Runnable
 from shared_svc.wait.loop import repeat
 
 if TYPE_CHECKING:

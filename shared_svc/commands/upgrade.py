@@ -226,7 +226,7 @@ async def _prepare(
     api: ApiClient, config: Config, namespace: str, name: str, *, dry_run: bool
 ) -> int:
     """Read, plan and (guarded by resourceVersion) patch the DaemonSet once."""
-    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade import io as upgrade_io
     from shared_svc.upgrade.daemonsets import (
         classify_daemonset,
         client_hook_use,
@@ -304,7 +304,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     """The ClusterPolicies; [] when the CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.caches import CLUSTER_POLICIES
+    from shared_svc.controllers.services.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import raw_request
 
     try:
@@ -318,7 +318,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
 
 def configure_gate(args: argparse.Namespace) -> int:
 
-    from shared_svc.caches import CLUSTER_POLICIES
+    from shared_svc.controllers.services.caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -388,8 +388,8 @@ async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
     check the service makes (its verdict is in its /status)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
+    from shared_svc.controllers.upgrade.status import gate_json
     from shared_svc.upgrade.gate import check_gate
-    from shared_svc.upgrade.status import gate_json
 
     try:
         policies = await _list_cluster_policies(api)
@@ -413,7 +413,7 @@ async def gather_status(
     Only the driver name (the label keys) comes from local configuration: the eviction
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
-    from shared_svc.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade import io as upgrade_io
     from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
     from shared_svc.upgrade.planner import listed, recorded_status
 
@@ -517,7 +517,7 @@ def show_status(args: argparse.Namespace) -> int:
 
     gate, (statuses, hooks) = _run(args, body)
     if args.output == "json":
-        from shared_svc.upgrade.status import node_json  # the serializer of /status
+        from shared_svc.controllers.upgrade.status import node_json  # the serializer of /status
 
         shown = {
             "gate": gate,

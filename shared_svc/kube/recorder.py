@@ -27,7 +27,7 @@ from shared_svc.kube.writer import raw_request
 REPORTING_CONTROLLER = "nvidia.com/shared-svc"
 CLUSTER_EVENT_NAMESPACE = "default"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shared_svc.kube.events")  # the name its log lines have always had
 
 
 def event_name(report: Report) -> str:

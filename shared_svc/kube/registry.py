@@ -38,7 +38,7 @@ class CacheRunnable(Runnable):
 
 
 class Informers:
-    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.caches``),
+    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.controllers.services.caches``),
     shared by the controllers that read it (the Services and driver-upgrade controllers
     both read DaemonSets and ClusterPolicies): one list, one watch and one copy in memory,
     each reader keeping its own triggers and handlers.

@@ -3,7 +3,7 @@
 :class:`GVR` (group, version, resource) builds the path of a collection, of one object
 and of its subresources; :class:`Resource` is a GVR as a cache watches it (namespace,
 selectors, projection, metadata only). Which resources shared-svc caches, and how, is
-declared once outside ``kube/``: ``shared_svc.caches``.
+declared once outside ``kube/``: ``shared_svc.controllers.services.caches``.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared_svc.k8s.events import ObjectRef, Report, note
+from shared_svc.reconcile.digest import stable_digest
 from shared_svc.reconcile.model import Conflict, ConflictValue
-from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.specs import CRSpec
 
 

@@ -26,6 +26,7 @@ from shared_svc.k8s.events import ObjectRef, Report, note
 from shared_svc.k8s.objects import K8sObject, labels_of, meta, name_of, spec
 from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.conflicts import Resolution, cr_event_ref, resolve
+from shared_svc.reconcile.digest import stable_digest
 from shared_svc.reconcile.model import Pending
 from shared_svc.reconcile.names import (
     APP_LABEL,
@@ -38,7 +39,6 @@ from shared_svc.reconcile.names import (
     SERVICE_MONITOR_API,
     SERVICE_MONITOR_DRA,
 )
-from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import OwnerRef
 from shared_svc.reconcile.shapes import managed_labels, with_intent_hash
 from shared_svc.reconcile.specs import CRSpec

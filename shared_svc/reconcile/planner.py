@@ -28,6 +28,7 @@ from shared_svc.reconcile.diff import (
     action_for_unneeded,
     order_actions,
 )
+from shared_svc.reconcile.digest import stable_digest
 from shared_svc.reconcile.model import (
     Action,
     ManagedKind,
@@ -57,9 +58,8 @@ from shared_svc.reconcile.names import (
     SERVICE_NAMES,
 )
 from shared_svc.reconcile.needs import Needs, ObjectKey, compute_needs, counting_crs
-from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import adoptable, is_managed, kept_owner_refs, owner_refs_for
-from shared_svc.reconcile.selectors import (
+from shared_svc.reconcile.selection import (
     SelectorChoice,
     Workloads,
     choose_selector,

@@ -8,6 +8,7 @@ from typing import Any
 
 from shared_svc.k8s.objects import K8sObject, spec
 from shared_svc.reconcile.conflicts import Resolution, resolve
+from shared_svc.reconcile.digest import stable_digest
 from shared_svc.reconcile.names import (
     APP_LABEL,
     COMPONENT_OF,
@@ -20,7 +21,6 @@ from shared_svc.reconcile.names import (
     SCRAPE_ANNOTATION,
     SERVICE_API,
 )
-from shared_svc.reconcile.objects import stable_digest
 from shared_svc.reconcile.owners import OwnerRef
 from shared_svc.reconcile.specs import CRSpec
 

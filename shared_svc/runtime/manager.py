@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shared_svc.runtime.metrics import RuntimeMetrics
+from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import RateLimiter

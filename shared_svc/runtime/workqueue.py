@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from shared_svc.runtime.metrics import RuntimeMetrics
+from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter, RateLimiter
 
 K = TypeVar("K", bound=Hashable)

@@ -22,9 +22,7 @@ import msgspec
 import yaml
 from msgspec import UNSET, UnsetType
 
-from shared_svc.errors import UsageError
-from shared_svc.k8s.objects import K8sObject, camel_keys
-from shared_svc.manifests import (
+from shared_svc.commands.plan.manifests import (
     ALL,
     MAX_BYTES,
     Fast,
@@ -37,6 +35,9 @@ from shared_svc.manifests import (
     load_yaml_stream,
     size_text,
 )
+from shared_svc.controllers.services.status import as_json
+from shared_svc.errors import UsageError
+from shared_svc.k8s.objects import K8sObject, camel_keys
 from shared_svc.reconcile.model import (
     CLUSTER_SCOPED_KINDS,
     WORLD_KINDS,
@@ -46,8 +47,7 @@ from shared_svc.reconcile.model import (
     world_of,
 )
 from shared_svc.reconcile.planner import plan
-from shared_svc.reconcile.selectors import pod_fields
-from shared_svc.status import as_json
+from shared_svc.reconcile.selection import pod_fields
 
 
 def register(subparsers: Any) -> None:

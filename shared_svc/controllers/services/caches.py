@@ -25,7 +25,7 @@ from shared_svc.kube.registry import Informers
 from shared_svc.kube.resources import METADATA_DECODER as METADATA
 from shared_svc.kube.resources import Resource
 from shared_svc.reconcile.names import APP_LABEL, COMMON_LABEL, DRA_APP, LEGACY_APP
-from shared_svc.reconcile.selectors import pod_fields
+from shared_svc.reconcile.selection import pod_fields
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.states import state_label_key
 

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import caches
 from shared_svc.config import Config
+from shared_svc.controllers.services import caches
 from shared_svc.kube.reflector import Resource
 from shared_svc.kube.registry import Cache
 from shared_svc.kube.resources import SERVICE_MONITORS
 from shared_svc.kube.writer import raw_request
-from shared_svc.runtime.runnable import Periodic
+from shared_svc.runtime.manager import Periodic
 
 log = logging.getLogger("shared_svc.controller")
 

@@ -12,16 +12,16 @@ from collections import Counter
 from typing import Any
 
 from shared_svc.config import Config
-from shared_svc.executor import ObjectChanged
-from shared_svc.kube.events import EventPublisher
-from shared_svc.metrics import CONTROLLER, Metrics
+from shared_svc.controllers.services.executor import ObjectChanged
+from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.fight import occurrences
 from shared_svc.reconcile.model import Plan, World
+from shared_svc.service_metrics import CONTROLLER, Metrics
 
 log = logging.getLogger("shared_svc.controller")
 
-# Event publisher scopes (shared_svc.kube.events.EventPublisher)
+# Event publisher scopes (shared_svc.kube.recorder.EventPublisher)
 OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
 NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
 DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"

@@ -26,25 +26,25 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc import caches
 from shared_svc.config import Config
-from shared_svc.discovery import ServiceMonitorDiscovery
-from shared_svc.executor import Executor, ObjectChanged
-from shared_svc.kube.events import Emitter, EventPublisher
+from shared_svc.controllers.services import caches
+from shared_svc.controllers.services.discovery import ServiceMonitorDiscovery
+from shared_svc.controllers.services.executor import Executor, ObjectChanged
+from shared_svc.controllers.services.outcomes import Outcomes
+from shared_svc.controllers.services.status import plan_status
+from shared_svc.kube.recorder import Emitter, EventPublisher
 from shared_svc.kube.reflector import Informer, Resource
 from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.writer import Writer, namespace_gone
 from shared_svc.logs import reconcile_id
-from shared_svc.metrics import CONTROLLER, Metrics
-from shared_svc.outcomes import Outcomes
 from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan, World, world_of
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.runtime.runnable import Controller, Result, Runnable, every
-from shared_svc.status import plan_status
+from shared_svc.runtime.manager import Controller, Result, Runnable, every
+from shared_svc.service_metrics import CONTROLLER, Metrics
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shared_svc.controller")  # the name its log lines have always had
 
 # The runtime beats this often, backoff included (liveness: not wedged; whether
 # reconciles succeed is /status and /metrics, not /livez).
@@ -132,7 +132,7 @@ class ServicesController:
 
     # --- caches ---
     def _resources(self) -> dict[str, Resource]:
-        """What planning reads, as declared once for every controller (``shared_svc.caches``)."""
+        """What planning reads, as declared once for every controller (``shared_svc.controllers.services.caches``)."""
         declared = caches.declare(self._config)
         return {
             "clusterpolicies": declared.cluster_policies,
@@ -207,7 +207,7 @@ class ServicesController:
         """A reconcile is due (queued, or waiting out the spacing or a backoff)."""
         return self._runtime.pending(KEY)
 
-    # --- the runnable (shared_svc.runtime.runnable.Runnable) ---
+    # --- the runnable (shared_svc.runtime.manager.Runnable) ---
 
     name = CONTROLLER
     needs_leader = False  # a standby plans too (warm caches); only the leader writes

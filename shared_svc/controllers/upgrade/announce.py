@@ -1,5 +1,5 @@
 """What the upgrade controller announces, through the one Event publisher
-(``shared_svc.kube.events.EventPublisher``) and its ``once`` / ``level`` dedup:
+(``shared_svc.kube.recorder.EventPublisher``) and its ``once`` / ``level`` dedup:
 
 - the gate Warning (an episode: sent once while the finding lasts, again when it comes
   back after it was fixed), logged as a WARNING once per episode by every replica and
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from shared_svc.k8s.events import Report
-from shared_svc.kube.events import EventPublisher
+from shared_svc.kube.recorder import EventPublisher
 
 log = logging.getLogger("shared_svc.upgrade.controller")  # the controller's log
 

@@ -14,14 +14,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from shared_svc.controllers.upgrade.announce import Announcer
+from shared_svc.controllers.upgrade.metrics import UpgradeMetrics
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.runtime.source import Event, OwnWrites, version_of
-from shared_svc.upgrade.announce import Announcer
-from shared_svc.upgrade.metrics import UpgradeMetrics
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
 
 if TYPE_CHECKING:
-    from shared_svc.upgrade.controller import UpgradeIO
+    from shared_svc.controllers.upgrade.reconciler import UpgradeIO
 
 log = logging.getLogger("shared_svc.upgrade.controller")  # the controller's log
 

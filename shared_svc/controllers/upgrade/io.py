@@ -19,9 +19,9 @@ from typing import Any, Literal
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
-from shared_svc.caches import node_resources as node_resources
 from shared_svc.config import Config
+from shared_svc.controllers.services.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
+from shared_svc.controllers.services.caches import node_resources as node_resources
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES, PODS
@@ -70,7 +70,7 @@ def check_own_keys(patch: NodePatch, driver_name: str) -> None:
         )
 
 
-# The caches (their declarations: ``shared_svc.caches``): the upgrading and the parked
+# The caches (their declarations: ``shared_svc.controllers.services.caches``): the upgrading and the parked
 # nodes (metadata only), the DaemonSets of every namespace and the ClusterPolicies (read
 # for the upgrade flow's gate, never written), shared with the Services controller.
 

@@ -1,9 +1,9 @@
 """Prometheus metrics of the driver-upgrade controller (prefix ``shared_svc_upgrade_``).
 
 Registered on the registry the service runner passes (one per running service, see
-``shared_svc.metrics``), or on a private one. Its reconcile loop is counted by the
+``shared_svc.service_metrics``), or on a private one. Its reconcile loop is counted by the
 runtime's metrics (``controller_runtime_*{controller="upgrade"}``, ``workqueue_*{name="upgrade"}``,
-``shared_svc.runtime.metrics``); these are what is proper to upgrades.
+``shared_svc.runtime.instrumentation``); these are what is proper to upgrades.
 """
 
 from __future__ import annotations

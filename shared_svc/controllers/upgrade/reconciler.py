@@ -31,16 +31,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from shared_svc.config import Config
+from shared_svc.controllers.upgrade.announce import Announcer
+from shared_svc.controllers.upgrade.executor import PlanExecutor, WritesInFlight
+from shared_svc.controllers.upgrade.metrics import PHASES, UpgradeMetrics
+from shared_svc.controllers.upgrade.status import gate_json, nodes_json
 from shared_svc.k8s.objects import K8sObject, name_of
-from shared_svc.kube.events import Emitter, EventPublisher
-from shared_svc.runtime.metrics import RuntimeMetrics
-from shared_svc.runtime.runnable import Controller, Result, every
+from shared_svc.kube.recorder import Emitter, EventPublisher
+from shared_svc.runtime.instrumentation import RuntimeMetrics
+from shared_svc.runtime.manager import Controller, Result, every
 from shared_svc.runtime.source import Enqueue, NewestVersions
-from shared_svc.upgrade.announce import Announcer
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
-from shared_svc.upgrade.executor import PlanExecutor, WritesInFlight
 from shared_svc.upgrade.gate import GateCheck, check_gate
-from shared_svc.upgrade.metrics import PHASES, UpgradeMetrics
 from shared_svc.upgrade.planner import (
     NodeChanged,
     NodePatch,
@@ -50,7 +51,6 @@ from shared_svc.upgrade.planner import (
     pods_read,
 )
 from shared_svc.upgrade.settings import UpgradeSettings
-from shared_svc.upgrade.status import gate_json, nodes_json
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from shared_svc.kube.store import EventHandler
     from shared_svc.runtime.workqueue import WorkQueue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shared_svc.upgrade.controller")  # the name its log lines have always had
 
 CONTROLLER = "upgrade"  # the ``controller`` / ``name`` label of the runtime's metrics
 # How long a node whose patch met a newer node (409) waits before its next try (seconds).
@@ -70,7 +70,7 @@ SYNC_POLL_SECONDS = 0.05  # caches not synced yet: look again this soon
 
 
 class UpgradeIO(Protocol):
-    """What ``shared_svc.upgrade.io.KubeUpgradeIO`` provides (tests run the controller on a fake with these methods)."""
+    """What ``shared_svc.controllers.upgrade.io.KubeUpgradeIO`` provides (tests run the controller on a fake with these methods)."""
 
     async def run(self, stop: asyncio.Event) -> None: ...
     def synced(self) -> bool: ...
@@ -159,7 +159,7 @@ class UpgradeController:
     def _kube_io(
         self, api_client: ApiClient | None, config: Config, informers: Informers | None
     ) -> UpgradeIO:
-        from shared_svc.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+        from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 
         if api_client is None:
             raise ValueError("the upgrade controller needs an API client or an io")
@@ -171,7 +171,7 @@ class UpgradeController:
             write_limiter=upgrade_write_limiter(config),
         )
 
-    # --- the runnable (shared_svc.runtime.runnable.Runnable) ---
+    # --- the runnable (shared_svc.runtime.manager.Runnable) ---
 
     name = CONTROLLER
     needs_leader = False  # a follower plans too (status, warm caches); only the leader writes
