@@ -214,3 +214,17 @@ class EventPublisher:
 
     def sent(self, scope: str) -> frozenset[str]:
         return self._sent.get(scope, frozenset())
+
+
+def publisher_of(
+    recorder: EventPublisher | Emitter,
+    *,
+    dry_run: bool,
+    on_written: Callable[[Report], None] | None = None,
+) -> EventPublisher:
+    """The one Event publisher (the service's, shared by both controllers and the guard
+    monitor), or a bare recorder wrapped in one of its own that keeps the meaning of
+    dry-run (a controller made by a test)."""
+    if isinstance(recorder, EventPublisher):
+        return recorder
+    return EventPublisher(recorder, dry_run=dry_run, on_written=on_written)

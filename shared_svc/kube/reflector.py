@@ -1,6 +1,7 @@
 """List-then-watch caches of raw objects (JSON dicts, as the core wants them): the reflector.
 
-One :class:`Informer` per resource: it lists, then watches from the list's
+One :class:`Cache` per resource (client-go's reflector over its store; callers call it
+what it is to them, a cache): it lists, then watches from the list's
 resourceVersion with bookmarks; a watch the server ends at its timeout is resumed from
 the resourceVersion the cache has. It re-lists only when the watch cannot resume: on
 ``410 Gone`` (or another ERROR event), after a failed request (reconnecting with capped
@@ -24,17 +25,18 @@ Three troubles do not clear ``synced``:
   kept with the too-deep subtrees replaced by :data:`PRUNED`, so its known fields still
   count; dropping a ClusterPolicy would read as "deleted".
 
-``on_synced`` is called whenever ``synced`` changes (the ``shared_svc_cache_synced``
-gauge).
+``on_synced`` is called whenever ``synced`` changes (the registry's
+``shared_svc_cache_synced`` gauge). A cache that stops running is no longer synced.
 
-What changed: each :class:`EventHandler` (client-go's ``ResourceEventHandler``) is
-handed ``on_add(new)``, ``on_update(old, new)`` and ``on_delete(old)`` with the kept
-objects, from watch events and from a re-list (the difference of the two stores, decided
-on resourceVersions); a handler added to a synced cache is first handed an add of every
-cached object, as client-go's ``AddEventHandler`` does. ``on_change`` listeners are told
-once per watch event or re-list that changed anything (level-triggered readers that
-re-read the whole cache). Filtering the events and mapping them to work-queue keys is
-the runtime's (``shared_svc.runtime.source``).
+What changed, the one channel: each :class:`EventHandler` (client-go's
+``ResourceEventHandler``) is handed ``on_add(new)``, ``on_update(old, new)`` and
+``on_delete(old)`` with the kept objects, from watch events and from every list, as
+client-go's ``Replace`` hands a list out: an add of each new object, an update of each
+one the store held (the same object, resourceVersion unchanged, for one the list brought
+again as it was: the replay by which a re-list says "listed again"), a delete of each
+one no longer found. A handler added to a synced cache is first handed an add of every
+cached object, as client-go's ``AddEventHandler`` does. Filtering the events and mapping
+them to work-queue keys is the runtime's (``shared_svc.runtime.source``).
 
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
 ``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
@@ -47,10 +49,9 @@ objects (label sets, conditions, strings) is kept once (:class:`SharedValues`). 
 resource is asked for as ``PartialObjectMetadata`` (``accept_header``): the server sends
 only metadata, kept under the resource's own kind and apiVersion (``Resource.kept``).
 A re-list replaces the store and compares only resourceVersions (kept per object aside
-the projection) to decide whether anything changed: one ``on_change`` at most, no deep
-comparison. An object whose resourceVersion is the cached one keeps its cached
-(projected) object: it is neither projected again nor copied, so a re-list of an
-unchanged world holds one store, not two.
+the projection), no deep comparison: an object whose resourceVersion is the cached one
+keeps its cached (projected) object: it is neither projected again nor copied, so a
+re-list of an unchanged world holds one store, not two.
 
 A list that answers 404 means the resource is not served. That is only believed when
 the resource's CustomResourceDefinition is really absent (``crd_name``): a freshly
@@ -70,17 +71,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.resources import JSON, METADATA, METADATA_LIST
+from shared_svc.kube.resources import (
+    CUSTOM_RESOURCE_DEFINITIONS,
+    JSON,
+    METADATA,
+    METADATA_LIST,
+)
 from shared_svc.kube.resources import Resource as Resource
 from shared_svc.kube.store import EventHandler as EventHandler
 from shared_svc.kube.store import Key, SharedValues, Store, key_of
 from shared_svc.kube.untrusted import MAX_DEPTH, has_pruned, loads
-from shared_svc.kube.writer import describe_error, request, retry_after
+from shared_svc.kube.writer import describe_error, raw_request, request, retry_after
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
@@ -121,8 +126,8 @@ async def crd_absent(api: ApiClient, crd_name: str | None) -> bool:
     """Whether the CustomResourceDefinition is really absent (no CRD name: a built-in)."""
     if not crd_name:
         return True
-    try:
-        await client.ApiextensionsV1Api(api).read_custom_resource_definition(crd_name)
+    try:  # its metadata is all this reads (the one HTTP path: ``writer.raw_request``)
+        await raw_request(api, "GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd_name), accept=METADATA)
     except ApiException as exc:
         if exc.status == 404:
             return True
@@ -233,7 +238,7 @@ def log_newly_pruned(resource: Resource, keys: set[Key]) -> None:
         )
 
 
-class Informer(Store):
+class Cache(Store):
     """A list-then-watch cache of one resource (client-go's reflector over its store)."""
 
     def __init__(
@@ -241,7 +246,6 @@ class Informer(Store):
         api: ApiClient,
         resource: Resource,
         *,
-        on_change: Callable[[], None],
         watch_timeout_seconds: int = 60,
         backoff_max_seconds: float = 30.0,
         idle_timeout_seconds: float | None = None,
@@ -270,7 +274,7 @@ class Informer(Store):
         self._backoff = ItemExponentialFailureRateLimiter(
             BACKOFF_BASE_SECONDS, backoff_max_seconds, max_exponent=10, jitter=0.5
         )
-        super().__init__(on_change, on_synced)
+        super().__init__(on_synced)
 
     def _query(self, params: dict[str, str]) -> list[Key]:
         query = list(params.items())
@@ -322,9 +326,9 @@ class Informer(Store):
                     continue
                 raise
             if listed is None:  # not served
-                self._replace({}, {}, served=False, resource_version="")
+                self.replace({}, {}, served=False, resource_version="")
                 return
-            self._replace(
+            self.replace(
                 listed.items,
                 listed.versions,
                 served=True,
@@ -332,6 +336,11 @@ class Informer(Store):
             )
             self._note_pruned(listed.pruned)
             return
+
+    def invalidate(self) -> None:
+        """What it holds no longer holds (a reader knows it is about to list again): not
+        synced until its next complete list."""
+        self._set_synced(False)
 
     def _keep(self, obj: K8sObject) -> K8sObject:
         """What is kept of a list item or a watch event's object (``Resource.kept``: the
@@ -343,7 +352,7 @@ class Informer(Store):
         kept = self.resource.kept(obj)
         return self._shared(kept) if self.resource.project else kept
 
-    def _replace(
+    def replace(
         self,
         items: dict[Key, K8sObject],
         versions: dict[Key, str],
@@ -351,19 +360,17 @@ class Informer(Store):
         served: bool,
         resource_version: str,
     ) -> None:
-        # resourceVersions say whether anything changed: no deep comparison of every object.
-        changed = versions != self._versions or served != self.served or not self.synced.is_set()
-        old_items, old_versions = self._items, self._versions
+        """A complete list replaces the store (client-go's ``Store.Replace``): the kept
+        objects and their resourceVersions; synced; the list's events handed out."""
+        old_items = self._items
         self._items = items
         self._versions = versions
         self.served = served
         self.resource_version = resource_version
         self.relists += 1
         self._set_synced(True)
-        if changed and self._handlers:
-            self._hand_out_difference(old_items, old_versions)
-        if changed:
-            self._on_change()
+        if self._handlers:
+            self._hand_out_list(old_items)
 
     def _note_pruned(self, keys: set[Key]) -> None:
         """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
@@ -401,48 +408,57 @@ class Informer(Store):
                 rv = obj.get("metadata", {}).get("resourceVersion")
                 if rv:
                     self.resource_version = rv
-                if etype == "BOOKMARK":
+                if etype == "BOOKMARK" or etype is None:
                     continue
-                key = key_of(obj)
-                if pruned and etype != "DELETED" and has_pruned(self.resource.kept(obj)):
-                    self._note_pruned(self.pruned | {key})
-                elif key in self.pruned:
-                    self._note_pruned(self.pruned - {key})
-                if etype == "DELETED":
-                    self._versions.pop(key, None)
-                    cached = self._items.pop(key, None)
-                    if cached is not None:
-                        # The object's last state (its final resourceVersion) is the event's.
-                        self._deleted(self._keep(obj) if self._handlers else cached)
-                        self._on_change()
-                elif etype in ("ADDED", "MODIFIED"):
-                    self._versions[key] = rv or ""
-                    kept = self._keep(obj)
-                    del obj
-                    # A change in a field the projection drops is no change to the planners.
-                    old = self._items.get(key)
-                    if old != kept:
-                        self._items[key] = kept
-                        if old is None:
-                            self._added(kept)
-                        else:
-                            self._updated(old, kept)
-                        self._on_change()
+                self.apply(etype, obj, pruned=pruned)
+
+    def apply(self, etype: str, obj: K8sObject, *, pruned: bool = False) -> None:
+        """One watch event applied to the store (client-go's ``Store.Add``/``Update``/
+        ``Delete``) and handed out: ``ADDED``/``MODIFIED`` keep ``obj`` (a change in a
+        field the projection drops is no change), ``DELETED`` drops it and hands out its
+        last state. ``pruned``: a subtree of ``obj`` was cut (``watch_event``)."""
+        key = key_of(obj)
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if pruned and etype != "DELETED" and has_pruned(self.resource.kept(obj)):
+            self._note_pruned(self.pruned | {key})
+        elif key in self.pruned:
+            self._note_pruned(self.pruned - {key})
+        if etype == "DELETED":
+            self._versions.pop(key, None)
+            cached = self._items.pop(key, None)
+            if cached is not None:
+                # The object's last state (its final resourceVersion) is the event's.
+                self._deleted(self._keep(obj) if self._handlers else cached)
+        elif etype in ("ADDED", "MODIFIED"):
+            self._versions[key] = rv or ""
+            kept = self._keep(obj)
+            old = self._items.get(key)
+            if old != kept:
+                self._items[key] = kept
+                if old is None:
+                    self._added(kept)
+                else:
+                    self._updated(old, kept)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries.
 
         Lists once, then watches; re-lists only when the watch cannot resume (see the
         module docstring), never on a timer. One :meth:`_round` after another on the one
-        loop helper (``wait.loop.repeat``), each followed by the pause it asks for."""
+        loop helper (``wait.loop.repeat``), each followed by the pause it asks for. Once
+        stopped it is not synced: nothing keeps it current (a cache run again lists
+        before a reader may trust it)."""
         self._need_list = True
         self._pause = 0.0
-        await repeat(
-            stop,
-            lambda: self._round(stop),
-            lambda: self._pause,
-            name=f"cache {self.resource.describe()}",
-        )
+        try:
+            await repeat(
+                stop,
+                lambda: self._round(stop),
+                lambda: self._pause,
+                name=f"cache {self.resource.describe()}",
+            )
+        finally:
+            self._set_synced(False)
 
     async def _round(self, stop: asyncio.Event) -> None:
         """A list if one is needed, then one watch until it ends (or ``stop``); sets

@@ -1,30 +1,31 @@
 """The registry of caches: one per declaration, shared by the controllers that read it
 (client-go's shared informer factory), each cache a Runnable of the Manager
-(controller-runtime's cache is one)."""
+(controller-runtime's cache is one), and the one place that reports whether each cache
+is synced (``on_synced``: the ``shared_svc_cache_synced`` gauge)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc.kube.reflector import Informer
+from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import Resource
-from shared_svc.kube.union import UnionInformer
+from shared_svc.kube.union import UnionCache
 from shared_svc.wait.runnable import Runnable
 
-Cache = Informer | UnionInformer
+AnyCache = Cache | UnionCache
 
 
 class CacheRunnable(Runnable):
     """One cache of the registry as a Runnable: its list+watch runs until stopped (it
     never raises for API trouble: it backs off and re-lists); ready once synced. The
     Manager starts every cache before the controllers that read them (all listing at
-    once) and stops them after; the controllers wait for the caches they read to sync
-    (controller-runtime's ``WaitForCacheSync``)."""
+    once) and stops them after; each controller waits for the caches it reads to sync
+    (``runtime.controller.Controller.run``: controller-runtime's ``WaitForCacheSync``)."""
 
-    def __init__(self, cache: Cache) -> None:
+    def __init__(self, cache: AnyCache) -> None:
         self.name = f"cache {cache.resource.describe()}"
         self.cache = cache
 
@@ -37,68 +38,69 @@ class CacheRunnable(Runnable):
         return self.cache.synced.is_set()
 
 
-class Informers:
-    """One :class:`Informer` per :class:`Resource` (a declaration: ``shared_svc.controllers.services.caches``),
-    shared by the controllers that read it (the Services and driver-upgrade controllers
-    both read DaemonSets and ClusterPolicies): one list, one watch and one copy in memory,
-    each reader keeping its own triggers and handlers.
+class CacheRegistry:
+    """One :class:`~shared_svc.kube.reflector.Cache` per :class:`Resource` (a declaration,
+    made by the controller package that reads it: ``shared_svc.controllers``), shared by
+    the controllers that read it (the Services and driver-upgrade controllers both read
+    DaemonSets and ClusterPolicies): one list, one watch and one copy in memory, each
+    reader adding its own event handlers.
 
-    The readers only ask for caches (:meth:`informer`) and read them; whoever made the
-    registry runs them: the service hands :meth:`runnables` to its Manager, a controller
-    made without the service's registry (tests, tools) runs its own with :meth:`run`."""
+    The readers only ask for caches (:meth:`cache`) and read them; the service hands
+    :meth:`runnables` to its Manager, which runs them. A cache asked for with
+    ``runs=False`` is made (and reported) here but run by its reader's own Runnable (the
+    ServiceMonitor cache, run only while its API is served: :meth:`runnable`)."""
 
-    def __init__(self, api: ApiClient, *, backoff_max_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        backoff_max_seconds: float = 30.0,
+        on_synced: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self._api = api
         self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
+        self._on_synced = on_synced  # (cache name, synced): the gauge of every cache
         self._caches: dict[Resource, CacheRunnable] = {}
-        self._handed_out = False  # runnables() or run() was called: no new cache after
+        self._own: set[Resource] = set()  # run by the registry's Manager
+        self._handed_out = False  # runnables() was called: no new cache after
 
-    def informer(
-        self,
-        resource: Resource,
-        *,
-        on_change: Callable[[], None],
-        on_synced: Callable[[bool], None] | None = None,
-    ) -> Cache:
-        """The cache of ``resource``, made on first ask; ``on_change`` is called on its
-        changes. Its options are the declaration's (``resource``) and the registry's, so
-        it does not matter which reader asks first. A cache is declared before the
-        registry's caches are handed to their runner (it would never run)."""
+    def cache(self, resource: Resource, *, runs: bool = True) -> AnyCache:
+        """The cache of ``resource``, made on first ask. Its options are the
+        declaration's (``resource``) and the registry's, so it does not matter which
+        reader asks first. A cache is declared before the registry's caches are handed to
+        their runner (it would never run)."""
         entry = self._caches.get(resource)
         if entry is None:
             if self._handed_out:
                 raise RuntimeError(
                     f"cache {resource.describe()} asked for after the caches were started"
                 )
-            cache = (UnionInformer if resource.any_of else Informer)(
+            report = self._on_synced
+            cache = (UnionCache if resource.any_of else Cache)(
                 self._api,
                 resource,
-                on_change=on_change,
-                on_synced=on_synced,
+                on_synced=None if report is None else _reporter(report, resource.cache_name),
                 backoff_max_seconds=self._backoff_max,
             )
-            self._caches[resource] = CacheRunnable(cache)
-            return cache
-        entry.cache.add_listener(on_change, on_synced)
+            self._caches[resource] = entry = CacheRunnable(cache)
+        if runs:
+            self._own.add(resource)
         return entry.cache
 
+    def caches(self) -> list[AnyCache]:
+        """Every cache made, in the order first asked for."""
+        return [entry.cache for entry in self._caches.values()]
+
+    def runnable(self, cache: AnyCache) -> CacheRunnable:
+        """The Runnable of a cache of this registry (for one its reader runs)."""
+        return self._caches[cache.resource]
+
     def runnables(self) -> list[CacheRunnable]:
-        """Every cache, once, as a Runnable of the Manager (in the order first asked for)."""
+        """Every cache the registry runs, once, as a Runnable of the Manager (in the order
+        first asked for)."""
         self._handed_out = True
-        return list(self._caches.values())
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Runs every cache until ``stop``, all listing at once (a registry without a
-        Manager)."""
-        await gather_until(stop, [entry.run(stop) for entry in self.runnables()])
+        return [entry for resource, entry in self._caches.items() if resource in self._own]
 
 
-async def gather_until(stop: asyncio.Event, coros: list[Awaitable[None]]) -> None:
-    """Runs tasks until ``stop``; cancels them after."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        await stop.wait()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def _reporter(report: Callable[[str, bool], None], name: str) -> Callable[[bool], None]:
+    return lambda synced: report(name, synced)

@@ -58,6 +58,7 @@ DAEMONSETS = GVR("apps", "v1", "daemonsets")
 LEASES = GVR("coordination.k8s.io", "v1", "leases")
 EVENTS = GVR("events.k8s.io", "v1", "events")
 SERVICE_MONITORS = GVR("monitoring.coreos.com", "v1", "servicemonitors")
+CUSTOM_RESOURCE_DEFINITIONS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 MUTATING_POLICY_BINDINGS = GVR(
     "admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings"
 )
@@ -90,6 +91,13 @@ class Resource:
     # ``metadata_view``) reads, the rest skipped (``kube.decode``); None: ``json.loads``.
     # One instance per shape (a module constant): declarations compare by it.
     decoder: Decoder | None = None
+    # What the cache is called (the ``resource`` label of ``shared_svc_cache_synced``,
+    # ``/status``): the plural unless two caches of one kind need two names.
+    name: str | None = None
+
+    @property
+    def cache_name(self) -> str:
+        return self.name or self.plural
 
     @property
     def gvr(self) -> GVR:

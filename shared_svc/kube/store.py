@@ -1,20 +1,20 @@
 """The store of one cache (client-go's ``tools/cache`` store and its handler fan-out).
 
 Objects by ``(namespace, name)`` with their resourceVersions, read by the controllers
-(``get``, ``items``, ``cached_keys``); ``synced`` and the readers told of it
-(:class:`Listeners`); every :class:`EventHandler` handed each add, update and delete with
-the kept objects, and the ``on_change`` listeners told once per change. What is kept is
-shared across objects (:class:`SharedValues`). Filling the store is the reflector's
+(``get``, ``items``, ``cached_keys``); ``synced``; and the one channel of what changed:
+every :class:`EventHandler` is handed each add, update and delete with the kept objects
+(client-go's ``ResourceEventHandler``), a list as its events. What is kept is shared
+across objects (:class:`SharedValues`). Filling the store is the reflector's
 (``kube.reflector``).
 
 Reading costs nothing while nothing changes: a store counts its changes (``generation``)
 and ``items()``/``cached_keys()`` hand out the very same tuple until the next one, so a
 reconcile after a change elsewhere (a ClusterPolicy) neither sorts nor copies 20,000
 cached pods, and a reader can key what it derives on that tuple's identity
-(``reconcile.selectors.index_workloads``). Every change of the contents passes a
-counting point: replacing ``_items`` (a re-list), and the hand-out of each add, update
+(``reconcile.selection.index_workloads``). Every change of the contents passes a
+counting point: replacing ``_items`` (a list), and the hand-out of each add, update
 and delete (``_added``, ``_updated``, ``_deleted``), which the reflector calls right after
-it changes ``_items``, before any handler or listener runs.
+it changes ``_items``, before any handler runs.
 """
 
 from __future__ import annotations
@@ -98,53 +98,17 @@ def key_of(obj: K8sObject) -> tuple[str, str]:
     return meta.get("namespace", ""), meta.get("name", "")
 
 
-class Listeners:
-    """The readers of one cache (``kube.registry.Informers`` lets several share it): each
-    told of every change, and of ``synced`` whenever it changes (a reader added later is
-    told of it at once)."""
-
-    def __init__(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        self.synced = asyncio.Event()
-        self._on_change: list[Callable[[], None]] = []
-        self._on_synced: list[Callable[[bool], None]] = []
-        self.add(on_change, on_synced)
-
-    def add(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        self._on_change.append(on_change)
-        if on_synced:
-            self._on_synced.append(on_synced)
-            on_synced(self.synced.is_set())
-
-    def changed(self) -> None:
-        for listener in self._on_change:
-            listener()
-
-    def set_synced(self, value: bool) -> None:
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        for listener in self._on_synced:
-            listener(value)
-
-
 class Store:
-    """The objects of one cache, the readers told of its changes and of ``synced``."""
+    """The objects of one cache, ``synced``, and the handlers told of each change."""
 
-    def __init__(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
+    def __init__(self, on_synced: Callable[[bool], None] | None = None) -> None:
         self.generation = 0  # changes of the contents so far (module docstring)
         self._sorted: tuple[int, tuple[Key, ...]] = (-1, ())  # (generation, sorted keys)
         self._objects: tuple[int, tuple[K8sObject, ...]] = (-1, ())  # (generation, items())
-        self._listeners = Listeners(on_change, on_synced)
-        self.synced = self._listeners.synced
+        self.synced = asyncio.Event()
+        self._on_synced = on_synced  # told of each change of ``synced`` (the registry's gauge)
+        if on_synced is not None:
+            on_synced(False)
         self._handlers: list[EventHandler] = []
         self._items = {}
         self._versions: dict[Key, str] = {}  # key -> resourceVersion
@@ -158,12 +122,6 @@ class Store:
         self._contents = items
         self.generation += 1
 
-    def add_listener(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        """Another reader of this cache: told of every change (and of ``synced``) too."""
-        self._listeners.add(on_change, on_synced)
-
     def add_handler(self, handler: EventHandler) -> None:
         """``handler`` is told of every add, update and delete from now on; a synced cache
         first hands it an add of each object it holds (as client-go does)."""
@@ -171,10 +129,6 @@ class Store:
         if self.synced.is_set():
             for obj in self._items.values():
                 handler.on_add(obj)
-
-    def _on_change(self) -> None:
-        self.generation += 1
-        self._listeners.changed()
 
     def _added(self, new: K8sObject) -> None:
         self.generation += 1
@@ -195,6 +149,10 @@ class Store:
         """The cached object, if any (no request)."""
         return self._items.get((namespace, name))
 
+    def cached_version(self, key: Key) -> str | None:
+        """The resourceVersion the cache holds of ``key`` (None: not cached)."""
+        return self._versions.get(key)
+
     def items(self) -> tuple[K8sObject, ...]:
         """Every cached object, by (namespace, name): the same tuple until a change."""
         at, objects = self._objects
@@ -214,18 +172,26 @@ class Store:
         return keys
 
     def _set_synced(self, value: bool) -> None:
-        self._listeners.set_synced(value)
+        if value == self.synced.is_set():
+            return
+        if value:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        if self._on_synced is not None:
+            self._on_synced(value)
 
-    def _hand_out_difference(
-        self, old_items: dict[Key, K8sObject], old_versions: dict[Key, str]
-    ) -> None:
-        """The events of a re-list: what it added, changed (another resourceVersion) and no
-        longer found. Once per re-list, never per watch event."""
-        for key, version in self._versions.items():
+    def _hand_out_list(self, old_items: dict[Key, K8sObject]) -> None:
+        """The events of a list, as client-go's ``Replace`` hands them out: an add of each
+        object new to the store, an update of each one it held (the very same object, its
+        resourceVersion unchanged, when the list brought it again as it was: a re-list's
+        replay, which says the cache is listed again), a delete of each one the list no
+        longer found. Once per list, never per watch event."""
+        for key in self._versions:
             old = old_items.get(key)
             if old is None:
                 self._added(self._items[key])
-            elif old_versions.get(key) != version:
+            else:
                 self._updated(old, self._items[key])
         for key, old in old_items.items():
             if key not in self._items:

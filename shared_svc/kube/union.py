@@ -10,14 +10,14 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.reflector import Informer
+from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import Resource
-from shared_svc.kube.store import EventHandler, Key, Listeners
+from shared_svc.kube.store import EventHandler, Key
 
 
-class UnionInformer:
+class UnionCache:
     """One cache of the union of several label selectors (``Resource.any_of``): a
-    list+watch per selector (each an :class:`Informer`, with its own resourceVersion,
+    list+watch per selector (each a :class:`~shared_svc.kube.reflector.Cache`, with its own resourceVersion,
     re-lists and backoff), read as one store. Requirements of one selector are ANDed, so
     a union takes several watches; with disjoint selectors each object is held once (an
     object that moves from one to another is, for a moment, in both: the newer copy is
@@ -35,21 +35,21 @@ class UnionInformer:
         api: ApiClient,
         resource: Resource,
         *,
-        on_change: Callable[[], None],
         on_synced: Callable[[bool], None] | None = None,
         backoff_max_seconds: float = 30.0,
         **options: Any,
     ) -> None:
         self.resource = resource
-        self._listeners = Listeners(on_change, on_synced)
-        self.synced = self._listeners.synced
+        self.synced = asyncio.Event()
+        self._on_synced = on_synced  # told of each change of ``synced`` (the registry's gauge)
+        if on_synced is not None:
+            on_synced(False)
         self._merged: tuple[tuple[int, ...], tuple[Key, ...], tuple[K8sObject, ...]] | None = None
-        self.parts: tuple[Informer, ...] = ()
+        self.parts: tuple[Cache, ...] = ()
         self.parts = tuple(
-            Informer(
+            Cache(
                 api,
                 dataclasses.replace(resource, any_of=(), label_selector=selector),
-                on_change=self._on_change,
                 on_synced=self._part_synced,
                 backoff_max_seconds=backoff_max_seconds,
                 **options,
@@ -62,20 +62,22 @@ class UnionInformer:
         for part in self.parts:
             await part.relist()
 
-    def add_listener(
-        self, on_change: Callable[[], None], on_synced: Callable[[bool], None] | None = None
-    ) -> None:
-        self._listeners.add(on_change, on_synced)
-
     def add_handler(self, handler: EventHandler) -> None:
+        """``handler`` is told of every part's adds, updates and deletes (an object that
+        moves from one selector to another: a delete by one part, an add by the other)."""
         for part in self.parts:
             part.add_handler(handler)
 
-    def _on_change(self) -> None:
-        self._listeners.changed()
-
     def _part_synced(self, _: bool) -> None:
-        self._listeners.set_synced(bool(self.parts) and all(p.synced.is_set() for p in self.parts))
+        synced = bool(self.parts) and all(p.synced.is_set() for p in self.parts)
+        if synced == self.synced.is_set():
+            return
+        if synced:
+            self.synced.set()
+        else:
+            self.synced.clear()
+        if self._on_synced is not None:
+            self._on_synced(synced)
 
     @property
     def generation(self) -> tuple[int, ...]:
