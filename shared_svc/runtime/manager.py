@@ -1,4 +1,4 @@
-"""Runnables, the controller helper that runs workers over a work queue, and the manager.
+"""The Manager and the Runnables it runs besides the controllers.
 
 A :class:`Runnable` (the protocol, with its defaults, is ``wait.runnable``'s: parts in
 ``kube/`` are Runnables too) runs until its ``stop`` event is set and answers ``ready()``
@@ -7,207 +7,35 @@ A :class:`Runnable` (the protocol, with its defaults, is ``wait.runnable``'s: pa
 leads (the :class:`Manager` starts and stops it); one that plans on a standby too (both
 controllers: warm caches, take over at once) runs always and gates its own writes.
 
-A :class:`Controller` hands the keys of its :class:`~.workqueue.WorkQueue` to ``workers``
-workers, one key to one worker at a time, records controller-runtime's metrics, turns a
-failure into a rate-limited retry (nothing escapes a worker), beats its heartbeat and, on
-stop, finishes the keys in flight (bounded) before it returns.
+Every long-running task of shared-svc is started here or by the controller runtime
+(``runtime.controller``): the :class:`Manager` runs the parts, a :class:`Periodic` is a
+part that looks again from time to time, a :class:`Switched` one runs another part only
+while a condition holds. Nothing else starts a task that outlives its call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
-from shared_svc.runtime.instrumentation import RuntimeMetrics
-from shared_svc.runtime.workqueue import ShutDown, WorkQueue
+from shared_svc.k8s.objects import K8sObject, name_of
+from shared_svc.runtime import controller
+from shared_svc.runtime.source import Enqueue, Source, until_synced
 from shared_svc.wait.loop import repeat
-from shared_svc.wait.ratelimit import RateLimiter
 from shared_svc.wait.runnable import Runnable as Runnable  # the protocol, below kube/
 
 log = logging.getLogger(__name__)
-
-K = TypeVar("K", bound=Hashable)
-
-# A controller whose heartbeat is older than this, or whose reconcile has run longer, is
-# not alive (/livez fails, the kubelet restarts the pod).
-STALL_SECONDS = 120.0
-DRAIN_SECONDS = 30.0  # how long a stop waits for the keys in flight
-
-
-@dataclass(frozen=True)
-class Result:
-    """What one reconcile of a key says. ``result`` is the metric's label (None: nothing
-    was reconciled, e.g. the caches are not synced yet; not counted)."""
-
-    result: str | None = "success"
-    requeue_after: float | None = None  # look again this soon even without a change
-    retry: bool = False  # failed: queue again after the rate limiter's delay
-    forget: bool = True  # start the key's failure count over
-
-
-class Controller(Generic[K]):
-    """Workers over a work queue. With ``cooldown`` (seconds), a key is handed out again
-    no sooner than ``cooldown`` after its last reconcile ended (or, after a failure, than
-    its retry delay): changes meanwhile become one reconcile. Without it, keys are queued
-    at once."""
-
-    def __init__(
-        self,
-        name: str,
-        reconcile: Callable[[K], Awaitable[Result]],
-        *,
-        metrics: RuntimeMetrics,
-        rate_limiter: RateLimiter,
-        workers: int = 1,
-        cooldown: float | None = None,
-        beat_seconds: Callable[[], float] = lambda: 1.0,
-        on_beat: Callable[[], None] | None = None,
-    ) -> None:
-        self.name = name
-        self._reconcile = reconcile
-        self._metrics = metrics
-        self.queue: WorkQueue[K] = WorkQueue(name, rate_limiter=rate_limiter, metrics=metrics)
-        self.workers = workers
-        self._cooldown = cooldown
-        self._not_before: dict[K, float] = {}  # loop time (with a cooldown)
-        self._retry_now: set[K] = set()
-        self._beat_seconds = beat_seconds
-        self._on_beat = on_beat
-        self._started: dict[K, float] = {}  # monotonic start of each reconcile in flight
-        self.heartbeat = time.monotonic()
-        self.reconciles = 0
-
-    # --- adding keys ---
-
-    def enqueue(self, key: K) -> None:
-        """Something about ``key`` changed: reconcile it (respecting the cooldown)."""
-        if self._cooldown is None or self.queue.processing(key):
-            self.queue.add(key)  # in flight: queued again when done (after the spacing)
-        else:
-            self.queue.add_after(key, self.spacing(key))
-
-    def retry_now(self, key: K) -> None:
-        """The cause of past failures may be gone: forget them and reconcile now."""
-        self.queue.forget(key)
-        self._not_before.pop(key, None)
-        if self.queue.processing(key):
-            self._retry_now.add(key)
-        self.queue.add(key)
-
-    def spacing(self, key: K) -> float:
-        due = self._not_before.get(key)
-        return 0.0 if due is None else max(0.0, due - asyncio.get_running_loop().time())
-
-    def pending(self, key: K) -> bool:
-        return self.queue.pending(key)
-
-    # --- health ---
-
-    def alive(self) -> bool:
-        now = time.monotonic()
-        wedged = any(now - started > STALL_SECONDS for started in self._started.values())
-        return now - self.heartbeat < STALL_SECONDS and not wedged
-
-    # --- running ---
-
-    async def run(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.ensure_future(self._worker()) for _ in range(self.workers)]
-        tasks.append(asyncio.ensure_future(self._beat(stop)))
-        try:
-            await stop.wait()
-            # Finish the keys in flight, so a SIGTERM never cuts a reconcile's writes in
-            # half (bounded: a stuck call is cut).
-            self.queue.shut_down()
-            if not await self.queue.drain(DRAIN_SECONDS):
-                log.warning("stopping with reconciles in flight", extra={"controller": self.name})
-        finally:
-            self.queue.shut_down()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _beat(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.heartbeat = time.monotonic()
-            if self._on_beat is not None:
-                try:
-                    self._on_beat()
-                except Exception:
-                    log.exception("beat failed", extra={"controller": self.name})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._beat_seconds())
-
-    async def _worker(self) -> None:
-        while True:
-            try:
-                key = await self.queue.get()
-            except ShutDown:
-                return
-            await self.process(key)
-
-    async def process(self, key: K) -> None:
-        """Reconcile one key handed out by the queue, then account for it."""
-        started = time.perf_counter()
-        self._started[key] = time.monotonic()
-        self.reconciles += 1
-        dirty_after = 0.0
-        try:
-            try:
-                result = await self._reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning(
-                    "reconcile failed",
-                    extra={"controller": self.name, "key": str(key), "error": repr(exc)[:300]},
-                )
-                result = Result("error", retry=True)
-            m = self._metrics
-            if result.result is not None:
-                m.reconcile_total.labels(self.name, result.result).inc()
-                if result.result == "error":
-                    m.reconcile_errors.labels(self.name).inc()
-                m.reconcile_time.labels(self.name).observe(time.perf_counter() - started)
-            now = asyncio.get_running_loop().time()
-            if key in self._retry_now:
-                self._retry_now.discard(key)  # a retry_now during the reconcile
-                self.queue.forget(key)
-                self._not_before.pop(key, None)
-            elif result.retry:
-                delay = self.queue.add_rate_limited(key)
-                if self._cooldown is not None:
-                    self._not_before[key] = now + delay
-            else:
-                if result.forget:
-                    self.queue.forget(key)
-                if self._cooldown is not None:
-                    self._not_before[key] = now + self._cooldown
-                if result.requeue_after is not None:
-                    self.queue.add_after(key, result.requeue_after)
-            if self._cooldown is not None:
-                dirty_after = self.spacing(key)
-        finally:
-            self._started.pop(key, None)
-            self.queue.done(key, dirty_after=dirty_after)
-
-
-async def every(
-    stop: asyncio.Event, seconds: Callable[[], float], fn: Callable[[], Any], *, name: str
-) -> None:
-    """Calls ``fn`` every ``seconds()`` until ``stop`` (the first call after one period)."""
-    await repeat(stop, fn, seconds, name=name, at_once=False)
 
 
 class Periodic(Runnable):
     """A :class:`Runnable` that calls ``step`` at once and then every ``seconds()`` (or when
     ``wake`` is set) until stopped, then awaits ``on_stop``. For the parts that only look
     again from time to time: the Lease, the guard monitor, the certificate reload,
-    ServiceMonitor discovery."""
+    ServiceMonitor discovery, the upgrade gate's review. One that :meth:`watch`es caches
+    takes its first step once they are synced, and each of their changes wakes it."""
 
     def __init__(
         self,
@@ -224,12 +52,25 @@ class Periodic(Runnable):
         self.needs_leader = needs_leader
         self._step = step
         self._seconds = seconds
-        self._wake = wake
+        self.wake = wake if wake is not None else asyncio.Event()
         self._on_stop = on_stop
         self._status = status
+        self._watched: list[tuple[Source, Enqueue[str]]] = []
         self.steps = 0
         self.stopped = False
         self._in_step_since: float | None = None  # monotonic start of the step running now
+
+    def watch(self, source: Source) -> Enqueue[str]:
+        """Each change of ``source`` wakes this part; its first step waits for the sync."""
+        handler: Enqueue[str] = Enqueue(self._woken, _name)
+        self._watched.append((source, handler))
+        return handler
+
+    def _woken(self, _: str) -> None:
+        self.wake.set()
+
+    def ready(self) -> bool:
+        return all(source.synced.is_set() for source, _ in self._watched)
 
     async def _counted(self) -> None:
         self.steps += 1
@@ -243,7 +84,10 @@ class Periodic(Runnable):
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            await repeat(stop, self._counted, self._seconds, name=self.name, wake=self._wake)
+            for source, handler in self._watched:
+                source.add_handler(handler)
+            if await until_synced(stop, [source for source, _ in self._watched]):
+                await repeat(stop, self._counted, self._seconds, name=self.name, wake=self.wake)
         finally:
             if self._on_stop is not None:
                 await self._on_stop()
@@ -252,10 +96,80 @@ class Periodic(Runnable):
     def alive(self) -> bool:
         """Not stuck in one step for longer than ``STALL_SECONDS`` (/livez)."""
         since = self._in_step_since
-        return since is None or time.monotonic() - since < STALL_SECONDS
+        return since is None or time.monotonic() - since < controller.STALL_SECONDS
 
     def status(self) -> dict[str, Any]:
         return self._status() if self._status is not None else {}
+
+
+def _name(obj: K8sObject) -> str:
+    return name_of(obj)
+
+
+class Switched(Runnable):
+    """Runs ``part`` only while ``on()`` holds (the ServiceMonitor cache, while discovery
+    finds its API served): :meth:`flip` says ``on()`` may have changed; the part is then
+    started, or stopped as the Manager stops a part (its stop set, its run awaited),
+    after which ``when_off`` puts it in its off state. Ready while off, or once the part
+    is; a part that ends while on ends this one (the Manager stops every part)."""
+
+    def __init__(
+        self,
+        part: Runnable,
+        on: Callable[[], bool],
+        *,
+        when_off: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = part.name
+        self.part = part
+        self._on = on
+        self._when_off = when_off
+        self._flipped = asyncio.Event()
+        self.running = False
+
+    def flip(self) -> None:
+        self._flipped.set()
+
+    def ready(self) -> bool:
+        return not self.running or self.part.ready()
+
+    def alive(self) -> bool:
+        return not self.running or self.part.alive()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._flipped.clear()
+            if not self._on():
+                await _first(stop, self._flipped)
+                continue
+            await self._run_while_on(stop)
+
+    async def _run_while_on(self, stop: asyncio.Event) -> None:
+        own_stop = asyncio.Event()
+        task = asyncio.ensure_future(self.part.run(own_stop))
+        self.running = True
+        try:
+            while not stop.is_set() and self._on() and not task.done():
+                self._flipped.clear()
+                await _first(stop, self._flipped, task)
+        finally:
+            own_stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+            self.running = False
+            if self._when_off is not None:
+                self._when_off()
+        if task.done() and not task.cancelled() and not stop.is_set() and self._on():
+            task.result()  # what ended it, raised: it ends this part too
+
+
+async def _first(stop: asyncio.Event, flipped: asyncio.Event, *others: asyncio.Future[Any]) -> None:
+    """Waits for ``stop``, ``flipped`` or one of ``others``."""
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(flipped.wait())]
+    try:
+        await asyncio.wait([*waiters, *others], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _started_event(runnable: Runnable) -> asyncio.Event | None:

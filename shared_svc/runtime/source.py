@@ -1,10 +1,11 @@
 """Event sources: from a cache's add/update/delete to the keys of a work queue.
 
 controller-runtime's ``source.Kind`` + ``predicate`` + ``handler.EnqueueRequestsFromMapFunc``,
-cut to what shared-svc needs. A cache (``kube.reflector.Informer``) hands an
-:class:`~shared_svc.kube.store.EventHandler` each change with the old and the new object;
-:class:`Enqueue` is such a handler: it builds an :class:`Event`, lets it through only if
-every predicate agrees, maps it to a key and enqueues that key. Nothing here reads a
+cut to what shared-svc needs. A cache (a :class:`Source`: ``kube.reflector.Cache``) hands
+an :class:`~shared_svc.kube.store.EventHandler` each change with the old and the new
+object; :class:`Enqueue` is such a handler: it builds an :class:`Event`, lets it through
+only if every predicate agrees, maps it to a key and enqueues that key, or retries it at
+once when the event is a re-list's replay (:func:`replayed`). Nothing here reads a
 cache: the cost of an event does not depend on how many objects are cached.
 
 Predicates:
@@ -21,11 +22,13 @@ Predicates:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import asyncio
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from shared_svc.k8s.objects import K8sObject, meta
+from shared_svc.kube.store import EventHandler
 
 K = TypeVar("K", bound=Hashable)
 
@@ -50,6 +53,39 @@ class Event:
 
 
 Predicate = Callable[[Event], bool]
+
+
+class Source(Protocol):
+    """What a controller watches: a cache (``kube.reflector.Cache``, ``kube.union.UnionCache``)."""
+
+    synced: asyncio.Event
+
+    def add_handler(self, handler: EventHandler) -> None: ...
+
+
+async def until_synced(stop: asyncio.Event, sources: Iterable[Source]) -> bool:
+    """Waits until every source is synced (controller-runtime's ``WaitForCacheSync``: no
+    polling, each cache's ``synced`` is awaited); False if ``stop`` came first."""
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        for source in sources:
+            if source.synced.is_set():
+                continue
+            synced = asyncio.ensure_future(source.synced.wait())
+            await asyncio.wait([stopper, synced], return_when=asyncio.FIRST_COMPLETED)
+            synced.cancel()
+            if stop.is_set():
+                return False
+        return True
+    finally:
+        stopper.cancel()
+
+
+def replayed(event: Event) -> bool:
+    """An update that hands out the very object the cache held: a list brought it again
+    unchanged (``kube.store``: client-go's ``Replace``): the cache listed again, after its
+    watch could not resume (an outage, 410 Gone)."""
+    return event.type == "update" and event.old is event.new
 
 
 def version_of(obj: K8sObject | None) -> str:
@@ -112,17 +148,21 @@ class OwnWrites(Generic[K]):
 class Enqueue(Generic[K]):
     """An event handler (``kube.store.EventHandler``) that enqueues ``key_of`` the event's
     object when every predicate lets the event through (in order: a predicate that
-    remembers, like :class:`NewestVersions`, sees only what the earlier ones passed)."""
+    remembers, like :class:`NewestVersions`, sees only what the earlier ones passed); a
+    replay (:func:`replayed`) that gets through is handed to ``retry`` instead, when given."""
 
     def __init__(
         self,
         enqueue: Callable[[K], None],
         key_of: Callable[[K8sObject], K],
         predicates: Sequence[Predicate] = (),
+        *,
+        retry: Callable[[K], None] | None = None,
     ) -> None:
         self._enqueue = enqueue
         self._key_of = key_of
         self._predicates = tuple(predicates)
+        self._retry = retry
         self.events = 0  # events handed to this source
         self.enqueued = 0  # ... of which enqueued a key
 
@@ -130,7 +170,11 @@ class Enqueue(Generic[K]):
         self.events += 1
         if all(predicate(event) for predicate in self._predicates):
             self.enqueued += 1
-            self._enqueue(self._key_of(event.obj))
+            key = self._key_of(event.obj)
+            if self._retry is not None and replayed(event):
+                self._retry(key)
+            else:
+                self._enqueue(key)
 
     def on_add(self, new: K8sObject) -> None:
         self._handle(Event("add", None, new))
