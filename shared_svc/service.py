@@ -2,9 +2,10 @@
 
 Every long-running part is a Runnable of one ``Manager`` (``shared_svc.runtime``),
 started in order and stopped in the reverse order on SIGTERM: the controllers stop taking
-new work and finish the reconcile in flight, then ServiceMonitor discovery, the guard
-monitor and the webhook server stop, then the caches, then the Lease is released (a
-standby takes over at once), then the HTTP server closes; last the API client is closed.
+new work and finish the reconcile in flight, then the upgrade gate's review, the
+ServiceMonitor cache and discovery, the guard monitor and the webhook server stop, then
+the caches, then the Lease is released (a standby takes over at once), then the HTTP
+server closes; last the API client is closed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
-from shared_svc.controllers.services import caches
+from shared_svc.controllers import shared_caches
 from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.lease import LeaseElector
@@ -121,7 +122,8 @@ class Service:
         server (probes answer from the start), the Lease, the caches of the shared
         registry (declared by the controllers built here), the admission guard (webhook
         server, certificate reload, monitor), then the controllers (ServiceMonitor
-        discovery with its own cache, the Services controller, the upgrade controller)."""
+        discovery and the ServiceMonitor cache it switches, the Services controller, the
+        upgrade gate's review, the upgrade controller)."""
         cfg = self.config
         self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
         self.events = EventPublisher(
@@ -144,28 +146,32 @@ class Service:
             )
         else:
             self.metrics.leader.labels(cfg.lease_name).set(1)
-        # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies).
-        informers = caches.registry(api, cfg)
+        # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
+        # the registry reports each one's sync (shared_svc_cache_synced).
+        caches = shared_caches.registry(api, cfg, on_synced=self.metrics.cache_synced_changed)
         if cfg.services_controller:
             self.controller = ServicesController(
                 api,
                 cfg,
+                caches=caches,
                 recorder=self.events,
                 writer=self.writer,
-                metrics=self.metrics,
+                metrics=self.metrics.registry,
                 is_leader=self.is_leader,
-                informers=informers,
             )
         if cfg.upgrade_controller:
+            from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
             from shared_svc.controllers.upgrade.reconciler import UpgradeController
 
             self.upgrade = UpgradeController(
-                api,
                 cfg,
                 self.events,
+                caches=caches,
+                io=KubeUpgradeIO(
+                    api, cfg.upgrade_driver_name, write_limiter=upgrade_write_limiter(cfg)
+                ),
                 is_leader=self.is_leader,
-                registry=self.metrics.registry,
-                informers=informers,
+                metrics=self.metrics.registry,
             )
         app = make_app(
             alive=self.alive, ready=self.ready, status=self.status, registry=self.metrics.registry
@@ -176,19 +182,20 @@ class Service:
             parts.append(self.elector)
         # Every cache the controllers asked for, once: all listing at once, before the
         # controllers that wait for them to sync, stopped after them.
-        parts += informers.runnables()
+        parts += caches.runnables()
         if self.controller is not None:
             self.admission = AdmissionGuard(
                 api,
                 cfg,
                 recorder=self.events,
-                controller=self.controller,
+                objects=self.controller.cached_objects,
+                needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()
         if self.upgrade is not None:
-            parts.append(self.upgrade)
+            parts += self.upgrade.runnables()
         return parts
 
     def _on_leadership(self, lead: bool) -> None:

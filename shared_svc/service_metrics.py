@@ -1,5 +1,9 @@
-"""Prometheus metrics: controller-runtime's names (``shared_svc.runtime.instrumentation``, one
-set for both controllers) plus domain metrics.
+"""The running service's Prometheus registry and the metrics of no one controller:
+controller-runtime's (``shared_svc.runtime.instrumentation``, one set for both
+controllers), leader election, Events written (every sender), the Lease's errors and
+each cache's sync (set by the cache registry for every cache). Each controller registers
+its own metrics on the same registry (``controllers/services/metrics.py``,
+``controllers/upgrade/metrics.py``).
 
 One registry per running service (not the global default), so several replicas can run
 in one process in tests and each /metrics shows only its own figures.
@@ -11,49 +15,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 
-CONTROLLER = "shared-services"
-
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        # The reconcile loop's metrics: the runtime's, shared with the upgrade controller
+        # The reconcile loop's metrics: the runtime's, shared by both controllers
         # (controller="shared-services" / "upgrade").
         self.runtime = RuntimeMetrics.of(r)
         self.leader = Gauge(
             "leader_election_master_status", "1 if this replica leads.", ["name"], registry=r
         )
-        self.managed_objects = Gauge(
-            "shared_svc_managed_objects", "Objects managed, by kind.", ["kind"], registry=r
-        )
-        self.conflicts = Gauge(
-            "shared_svc_config_conflicts", "Exporter config conflicts in the last plan.", registry=r
-        )
-        self.pending = Gauge(
-            "shared_svc_pending",
-            "Pending items in the last plan, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.spec_errors = Gauge(
-            "shared_svc_spec_errors", "CRs whose spec cannot be understood.", registry=r
-        )
-        self.writes = Counter(
-            "shared_svc_writes_total",
-            "Write requests sent, by verb and kind.",
-            ["verb", "kind"],
-            registry=r,
-        )
         self.events = Counter(
             "shared_svc_events_total",
             "Events emitted, by type and reason.",
             ["type", "reason"],
-            registry=r,
-        )
-        self.conflicting_writer = Counter(
-            "shared_svc_conflicting_writer_total",
-            "Times another field manager was found fighting over a field.",
             registry=r,
         )
         self.lease_errors = Counter(
@@ -63,12 +39,12 @@ class Metrics:
         )
         self.cache_synced = Gauge(
             "shared_svc_cache_synced",
-            "1 when the cache of a resource is synced (set by the cache when it changes).",
+            "1 when the cache of a resource is synced (set by the cache registry whenever it "
+            "changes).",
             ["resource"],
             registry=r,
         )
-        self.last_success = Gauge(
-            "shared_svc_last_successful_reconcile_timestamp_seconds",
-            "Unix time of the last successful reconcile.",
-            registry=r,
-        )
+
+    def cache_synced_changed(self, cache: str, synced: bool) -> None:
+        """The cache registry's report (``kube.registry.CacheRegistry``: every cache)."""
+        self.cache_synced.labels(cache).set(1 if synced else 0)

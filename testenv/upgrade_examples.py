@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from shared_svc.controllers.upgrade.caches import UpgradeCaches
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.paths import is_driver_pod
 from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
+from testenv.caches import deliver, fill, offline_registry
 
 
 def node(
@@ -324,7 +326,11 @@ def apply_pod_action(
 
 
 class FakeUpgradeIO:
-    """An in-process stand-in for ``KubeUpgradeIO``: nodes, pods and DaemonSets in dicts."""
+    """An in-process stand-in for the API server the upgrade controller talks to: nodes,
+    pods and DaemonSets in dicts. Its caches (``caches``, a registry whose caches are
+    filled here, never listed: ``testenv.caches``) hold the nodes as the node caches'
+    lists and watches would, and its node patches reach them as their watch events do
+    (before the patch's answer: ``WritesInFlight`` holds such an echo)."""
 
     def __init__(
         self,
@@ -334,9 +340,11 @@ class FakeUpgradeIO:
         *,
         blocked: frozenset[str] = frozenset(),
         cluster_policies: Sequence[K8sObject] = (),
+        driver: str = "gpu",
     ) -> None:
+        self.caches = offline_registry()
+        self.cached = UpgradeCaches.of(self.caches, driver)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
-        self.policies = tuple(cluster_policies)
         self.pods: dict[str, list[K8sObject]] = {}
         self.node_of: dict[str, str] = {}  # pod key -> node name
         for p in pods:
@@ -344,49 +352,38 @@ class FakeUpgradeIO:
             self.node_of[f"{p['metadata']['namespace']}/{p['metadata']['name']}"] = p["spec"][
                 "nodeName"
             ]
-        self.daemonsets = tuple(daemonsets)
         self.blocked = blocked
         self.writes: list[NodePatch | PodAction] = []
-        self.on_change: Callable[[], None] | None = None
-        self.node_handlers: list[Any] = []  # kube.store.EventHandler: told of set_node
         self.fail_next: list[Exception] = []
         self.pod_lists: list[tuple[str, str | None]] = []  # (node, skip_namespace) of each list
         self.driver_lists: list[tuple[str, str]] = []  # (node, namespace) of each driver list
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await stop.wait()
-
-    def synced(self) -> bool:
-        return True
-
-    def add_node_handler(self, handler: Any) -> None:
-        self.node_handlers.append(handler)
-
-    def node_names(self) -> set[str]:
-        return set(self.nodes)
-
-    def daemonset_objects(self) -> tuple[K8sObject, ...]:
-        return self.daemonsets
-
-    def cluster_policies(self) -> tuple[K8sObject, ...]:
-        return self.policies
+        self.echo_after_answer = False
+        self._writes = 0  # of ClusterPolicies: each write a new resourceVersion
+        for cache in self.cached.nodes:
+            fill(cache, [copy.deepcopy(n) for n in nodes])
+        fill(self.cached.daemonsets, [copy.deepcopy(d) for d in daemonsets])
+        self.set_cluster_policies(cluster_policies)
 
     def set_node(self, node_obj: K8sObject) -> None:
-        """The node as a cache's watch event brings it (its handlers are told)."""
-        old = self.nodes.get(node_obj["metadata"]["name"])
+        """The node as it is now: each node cache's watch brings it (its handlers are told)."""
         self.nodes[node_obj["metadata"]["name"]] = node_obj
-        for handler in self.node_handlers:
-            if old is None:
-                handler.on_add(node_obj)
-            else:
-                handler.on_update(old, node_obj)
-        if self.on_change:
-            self.on_change()
+        for cache in self.cached.nodes:
+            deliver(cache, copy.deepcopy(node_obj))
 
-    async def get_node(self, name: str) -> K8sObject | None:
-        if self.fail_next:
-            raise self.fail_next.pop(0)
-        return self.nodes.get(name)
+    def delete_node(self, name: str) -> None:
+        node_obj = self.nodes.pop(name)
+        for cache in self.cached.nodes:
+            deliver(cache, copy.deepcopy(node_obj), deleted=True)
+
+    def set_cluster_policies(self, policies: Sequence[K8sObject]) -> None:
+        """The ClusterPolicies, written (each a new resourceVersion), as a list brings them."""
+        written = []
+        for policy in policies:
+            self._writes += 1
+            policy = copy.deepcopy(policy)
+            policy["metadata"]["resourceVersion"] = f"cp-{self._writes}"
+            written.append(policy)
+        fill(self.cached.cluster_policies, written)
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         self.pod_lists.append((name, skip_namespace))
@@ -397,9 +394,18 @@ class FakeUpgradeIO:
         return [p for p in self.pods.get(name, []) if is_driver_pod(p, namespace)]
 
     async def patch_node(self, patch: NodePatch) -> str:
+        """The patch applied; the node caches' watch events of it come before its answer
+        (or, with ``echo_after_answer``, right after it)."""
+        if self.fail_next:
+            raise self.fail_next.pop(0)
         self.writes.append(patch)
-        self.nodes[patch.node] = apply_patch(self.nodes[patch.node], patch)
-        return str(self.nodes[patch.node]["metadata"]["resourceVersion"])
+        patched = apply_patch(self.nodes[patch.node], patch)
+        if self.echo_after_answer:
+            self.nodes[patch.node] = patched
+            asyncio.get_running_loop().call_soon(self.set_node, patched)
+        else:
+            self.set_node(patched)
+        return str(patched["metadata"]["resourceVersion"])
 
     async def _pod_action(self, action: PodAction) -> str:
         self.writes.append(action)

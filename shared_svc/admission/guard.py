@@ -19,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.admission.probe import probe, webhooks_of
-from shared_svc.admission.rules import GUARD_LABEL, needed_by_of, operator_username, operator_writes
+from shared_svc.admission.rules import GUARD_LABEL, operator_username, operator_writes
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.kube.resources import (
@@ -33,6 +33,7 @@ from shared_svc.runtime.manager import Manager, Periodic, Runnable
 from shared_svc.wait.loop import repeat
 
 if TYPE_CHECKING:
+    from shared_svc.admission.server import NeededBy
     from shared_svc.http import HttpServer
 
 log = logging.getLogger(__name__)
@@ -249,7 +250,10 @@ class GuardMonitor(Runnable):
 
 class AdmissionGuard:
     """What service.py runs for the guard: the webhook server (when a certificate is
-    configured) and the monitor. ``controller`` is the ServicesController (or None)."""
+    configured) and the monitor. What they read of the Services controller is two
+    functions: ``objects``, our Services and ServiceMonitors as cached (None until the
+    caches synced: the monitor's ``AdmissionGuardMissing``), and ``needed_by``, who needs
+    each managed object by the last plan (None before it: the webhook's decisions)."""
 
     def __init__(
         self,
@@ -257,11 +261,12 @@ class AdmissionGuard:
         config: Any,
         *,
         recorder: EventPublisher,
-        controller: Any,
+        objects: Callable[[], Sequence[Mapping[str, Any]] | None],
+        needed_by: Callable[[], NeededBy | None],
         is_leader: Callable[[], bool],
     ) -> None:
         self._config = config
-        self._controller = controller
+        self._needed_by = needed_by
         self._server: HttpServer | None = None  # the webhook server, with a certificate
         self._stop = asyncio.Event()  # start()/stop() only
         self._manager: Manager | None = None
@@ -272,22 +277,11 @@ class AdmissionGuard:
             namespace=config.namespace,
             field_manager=config.operator_field_manager,
             recorder=recorder,
-            objects=self._objects,
+            objects=objects,
             is_leader=is_leader,
             interval=config.discovery_seconds,
             webhook_serving=lambda: self.webhook_port is not None,
         )
-
-    def _objects(self) -> list[Mapping[str, Any]] | None:
-        ctrl = self._controller
-        if ctrl is None or not ctrl.caches_synced():
-            return None
-        world = ctrl.snapshot()
-        return [*world.services, *world.service_monitors]
-
-    def needed_by(self) -> dict[tuple[str, str], tuple[str, ...]] | None:
-        plan = self._controller.last_plan if self._controller is not None else None
-        return needed_by_of(plan.status) if plan is not None else None
 
     def runnables(self) -> list[Runnable]:
         """The webhook server (when a certificate is configured), its certificate reload,
@@ -302,7 +296,7 @@ class AdmissionGuard:
             app = make_webhook_app(
                 namespace=cfg.namespace,
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
-                needed_by=self.needed_by,
+                needed_by=self._needed_by,
             )
             # The same server settings as the probes': a malformed request is one INFO line,
             # a client that never completes a request is closed.

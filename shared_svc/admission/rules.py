@@ -224,11 +224,6 @@ def deleted_name(request: Mapping[str, Any]) -> str:
     return found if isinstance(found, str) else ""
 
 
-def needed_by_of(status: Iterable[Any]) -> dict[tuple[str, str], tuple[str, ...]]:
-    """(kind, name) -> needed_by, from a plan's ``status`` entries."""
-    return {(s.kind, s.name): tuple(s.needed_by) for s in status}
-
-
 # --- who writes: the start-up Warning (ConflictingWriter is reconcile.fight's) ---
 
 

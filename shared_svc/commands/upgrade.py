@@ -304,7 +304,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     """The ClusterPolicies; [] when the CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.controllers.services.caches import CLUSTER_POLICIES
+    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import raw_request
 
     try:
@@ -318,7 +318,7 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
 
 def configure_gate(args: argparse.Namespace) -> int:
 
-    from shared_svc.controllers.services.caches import CLUSTER_POLICIES
+    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import (
         DEFAULT_GATE_TIMEOUT_SECONDS,
@@ -414,12 +414,13 @@ async def gather_status(
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
     from shared_svc.controllers.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade.caches import node_resources
     from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
     from shared_svc.upgrade.planner import listed, recorded_status
 
     driver = config.upgrade_driver_name
     nodes: dict[str, Any] = {}
-    for resource in upgrade_io.node_resources(driver):
+    for resource in node_resources(driver):
         assert resource.label_selector is not None
         for node in await upgrade_io.list_nodes(api, resource.label_selector):
             nodes[node["metadata"]["name"]] = node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Mapping
@@ -82,6 +83,20 @@ def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
     """The keys of ``fields`` in camelCase, as Kubernetes spells JSON (``freed_at`` ->
     ``freedAt``): ``/status`` and ``shared-svc upgrade status -o json`` both use it."""
     return {_camel(k): v for k, v in fields.items()}
+
+
+def as_json(value: Any) -> Any:
+    """The one JSON spelling of a report (``/status``, ``shared-svc plan -o json``):
+    dataclasses as objects whose field names are camelCased (:func:`camel_keys`), tuples
+    as lists; the keys of plain dicts (labels, selectors) are data and stay as they are."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return camel_keys(fields)
+    if isinstance(value, (list, tuple)):
+        return [as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    return value
 
 
 @functools.lru_cache(maxsize=512)

@@ -35,9 +35,8 @@ from shared_svc.commands.plan.manifests import (
     load_yaml_stream,
     size_text,
 )
-from shared_svc.controllers.services.status import as_json
 from shared_svc.errors import UsageError
-from shared_svc.k8s.objects import K8sObject, camel_keys
+from shared_svc.k8s.objects import K8sObject, as_json, camel_keys
 from shared_svc.reconcile.model import (
     CLUSTER_SCOPED_KINDS,
     WORLD_KINDS,

@@ -1,17 +1,18 @@
 """ServiceMonitor discovery for the Services controller, a Runnable of the Manager:
 whether the ServiceMonitor API is served (Prometheus Operator installed later, or
 removed), every ``discovery_seconds`` or at once when woken (a write met "404 page not
-found" on its path, or its cache saw the CRD go).
+found" on its path, or its cache found the API gone).
 
-Its ServiceMonitor cache is its own, not one of the shared registry's (which are the
-Manager's Runnables, fixed at start): it exists only while the API is served, made when
-discovery finds the API and stopped when the API goes or discovery stops (on SIGTERM
-after the controller, before the shared caches). Only the Services controller reads it.
+The ServiceMonitor cache is the registry's (its ``shared_svc_cache_synced`` is reported
+with the others) but runs only while the API is served: :attr:`cache_runnable` is that
+cache, switched by discovery (``runtime.manager.Switched``), a Runnable of the Manager
+after discovery (started and stopped there, on SIGTERM before discovery). While the API
+is not served the cache is empty, synced and ``served`` false, as a list of a resource
+that is not served leaves a cache, so the controller waits for it only while it lists.
 docs/architecture.md, "The Manager's runnables"."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -19,12 +20,13 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
-from shared_svc.controllers.services import caches
-from shared_svc.kube.reflector import Resource
-from shared_svc.kube.registry import Cache
+from shared_svc.controllers.services.caches import service_monitors
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.reflector import Cache
+from shared_svc.kube.registry import CacheRegistry
 from shared_svc.kube.resources import SERVICE_MONITORS
 from shared_svc.kube.writer import raw_request
-from shared_svc.runtime.manager import Periodic
+from shared_svc.runtime.manager import Periodic, Switched
 
 log = logging.getLogger("shared_svc.controller")
 
@@ -35,25 +37,27 @@ class ServiceMonitorDiscovery(Periodic):
         api: ApiClient,
         config: Config,
         *,
-        make_informer: Callable[[Resource], Cache],
+        caches: CacheRegistry,
         on_change: Callable[[], None],
     ) -> None:
-        self.wake = asyncio.Event()
         super().__init__(
-            "servicemonitor-discovery",
-            self._discover,
-            lambda: config.discovery_seconds,
-            wake=self.wake,
-            on_stop=self._stop_informer,
+            "servicemonitor-discovery", self._discover, lambda: config.discovery_seconds
         )
         self._api = api
-        self._namespace = config.namespace
-        self._make_informer = make_informer
         self._on_change = on_change  # served or not, changed: what failed may work now
         self.served = False
-        self.informer: Cache | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        cache = caches.cache(service_monitors(config.namespace), runs=False)
+        assert isinstance(cache, Cache)  # one selector: no union
+        self.cache = cache
+        self.cache_runnable = Switched(
+            caches.runnable(self.cache), lambda: self.served, when_off=self._not_served
+        )
+        self._not_served()
+        self.cache.add_handler(_GoneWatch(self))
+
+    def _not_served(self) -> None:
+        """The cache as a list of a resource not served leaves it: empty, synced."""
+        self.cache.replace({}, {}, served=False, resource_version="")
 
     async def _served(self) -> bool:
         try:
@@ -70,19 +74,34 @@ class ServiceMonitorDiscovery(Periodic):
         except Exception as exc:
             log.warning("discovery failed", extra={"error": str(exc)})
             served = self.served  # unknown: keep what we knew
-        if served and self.informer is None:
-            self._stop = asyncio.Event()
-            self.informer = self._make_informer(caches.service_monitors(self._namespace))
-            self._task = asyncio.ensure_future(self.informer.run(self._stop))
-        elif not served and self.informer is not None:
-            await self._stop_informer()
         if served != self.served:
             log.info("ServiceMonitor API served" if served else "ServiceMonitor API not served")
             self.served = served
+            if served:
+                # Its "not served" no longer holds: no reconcile reads it until it has listed.
+                self.cache.invalidate()
+            self.cache_runnable.flip()  # the cache runs while served
             self._on_change()
 
-    async def _stop_informer(self) -> None:
-        self._stop.set()
-        if self._task:
-            await asyncio.gather(self._task, return_exceptions=True)
-        self.informer, self._task = None, None
+
+class _GoneWatch:
+    """A handler of the ServiceMonitor cache: an event from it while it finds the API not
+    served (its list answered 404 and the CRD is gone: the deletes of what it held) while
+    discovery still says served wakes discovery, rather than waiting for its next pass."""
+
+    def __init__(self, discovery: ServiceMonitorDiscovery) -> None:
+        self._discovery = discovery
+
+    def _seen(self) -> None:
+        d = self._discovery
+        if d.served and not d.cache.served:
+            d.wake.set()
+
+    def on_add(self, new: K8sObject) -> None:
+        self._seen()
+
+    def on_update(self, old: K8sObject, new: K8sObject) -> None:
+        self._seen()
+
+    def on_delete(self, old: K8sObject) -> None:
+        self._seen()

@@ -19,12 +19,12 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.controllers.services.metrics import ServicesMetrics
 from shared_svc.controllers.services.status import contest_status
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.kube.writer import Writer, concurrent_change, describe_error
 from shared_svc.reconcile.fight import Contest, FightHistory, conflicting_writer, left_alone
 from shared_svc.reconcile.model import Action, Plan
-from shared_svc.service_metrics import Metrics
 
 log = logging.getLogger("shared_svc.controller")
 
@@ -51,7 +51,7 @@ class Executor:
         *,
         writer: Writer,
         events: EventPublisher,
-        metrics: Metrics,
+        metrics: ServicesMetrics,
         is_leader: Callable[[], bool],
         rediscover: asyncio.Event,
     ) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 from shared_svc.config import Config
 from shared_svc.controllers.services.executor import ObjectChanged
+from shared_svc.controllers.services.metrics import CONTROLLER, ServicesMetrics
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.fight import occurrences
 from shared_svc.reconcile.model import Plan, World
-from shared_svc.service_metrics import CONTROLLER, Metrics
 
 log = logging.getLogger("shared_svc.controller")
 
@@ -31,7 +31,7 @@ CHANGED_WARN_AFTER = 5
 
 
 class Outcomes:
-    def __init__(self, config: Config, *, events: EventPublisher, metrics: Metrics) -> None:
+    def __init__(self, config: Config, *, events: EventPublisher, metrics: ServicesMetrics) -> None:
         self._config = config
         self._events = events
         self._metrics = metrics

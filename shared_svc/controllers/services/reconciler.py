@@ -1,47 +1,52 @@
 """The Services controller: cache snapshot -> planner -> writer -> reports.
 
 Level-triggered: an event only says "look again"; every reconcile reads the whole
-namespace from the caches. It runs on the runtime (``shared_svc.runtime``) as a work
-queue with one key, ``services``, and one worker: events coalesce into that key (dedup),
-and reconciles never overlap (in-flight tracking). An event while idle is served at
-once; one that arrives during a reconcile, or less than ``coalesce_seconds`` after it,
-is handed out when that spacing has passed (a delayed add), so a burst becomes few
-reconciles. A failed reconcile is retried after the runtime's exponential backoff (with
-jitter), cut short when a cache re-lists (the watches are back after an outage) or
-discovery changes; the runtime beats the heartbeat all along (liveness = not wedged).
-Every write also passes the writer's token bucket. Only the leader writes;
-a standby keeps its caches warm and plans, so it can take over at once.
+namespace from the caches. What it reads, declared (``runtime.controller.Controller.watch``):
+the caches of ``caches.py`` and the ServiceMonitor cache (``discovery.py``), every event
+keyed to the one key, ``services``. The runtime adds the handlers, waits for every cache
+to sync, then runs one worker over that key and the resync (``resync_seconds``): events
+coalesce into the key (dedup), and reconciles never overlap (in-flight tracking). An
+event while idle is served at once; one that arrives during a reconcile, or less than
+``coalesce_seconds`` after it, is handed out when that spacing has passed (a delayed
+add), so a burst becomes few reconciles. No reconcile runs while a cache it reads is not
+synced (it re-lists after a lost watch: the key waits). A failed reconcile is retried
+after the runtime's exponential backoff (with jitter), cut short when a cache lists
+again (the watches are back after an outage: its objects are handed out again, a
+replay) or discovery changes; the runtime beats the heartbeat all along (liveness = not
+wedged). Every write also passes the writer's token bucket. Only the leader writes; a
+standby keeps its caches warm and plans, so it can take over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
 
 from shared_svc.config import Config
-from shared_svc.controllers.services import caches
+from shared_svc.controllers.services.caches import declare
 from shared_svc.controllers.services.discovery import ServiceMonitorDiscovery
 from shared_svc.controllers.services.executor import Executor, ObjectChanged
+from shared_svc.controllers.services.metrics import CONTROLLER, ServicesMetrics
 from shared_svc.controllers.services.outcomes import Outcomes
 from shared_svc.controllers.services.status import plan_status
-from shared_svc.kube.recorder import Emitter, EventPublisher
-from shared_svc.kube.reflector import Informer, Resource
-from shared_svc.kube.registry import Cache, Informers
+from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.recorder import Emitter, EventPublisher, publisher_of
+from shared_svc.kube.registry import AnyCache, CacheRegistry
 from shared_svc.kube.writer import Writer, namespace_gone
 from shared_svc.logs import reconcile_id
-from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan, World, world_of
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.runtime.manager import Controller, Result, Runnable, every
-from shared_svc.service_metrics import CONTROLLER, Metrics
+from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.instrumentation import RuntimeMetrics
+from shared_svc.runtime.manager import Runnable
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger("shared_svc.controller")  # the name its log lines have always had
@@ -50,53 +55,41 @@ log = logging.getLogger("shared_svc.controller")  # the name its log lines have 
 # reconciles succeed is /status and /metrics, not /livez).
 HEARTBEAT_SECONDS = 5.0
 KEY = "services"  # the one key of the work queue: "look at the namespace again"
-CACHE_WAIT_SECONDS = 0.5  # caches not synced yet: look again this soon
 
 
-def publisher_of(
-    recorder: EventPublisher | Emitter, config: Config, metrics: Metrics
-) -> EventPublisher:
-    """The one Event publisher (the service's, shared with the upgrade controller and the
-    guard monitor), or a bare recorder wrapped in one of our own (tests)."""
-    if isinstance(recorder, EventPublisher):
-        return recorder
-    return EventPublisher(
-        recorder,
-        dry_run=config.dry_run,
-        on_written=lambda r: metrics.events.labels(r.type, r.reason).inc(),
-    )
-
-
-def _utc() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+def _key(_: K8sObject) -> str:
+    return KEY
 
 
 class ServicesController:
+    """Started by the service runner when ``services_controller`` is on. Its parts: what it
+    reads (``caches``, from the process's registry; ServiceMonitors through
+    ``discovery``), the executor of a plan's writes (``executor``), what it says about
+    each reconcile (``outcomes``, through the one Event publisher) and the status
+    serializer (``status``)."""
+
     def __init__(
         self,
         api: ApiClient,
         config: Config,
         *,
+        caches: CacheRegistry,
         recorder: EventPublisher | Emitter,
         writer: Writer,
-        metrics: Metrics,
         is_leader: Callable[[], bool],
-        informers: Informers | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
-        self._api = api
-        # Caches shared with the upgrade controller when the runner passes its registry
-        # (its Manager runs them); else this controller's own, run by ``run``.
-        self._owns_caches = informers is None
-        self._shared = informers or caches.registry(api, config)
+        """``recorder``: the service's one Event publisher, or a bare recorder (tests), put
+        in a publisher of its own that keeps the meaning of dry-run."""
         self._config = config
-        self._events = publisher_of(recorder, config, metrics)
+        self._events = publisher_of(recorder, dry_run=config.dry_run)
         self._writer = writer
-        self._metrics = metrics
+        self.metrics = ServicesMetrics(metrics)
         self._is_leader = is_leader
         self._runtime: Controller[str] = Controller(
             CONTROLLER,
             self._reconcile_key,
-            metrics=metrics.runtime,
+            metrics=RuntimeMetrics.of(self.metrics.registry),
             rate_limiter=ItemExponentialFailureRateLimiter(
                 config.backoff_base_seconds, config.backoff_max_seconds, jitter=0.5
             ),
@@ -104,19 +97,18 @@ class ServicesController:
             cooldown=config.coalesce_seconds,
             beat_seconds=lambda: HEARTBEAT_SECONDS,
         )
-        # ServiceMonitor discovery: a Runnable of its own (discovery.py), with its own cache.
-        self.discovery = ServiceMonitorDiscovery(
-            api,
-            config,
-            make_informer=lambda resource: self._informer(resource, shared=False),
-            on_change=self._retry_now,
-        )
-        self._rediscover = self.discovery.wake  # a 404 on the ServiceMonitor path: look now
-        self._relists: dict[int, int] = {}  # id(informer) -> relists seen
         # What planning reads, asked for now: the registry's caches start before ``run``.
-        self._informers: dict[str, Cache] = {
-            name: self._informer(resource) for name, resource in self._resources().items()
+        self.caches: dict[str, AnyCache] = {
+            name: caches.cache(resource) for name, resource in declare(config).items()
         }
+        # ServiceMonitor discovery: a Runnable of its own, with the ServiceMonitor cache
+        # it switches on while the API is served.
+        self.discovery = ServiceMonitorDiscovery(
+            api, config, caches=caches, on_change=self.retry_now
+        )
+        for cache in (*self.caches.values(), self.discovery.cache):
+            self._runtime.watch(cache, _key)
+        self._runtime.resync(lambda: config.resync_seconds, lambda: (KEY,))
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
         self.reconciling = False
@@ -124,84 +116,23 @@ class ServicesController:
             config,
             writer=writer,
             events=self._events,
-            metrics=metrics,
+            metrics=self.metrics,
             is_leader=is_leader,
-            rediscover=self._rediscover,
+            rediscover=self.discovery.wake,  # a 404 on the ServiceMonitor path: look now
         )
-        self._outcomes = Outcomes(config, events=self._events, metrics=metrics)
-
-    # --- caches ---
-    def _resources(self) -> dict[str, Resource]:
-        """What planning reads, as declared once for every controller (``shared_svc.controllers.services.caches``)."""
-        declared = caches.declare(self._config)
-        return {
-            "clusterpolicies": declared.cluster_policies,
-            "gpuclusters": declared.gpu_clusters,
-            "services": declared.services,
-            "daemonsets": declared.daemonsets,
-            "pods": declared.pods,
-        }
-
-    def _informer(self, resource: Resource, *, shared: bool = True) -> Cache:
-        """The cache of ``resource``: from the shared registry, or (ServiceMonitors, started
-        and stopped with discovery) this controller's own."""
-        kwargs: dict[str, Any] = {
-            "on_change": lambda: self._cache_changed(informer),
-            "on_synced": self._metrics.cache_synced.labels(resource.plural).set,
-        }
-        informer: Cache = (
-            self._shared.informer(resource, **kwargs)
-            if shared
-            else Informer(
-                self._api,
-                resource,
-                backoff_max_seconds=min(
-                    caches.CACHE_BACKOFF_MAX_SECONDS, self._config.backoff_max_seconds
-                ),
-                **kwargs,
-            )
-        )
-        return informer
-
-    def _cache_changed(self, informer: Cache) -> None:
-        relists = informer.relists
-        if self._relists.get(id(informer)) != relists:
-            # A (re-)list, e.g. the watches back after an API-server outage: the failures
-            # before it say nothing about now, so retry at once instead of after the backoff.
-            self._relists[id(informer)] = relists
-            self._retry_now()
-            if (
-                informer is self._sm_informer
-                and not informer.served
-                and self.service_monitor_served
-            ):
-                self._rediscover.set()  # the ServiceMonitor CRD is gone: no need to wait
-        self.trigger()
+        self._outcomes = Outcomes(config, events=self._events, metrics=self.metrics)
 
     def trigger(self) -> None:
         self._runtime.enqueue(KEY)
 
-    def _retry_now(self) -> None:
+    def retry_now(self) -> None:
         """A backoff ends early: what failed before may work now (else: a change)."""
-        if self._failures:
-            log.info("caches re-synced or discovery changed: retrying now")
-        if self._failures or self._runtime.queue.processing(KEY):
-            self._runtime.retry_now(KEY)  # also a reconcile failing right now
-        else:
-            self.trigger()
+        self._runtime.retry_now(KEY)
 
     @property
-    def _failures(self) -> int:
+    def failures(self) -> int:
         """Reconciles failed in a row (the runtime's retry count)."""
-        return self._runtime.queue.num_requeues(KEY)
-
-    @property
-    def heartbeat(self) -> float:
-        return self._runtime.heartbeat
-
-    @heartbeat.setter
-    def heartbeat(self, value: float) -> None:
-        self._runtime.heartbeat = value
+        return self._runtime.failures(KEY)
 
     def pending(self) -> bool:
         """A reconcile is due (queued, or waiting out the spacing or a backoff)."""
@@ -211,6 +142,13 @@ class ServicesController:
 
     name = CONTROLLER
     needs_leader = False  # a standby plans too (warm caches); only the leader writes
+
+    def runnables(self) -> list[Runnable]:
+        """ServiceMonitor discovery, the ServiceMonitor cache it switches, then the
+        controller (Runnables of the service's Manager, after the registry's caches: on
+        SIGTERM the controller stops first, then the ServiceMonitor cache and discovery,
+        then the shared caches)."""
+        return [self.discovery, self.discovery.cache_runnable, self]
 
     def ready(self) -> bool:
         return self.caches_synced()
@@ -223,67 +161,38 @@ class ServicesController:
             self.trigger()
 
     def caches_synced(self) -> bool:
-        informers = list(self._informers.values())
-        if self.service_monitor_served:
-            if self._sm_informer is None:
-                return False
-            informers.append(self._sm_informer)
-        return bool(informers) and all(i.synced.is_set() for i in informers)
-
-    def cache_status(self) -> dict[str, Any]:
-        out = {}
-        for name, inf in [
-            *self._informers.items(),
-            *([("servicemonitors", self._sm_informer)] if self._sm_informer else []),
-        ]:
-            out[name] = {
-                "synced": inf.synced.is_set(),
-                "served": inf.served,
-                "objects": len(inf.items()),
-                "lastError": inf.last_error,
-            }
-            self._metrics.cache_synced.labels(name).set(1 if inf.synced.is_set() else 0)
-        return out
-
-    @property
-    def _sm_informer(self) -> Cache | None:
-        """The ServiceMonitor cache, while discovery finds the API served."""
-        return self.discovery.informer
+        """Every cache it reads is synced (the ServiceMonitors' while their API is served;
+        else it holds them as not served)."""
+        return self._runtime.synced()
 
     @property
     def service_monitor_served(self) -> bool:
         return self.discovery.served
 
-    def runnables(self) -> list[Runnable]:
-        """ServiceMonitor discovery, then the controller (Runnables of the service's
-        Manager, after the shared registry's caches: on SIGTERM the controller stops
-        first, then discovery and its own ServiceMonitor cache, then the shared caches)."""
-        return [self.discovery, self]
+    def _read(self) -> Sequence[tuple[str, AnyCache]]:
+        """The caches planning reads now: the ServiceMonitors' while served."""
+        sm = [("servicemonitors", self.discovery.cache)] if self.service_monitor_served else []
+        return [*self.caches.items(), *sm]
 
-    # --- the loop ---
+    def cache_status(self) -> dict[str, Any]:
+        return {
+            name: {
+                "synced": cache.synced.is_set(),
+                "served": cache.served,
+                "objects": len(cache.items()),
+                "lastError": cache.last_error,
+            }
+            for name, cache in self._read()
+        }
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``; then the reconcile in flight ends. The caches it reads are the
-        Manager's (started before, stopped after), or, made without the runner's registry
-        (tests), its own, run beside it. It reconciles once they are synced."""
-        tasks = [
-            asyncio.ensure_future(
-                every(stop, lambda: self._config.resync_seconds, self.trigger, name="resync")
-            )
-        ]
-        if self._owns_caches:
-            tasks.append(asyncio.ensure_future(self._shared.run(stop)))
-        try:
-            await self._runtime.run(stop)  # until stop; then the reconcile in flight ends
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        """Until ``stop``; then the reconcile in flight ends. The runtime adds the handlers
+        and reconciles once every cache is synced (the caches are the Manager's: started
+        before, stopped after)."""
+        await self._runtime.run(stop)
 
     async def _reconcile_key(self, key: str) -> Result:
         """The runtime's reconcile of the one key."""
-        if not self.caches_synced():
-            # An informer that syncs (again) triggers; look again soon anyway.
-            self.last_reconcile = {"result": "waiting-for-caches", "at": _utc()}
-            return Result(None, requeue_after=CACHE_WAIT_SECONDS, forget=False)
         if await self.reconcile_once():
             return Result("success")
         if self.last_reconcile.get("result") == "conflict":
@@ -292,11 +201,7 @@ class ServicesController:
 
     def snapshot(self) -> World:
         """What the caches hold now, as the planner reads it (``model.world_of``)."""
-        kinds = {plural: resource.kind for plural, resource in self._resources().items()}
-        by_kind = {kinds[plural]: cache.items() for plural, cache in self._informers.items()}
-        if self._sm_informer and self.service_monitor_served:
-            by_kind["ServiceMonitor"] = self._sm_informer.items()
-        return world_of(by_kind)
+        return world_of({cache.resource.kind: cache.items() for _, cache in self._read()})
 
     async def reconcile_once(self) -> bool:
         """One reconcile from the caches; True unless it failed (an error, or a write that
@@ -334,29 +239,32 @@ class ServicesController:
         settings = self._config.core_settings(service_monitor_served=self.service_monitor_served)
         plan = make_plan(world, settings)
         self.last_plan = plan
-        self._record_plan_metrics(plan)
+        self._outcomes.record_plan_metrics(plan)
         if not self._is_leader():
             return "standby", 0
         if self._config.dry_run:
             await self._outcomes.show(plan)
             return "dry-run", 0
-        writes = await self._execute(plan)
-        await self._emit_occurrences(plan)
+        # The plan's writes, each followed by its announcements (``executor.Executor``).
+        writes = await self._executor.execute(plan)
+        await self._outcomes.occurrences(plan)
         return "success", writes
 
-    def _record_plan_metrics(self, plan: Plan) -> None:
-        self._outcomes.record_plan_metrics(plan)
+    # --- what the admission guard reads (``admission.guard.AdmissionGuard``) ---
 
-    async def _execute(self, plan: Plan) -> int:
-        """The plan's writes, each followed by its announcements (``executor.Executor``)."""
-        return await self._executor.execute(plan)
+    def cached_objects(self) -> list[Mapping[str, Any]] | None:
+        """Our Services and ServiceMonitors as cached (None until every cache synced)."""
+        if not self.caches_synced():
+            return None
+        world = self.snapshot()
+        return [*world.services, *world.service_monitors]
 
-    @property
-    def contested(self) -> dict[tuple[str, str], Contest]:
-        return self._executor.contested
-
-    async def _emit_occurrences(self, plan: Plan) -> None:
-        await self._outcomes.occurrences(plan)
+    def needed_by(self) -> dict[tuple[str, str], tuple[str, ...]] | None:
+        """Who needs each managed object, from the last plan (None before the first)."""
+        plan = self.last_plan
+        if plan is None:
+            return None
+        return {(s.kind, s.name): tuple(s.needed_by) for s in plan.status}
 
     # --- status ---
     def status(self) -> dict[str, Any]:

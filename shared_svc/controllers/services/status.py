@@ -1,27 +1,13 @@
-"""The one JSON serializer of ``/status`` (the Services controller's part): dataclasses
-as objects whose field names are camelCased as Kubernetes spells JSON
-(``k8s.objects.camel_keys``), tuples as lists; the keys of plain dicts (labels,
-selectors) are data and stay as they are."""
+"""The Services controller's part of ``/status``: the last plan and the contested
+objects, spelt by the one JSON serializer (``k8s.objects.as_json``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from shared_svc.k8s.objects import camel_keys
+from shared_svc.k8s.objects import as_json
 from shared_svc.reconcile.fight import Contest
 from shared_svc.reconcile.model import Plan
-
-
-def as_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: as_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return camel_keys(fields)
-    if isinstance(value, (list, tuple)):
-        return [as_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    return value
 
 
 def plan_status(plan: Plan | None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from shared_svc.runtime.source import Event, OwnWrites, version_of
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
 
 if TYPE_CHECKING:
-    from shared_svc.controllers.upgrade.reconciler import UpgradeIO
+    from shared_svc.controllers.upgrade.io import UpgradeIO
 
 log = logging.getLogger("shared_svc.upgrade.controller")  # the controller's log
 

@@ -1,31 +1,25 @@
-"""API access of the driver-upgrade controller and its commands.
+"""API calls of the driver-upgrade controller and its commands (what it reads from
+caches is ``caches.py``'s).
 
-The only code of ``shared_svc.upgrade`` that talks to the API server: caches of the
-upgrading nodes (metadata only), of DaemonSets and of ClusterPolicies
-(``kube.reflector.Informer``), pods of one node by field selector, evictions
-(``policy/v1``), deletes with a uid precondition, and node merge patches that touch only
-our own label and annotation keys, guarded by resourceVersion. The controller's writes
-(node patches, evictions, deletes) each wait for a token of one bucket
-(``upgrade_writes_per_second``, ``upgrade_writes_burst``).
+Pods of one node by field selector, evictions (``policy/v1``), deletes with a uid
+precondition, and node merge patches that touch only our own label and annotation keys,
+guarded by resourceVersion: :class:`UpgradeIO` is what the controller calls
+(:class:`KubeUpgradeIO` on the API server; tests run the controller on a fake with the
+same methods). The controller's writes (node patches, evictions, deletes) each wait for
+a token of one bucket (``upgrade_writes_per_second``, ``upgrade_writes_burst``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
-from shared_svc.controllers.services.caches import ALL_DAEMONSETS, CLUSTER_POLICIES
-from shared_svc.controllers.services.caches import node_resources as node_resources
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.registry import Cache, Informers
 from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES, PODS
-from shared_svc.kube.store import EventHandler
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
 from shared_svc.upgrade.daemonsets import CLIENT_HOOK_KEY, parked_label_key
 from shared_svc.upgrade.paths import driver_pod_selector
@@ -68,11 +62,6 @@ def check_own_keys(patch: NodePatch, driver_name: str) -> None:
         raise ForeignKeyError(
             f"refusing to patch keys that are not ours: {sorted(labels | annotations)}"
         )
-
-
-# The caches (their declarations: ``shared_svc.controllers.services.caches``): the upgrading and the parked
-# nodes (metadata only), the DaemonSets of every namespace and the ClusterPolicies (read
-# for the upgrade flow's gate, never written), shared with the Services controller.
 
 
 def daemonset_path(namespace: str, name: str) -> str:
@@ -181,98 +170,31 @@ def upgrade_write_limiter(config: Config) -> BucketRateLimiter:
     )
 
 
-def _rv(version: str) -> int:
-    return int(version) if version.isdigit() else 0
+class UpgradeIO(Protocol):
+    """The API calls of the controller (:class:`KubeUpgradeIO`; tests run the controller
+    on a fake with these methods)."""
 
-
-def _version(obj: K8sObject) -> int:
-    return _rv(str(obj.get("metadata", {}).get("resourceVersion", "")))
-
-
-def _nothing() -> None:
-    return None
+    # The pods bound to the node, but those of ``skip_namespace`` (``planner.pods_read``).
+    async def pods_on_node(
+        self, name: str, skip_namespace: str | None = None
+    ) -> list[K8sObject]: ...
+    # The driver pods of ``namespace`` bound to the node (``planner.PodRead.driver_pods``).
+    async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]: ...
+    async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
+    async def evict(self, action: PodAction) -> str: ...
+    async def delete_pod(self, action: PodAction) -> str: ...
 
 
 class KubeUpgradeIO:
-    """What the controller reads and writes (tests run the controller on a fake with the
-    same methods)."""
+    """The controller's API calls on the API server (:class:`UpgradeIO`)."""
 
     def __init__(
-        self,
-        api: ApiClient,
-        driver_name: str,
-        *,
-        on_change: Callable[[], None],
-        informers: Informers | None = None,
-        write_limiter: BucketRateLimiter,
+        self, api: ApiClient, driver_name: str, *, write_limiter: BucketRateLimiter
     ) -> None:
         self._api = api
         self._driver = driver_name
         # Every write waits for one of its tokens (``upgrade_write_limiter``).
         self._writes = write_limiter
-        # Shared with the Services controller when the runner passes its registry (its
-        # Manager runs the caches); else this io's own, run by ``run``.
-        self._owns_registry = informers is None
-        self._registry = informers or Informers(api)
-        state_nodes, parked_nodes = node_resources(driver_name)
-        # Node changes reach the controller as events (``add_node_handler``) only;
-        # ``on_change`` is the other caches' (the gate's ClusterPolicies, the DaemonSets).
-        self._node_informers = tuple(
-            self._registry.informer(resource, on_change=_nothing)
-            for resource in (state_nodes, parked_nodes)
-        )
-        self._on_change = on_change
-        self._daemonsets = self._registry.informer(
-            ALL_DAEMONSETS, on_change=self._daemonsets_changed
-        )
-        self._ds_snapshot: tuple[K8sObject, ...] | None = None
-        self._cluster_policies = self._registry.informer(CLUSTER_POLICIES, on_change=on_change)
-
-    @property
-    def _informers(self) -> tuple[Cache, ...]:
-        return (*self._node_informers, self._daemonsets, self._cluster_policies)
-
-    def cluster_policies(self) -> tuple[K8sObject, ...]:
-        """The ClusterPolicies (none when the CRD is not installed)."""
-        return self._cluster_policies.items()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``: runs the caches of this io's own registry (no Manager: tests,
-        tools); the runner's registry's caches are its Manager's Runnables."""
-        if self._owns_registry:
-            await self._registry.run(stop)
-        else:
-            await stop.wait()
-
-    def synced(self) -> bool:
-        return all(informer.synced.is_set() for informer in self._informers)
-
-    def add_node_handler(self, handler: EventHandler) -> None:
-        """``handler`` is told of every add, update and delete of both node caches (a node
-        upgrading and parked is in both: each cache tells of its copy)."""
-        for informer in self._node_informers:
-            informer.add_handler(handler)
-
-    def node_names(self) -> set[str]:
-        """Every node that is upgrading or parked (the resync's list: not read per event)."""
-        return {name for i in self._node_informers for _, name in i.cached_keys()}
-
-    def _daemonsets_changed(self) -> None:
-        self._ds_snapshot = None
-        self._on_change()
-
-    def daemonset_objects(self) -> tuple[K8sObject, ...]:
-        """The same tuple until the DaemonSets change (the controller keys its index on it)."""
-        if self._ds_snapshot is None:
-            self._ds_snapshot = self._daemonsets.items()
-        return self._ds_snapshot
-
-    async def get_node(self, name: str) -> K8sObject | None:
-        """The node from the node caches (no request): every node the controller handles
-        is in one of them; a node in neither is no longer upgrading nor parked. Of two
-        copies, the newer (a stale one would only cost a 409 and a retry)."""
-        copies = [n for n in (i.get(name) for i in self._node_informers) if n is not None]
-        return max(copies, key=_version, default=None)
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         return await pods_on_node(self._api, name, skip_namespace)

@@ -1,0 +1,51 @@
+"""Prometheus metrics of the Services controller (prefix ``shared_svc_``).
+
+Registered on the registry the service runner passes (one per running service, see
+``shared_svc.service_metrics``), or on a private one. Its reconcile loop is counted by
+the runtime's metrics (``controller_runtime_*{controller="shared-services"}``,
+``workqueue_*{name="shared-services"}``, ``shared_svc.runtime.instrumentation``); these
+are what is proper to the Services it manages.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+CONTROLLER = "shared-services"  # the ``controller`` / ``name`` label of the runtime's metrics
+
+
+class ServicesMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.managed_objects = Gauge(
+            "shared_svc_managed_objects", "Objects managed, by kind.", ["kind"], registry=r
+        )
+        self.conflicts = Gauge(
+            "shared_svc_config_conflicts", "Exporter config conflicts in the last plan.", registry=r
+        )
+        self.pending = Gauge(
+            "shared_svc_pending",
+            "Pending items in the last plan, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.spec_errors = Gauge(
+            "shared_svc_spec_errors", "CRs whose spec cannot be understood.", registry=r
+        )
+        self.writes = Counter(
+            "shared_svc_writes_total",
+            "Write requests sent, by verb and kind.",
+            ["verb", "kind"],
+            registry=r,
+        )
+        self.conflicting_writer = Counter(
+            "shared_svc_conflicting_writer_total",
+            "Times another field manager was found fighting over a field.",
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "shared_svc_last_successful_reconcile_timestamp_seconds",
+            "Unix time of the last successful reconcile.",
+            registry=r,
+        )
