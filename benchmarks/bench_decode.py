@@ -27,7 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shared_svc.controllers.services.caches import ALL_DAEMONSETS, operator_pods
+from shared_svc.controllers.services.caches import operator_pods
+from shared_svc.controllers.shared_caches import ALL_DAEMONSETS
 from shared_svc.kube.reflector import Listed, Resource, read_page
 from shared_svc.kube.store import SharedValues
 from shared_svc.kube.untrusted import json_depth

@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared_svc.kube.union import UnionInformer
+from shared_svc.kube.union import UnionCache
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import api_daemonset, api_pod
@@ -67,8 +67,8 @@ async def measure(nodes: int, repeat: int) -> None:
     config = ctrl._config
     ns = config.namespace
     pods = projected_pods(nodes, ns)
-    union = ctrl._informers["pods"]
-    assert isinstance(union, UnionInformer)
+    union = ctrl.caches["pods"]
+    assert isinstance(union, UnionCache)
     keys = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p, _ in pods]
     part = union.parts[0]  # every pod has a DCGM app: the first part's
     part._replace(  # kept as the cache keeps them: repeated subtrees shared (SharedValues)
@@ -82,14 +82,14 @@ async def measure(nodes: int, repeat: int) -> None:
     daemonsets = [api_daemonset(app, nodes) for app in APPS.values()]
     for ds in daemonsets:
         ds["metadata"]["namespace"] = ns
-    fill(ctrl._informers["daemonsets"], daemonsets)  # type: ignore[arg-type]
+    fill(ctrl.caches["daemonsets"], daemonsets)  # type: ignore[arg-type]
     cp = cluster_policy()
     cp["metadata"]["resourceVersion"] = "1"
     gc = gpu_cluster(spec=gc_spec())
     gc["metadata"]["resourceVersion"] = "2"
-    fill(ctrl._informers["clusterpolicies"], [cp])  # type: ignore[arg-type]
-    fill(ctrl._informers["gpuclusters"], [gc])  # type: ignore[arg-type]
-    fill(ctrl._informers["services"], [])  # type: ignore[arg-type]
+    fill(ctrl.caches["clusterpolicies"], [cp])  # type: ignore[arg-type]
+    fill(ctrl.caches["gpuclusters"], [gc])  # type: ignore[arg-type]
+    fill(ctrl.caches["services"], [])  # type: ignore[arg-type]
     settings = config.core_settings(service_monitor_served=False)
     version = 10
 
@@ -104,7 +104,7 @@ async def measure(nodes: int, repeat: int) -> None:
             }
         )
         changed["metadata"]["resourceVersion"] = str(version)
-        fill(ctrl._informers["clusterpolicies"], [changed], str(version))  # type: ignore[arg-type]
+        fill(ctrl.caches["clusterpolicies"], [changed], str(version))  # type: ignore[arg-type]
 
     assert await ctrl.reconcile_once()
     snapshot, planned, whole, pod_change = [], [], [], []

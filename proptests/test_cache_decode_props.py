@@ -16,7 +16,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from proptests.test_plan_json_props import DROPPED, FORMATS, odd_text, pod_texts
 from proptests.test_projection_props import PATHS as DS_PATHS
-from shared_svc.controllers.services.caches import ALL_DAEMONSETS, node_resources, operator_pods
+from shared_svc.controllers.services.caches import operator_pods
+from shared_svc.controllers.shared_caches import ALL_DAEMONSETS
+from shared_svc.controllers.upgrade.caches import node_resources
 from shared_svc.kube.reflector import Listed, Resource, read_page, watch_event
 from shared_svc.kube.store import key_of
 from tests.realistic import _fields, api_daemonset, api_node_labels, api_node_status, api_pod

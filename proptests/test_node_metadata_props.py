@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from proptests.strategies import json_values, set_at
 from proptests.test_upgrade_props import Traits, apply, build_pod, step, traits, with_state
-from shared_svc.controllers.upgrade.io import node_resources
+from shared_svc.controllers.upgrade.caches import node_resources
 from shared_svc.kube.store import SharedValues
 from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.record import record_annotation_key

@@ -158,18 +158,18 @@ async def settle(service: Service, timeout: float = 30.0, quiet: float = 0.4) ->
     Watch events arrive within milliseconds here, so "converged, and still converged
     with no new write after a quiet period" is a reliable barrier.
     """
-    ctrl = service.controller
-    assert ctrl is not None
+    ctrl, writer = service.controller, service.writer
+    assert ctrl is not None and writer is not None
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         await asyncio.sleep(0.05)
         ctrl.trigger()
-        before = sum(ctrl._writer.writes.values())
+        before = sum(writer.writes.values())
         rid = ctrl.last_reconcile.get("id")
         await asyncio.sleep(quiet)
         if (
             await converged(service)
-            and sum(ctrl._writer.writes.values()) == before
+            and sum(writer.writes.values()) == before
             and ctrl.last_reconcile.get("id") != rid
         ):
             return

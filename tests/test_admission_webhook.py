@@ -202,9 +202,10 @@ async def test_guard_webhook_logs_a_malformed_request_once_without_traceback(
         guard = AdmissionGuard(
             api,
             config,
-            recorder=None,
-            controller=None,
-            is_leader=lambda: False,  # type: ignore[arg-type]
+            recorder=None,  # type: ignore[arg-type]
+            objects=lambda: None,  # no Services controller: nothing known
+            needed_by=lambda: None,
+            is_leader=lambda: False,
         )
         await guard.start()
         try:

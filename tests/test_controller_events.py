@@ -10,13 +10,11 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
-from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.recorder import EventPublisher, EventRecorder, event_name
 from shared_svc.reconcile.model import Plan
-from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
+from tests.parts import executor, outcomes
 from tests.svc import FlakyRecorder, Kube, apiserver_write_count
 
 
@@ -131,21 +129,14 @@ def warning(key: str) -> Report:
 
 async def test_an_event_that_could_not_be_written_is_retried_next_reconcile() -> None:
     recorder = FlakyRecorder()
-    ctrl = ServicesController(
-        None,  # type: ignore[arg-type]  # no API access in this test
-        Config(),
-        recorder=recorder,  # type: ignore[arg-type]
-        writer=None,  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: True,
-    )
+    said = outcomes(recorder=recorder)
     plan = Plan(reports=(warning("a"),))
-    await ctrl._emit_occurrences(plan)  # fails
-    await ctrl._emit_occurrences(plan)  # retried, written
-    await ctrl._emit_occurrences(plan)  # still active: not repeated
+    await said.occurrences(plan)  # fails
+    await said.occurrences(plan)  # retried, written
+    await said.occurrences(plan)  # still active: not repeated
     assert recorder.calls == ["a", "a"]
-    await ctrl._emit_occurrences(Plan())  # the occurrence goes away...
-    await ctrl._emit_occurrences(plan)  # ...and comes back: emitted again (a series bump)
+    await said.occurrences(Plan())  # the occurrence goes away...
+    await said.occurrences(plan)  # ...and comes back: emitted again (a series bump)
     assert recorder.calls == ["a", "a", "a"]
 
 
@@ -197,15 +188,8 @@ async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
         )
 
     recorder = RecordingRecorder()
-    ctrl = ServicesController(
-        None,  # type: ignore[arg-type]
-        Config(),
-        recorder=recorder,  # type: ignore[arg-type]
-        writer=FailSecondWriter(),  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: True,
-    )
+    writes = executor(writer=FailSecondWriter(), recorder=recorder)
     plan = Plan(actions=(create("a"), create("b")), reports=(created("a"), created("b")))
     with pytest.raises(RuntimeError, match="409"):
-        await ctrl._execute(plan)
+        await writes.execute(plan)
     assert recorder.reasons == ["ServiceCreated/a"]

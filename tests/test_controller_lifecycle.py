@@ -24,6 +24,7 @@ import pytest
 import testenv
 from shared_svc.controllers.services import caches
 from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.upgrade.caches import node_resources
 from shared_svc.kube.registry import CacheRunnable
 from shared_svc.kube.writer import raw_request
 from shared_svc.service import Service
@@ -277,14 +278,7 @@ async def test_every_cache_is_listed_once_and_all_at_once_though_both_controller
     is in flight before any is answered (start-up time, issue 22)."""
     config = service_config(control_plane, kube.ns, upgrade_controller=True)
     declared = caches.declare(config)
-    expected = [
-        declared.cluster_policies,
-        declared.gpu_clusters,
-        declared.services,
-        declared.daemonsets,
-        declared.pods,
-        *caches.node_resources("gpu"),
-    ]
+    expected = [*declared.values(), *node_resources("gpu")]
     proxy = await ListingProxy.start(control_plane)
     proxy.held = {
         (r.path, selector) for r in expected for selector in (r.any_of or (r.label_selector or "",))
@@ -304,7 +298,7 @@ async def test_every_cache_is_listed_once_and_all_at_once_though_both_controller
     assert (
         set().union(*map(list_keys, cache_runnables))
         == proxy.held
-        == {(declared.pods.path, s) for s in declared.pods.any_of}
+        == {(declared["pods"].path, s) for s in declared["pods"].any_of}
         | {(r.path, r.label_selector or "") for r in expected if not r.any_of}
     )
     assert {key: lists.get(key) for key in proxy.held} == dict.fromkeys(proxy.held, 1)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from shared_svc.controllers.services import reconciler as controller_module
-from shared_svc.runtime import manager as runnable_module
+from shared_svc.runtime import controller as runtime_controller
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused
@@ -27,7 +27,7 @@ STALL = 3.0
 async def test_livez_stays_ok_while_writes_keep_failing(
     control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runnable_module, "STALL_SECONDS", STALL)
+    monkeypatch.setattr(runtime_controller, "STALL_SECONDS", STALL)
     monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 0.25)
     await kube.create_cr(cp_body())
     # Every retry waits 4-8 s, then 8-16 s, ...: each backoff is longer than the stall.
@@ -39,7 +39,7 @@ async def test_livez_stays_ok_while_writes_keep_failing(
         assert ctrl is not None
 
         async def failing() -> bool:
-            return ctrl._failures >= 1
+            return ctrl.failures >= 1
 
         await eventually(failing, timeout=30)
         assert "refused by a test policy" in (svc.status()["lastReconcile"]["error"] or "")
@@ -49,7 +49,12 @@ async def test_livez_stays_ok_while_writes_keep_failing(
             answers.append((await http_get(svc.port or 0, "/livez"))[0])
             await asyncio.sleep(0.1)
         assert set(answers) == {200}, answers
-        assert ctrl._failures >= 1 and svc.status()["lastReconcile"]["result"] == "error"
-        # A loop that really stops beating is reported.
-        ctrl.heartbeat = time.monotonic() - 2 * STALL
-        assert svc.alive() is False
+        assert ctrl.failures >= 1 and svc.status()["lastReconcile"]["result"] == "error"
+        # A loop that really stops beating is reported: its next beat is an hour away.
+        monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 3600.0)
+
+        async def stalled() -> bool:
+            return not svc.alive()
+
+        await eventually(stalled, timeout=3 * STALL)
+        assert (await http_get(svc.port or 0, "/livez"))[0] == 500

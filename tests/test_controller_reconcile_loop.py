@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
-from shared_svc.service_metrics import Metrics
+from shared_svc.runtime.workqueue import WorkQueue
 from testenv import ControlPlane
+from testenv.caches import fill
 from tests.kube import eventually
+from tests.parts import managed, services_controller
 from tests.svc import (
     Kube,
     apiserver_write_count,
@@ -26,54 +27,42 @@ from tests.svc import (
 )
 
 
-class SyncedCache:
-    """Stands in for an informer whose cache is synced (all the loop asks of it)."""
-
-    def __init__(self) -> None:
-        self.synced = asyncio.Event()
-        self.synced.set()
-
-
 class LoopProbe:
-    """The Services controller's loop (the runtime's queue and worker), with its reconciles
-    and its coalescing waits (delayed adds of the one key) logged in order."""
+    """The Services controller's loop (the runtime's queue and worker, run by a Manager as
+    the service runs it, on caches listed in this process), with its reconciles and its
+    coalescing waits (delayed adds of the one key) logged in order."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, coalesce_seconds: float) -> None:
         self.log: list[str] = []
-        self.ctrl = ServicesController(
-            None,  # type: ignore[arg-type]
-            Config(coalesce_seconds=coalesce_seconds, resync_seconds=3600),
-            recorder=None,  # type: ignore[arg-type]
-            writer=None,  # type: ignore[arg-type]
-            metrics=Metrics(),
-            is_leader=lambda: True,
+        self.ctrl = services_controller(
+            Config(coalesce_seconds=coalesce_seconds, resync_seconds=3600)
         )
-        self.ctrl._informers = {"pods": SyncedCache()}  # type: ignore[dict-item]
-        queue = self.ctrl._runtime.queue
-        add_after = queue.add_after
+        add_after = WorkQueue.add_after
 
-        def delayed(key: str, delay: float) -> None:
+        def delayed(queue: WorkQueue[str], key: str, delay: float) -> None:
             if delay > 0:
                 self.log.append("sleep")  # a wait before the next reconcile
-            add_after(key, delay)
+            add_after(queue, key, delay)
 
         async def reconcile_once() -> bool:
             self.log.append("reconcile")
             await asyncio.sleep(0)  # changes may arrive while it runs
             return True
 
-        monkeypatch.setattr(queue, "add_after", delayed)
+        monkeypatch.setattr(WorkQueue, "add_after", delayed)
         monkeypatch.setattr(self.ctrl, "reconcile_once", reconcile_once)
-        self.stop = asyncio.Event()
-        self.task = asyncio.ensure_future(self.ctrl._runtime.run(self.stop))
+        self._running = managed([self.ctrl])
+
+    async def start(self) -> LoopProbe:
+        self.manager = await self._running.__aenter__()
+        return self
 
     def change(self) -> None:
         self.log.append("change")
         self.ctrl.trigger()
 
     async def idle(self, seconds: float) -> None:
-        await asyncio.wait([self.task], timeout=seconds)
-        assert not self.task.done()
+        await asyncio.sleep(seconds)  # a wait in the test's own time, not an assertion
 
     async def until(self, reconciles: int) -> None:
         for _ in range(500):
@@ -83,15 +72,14 @@ class LoopProbe:
         raise AssertionError(f"{reconciles} reconcile(s) expected: {self.log}")
 
     async def close(self) -> None:
-        self.stop.set()
-        await self.task
+        await self._running.__aexit__(None, None, None)
 
 
 async def test_a_lone_change_is_reconciled_without_a_coalescing_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A spacing of an hour: any coalescing wait before the first reconcile would hold it back.
-    probe = LoopProbe(monkeypatch, coalesce_seconds=3600)
+    probe = await LoopProbe(monkeypatch, coalesce_seconds=3600).start()
     await probe.idle(0.05)
     probe.change()
     await probe.until(1)
@@ -102,7 +90,7 @@ async def test_a_lone_change_is_reconciled_without_a_coalescing_wait(
 async def test_a_change_after_the_spacing_is_reconciled_without_a_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    probe = LoopProbe(monkeypatch, coalesce_seconds=0.05)
+    probe = await LoopProbe(monkeypatch, coalesce_seconds=0.05).start()
     probe.change()
     await probe.until(1)
     await probe.idle(0.2)  # idle for longer than the spacing
@@ -114,7 +102,7 @@ async def test_a_change_after_the_spacing_is_reconciled_without_a_wait(
 
 
 async def test_a_burst_of_changes_becomes_few_reconciles(monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = LoopProbe(monkeypatch, coalesce_seconds=0.05)
+    probe = await LoopProbe(monkeypatch, coalesce_seconds=0.05).start()
     await probe.idle(0.05)
     for _ in range(50):
         probe.change()
@@ -130,16 +118,6 @@ async def test_a_burst_of_changes_becomes_few_reconciles(monkeypatch: pytest.Mon
     await probe.close()
 
 
-class HeldCache:
-    """A cache that holds some objects (what a snapshot reads of it)."""
-
-    def __init__(self, objects: list[dict[str, Any]]) -> None:
-        self.objects = tuple(objects)
-
-    def items(self) -> tuple[dict[str, Any], ...]:
-        return self.objects
-
-
 def test_run_and_plan_build_one_world_from_the_same_objects(tmp_path: Any) -> None:
     import json
 
@@ -151,29 +129,19 @@ def test_run_and_plan_build_one_world_from_the_same_objects(tmp_path: Any) -> No
         meta = {"name": name, "namespace": ns} if namespaced else {"name": name}
         return {"apiVersion": "v1", "kind": kind, "metadata": meta}
 
+    pod = obj("Pod", "p")  # a DCGM pod: the pod cache's selectors bring it
+    pod["metadata"]["labels"] = {"app": "nvidia-dcgm-exporter"}
     by_plural = {
         "clusterpolicies": [obj("ClusterPolicy", "cluster-policy", namespaced=False)],
         "gpuclusters": [obj("GPUCluster", "gpu-cluster", namespaced=False)],
         "daemonsets": [obj("DaemonSet", "nvidia-dcgm-exporter")],
-        "pods": [{**obj("Pod", "p"), "spec": {"nodeName": "n"}, "status": {"conditions": []}}],
+        "pods": [{**pod, "spec": {"nodeName": "n"}, "status": {"conditions": []}}],
         "services": [obj("Service", "nvidia-dcgm"), obj("Service", "other")],
         "servicemonitors": [obj("ServiceMonitor", "nvidia-dcgm-exporter")],
     }
-    ctrl = ServicesController(
-        None,  # type: ignore[arg-type]
-        Config(namespace=ns),
-        recorder=None,  # type: ignore[arg-type]
-        writer=None,  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: True,
-    )
-    ctrl._informers = {  # type: ignore[assignment]
-        plural: HeldCache(objects)
-        for plural, objects in by_plural.items()
-        if plural != "servicemonitors"
-    }
-    ctrl.discovery.served = True
-    ctrl.discovery.informer = HeldCache(by_plural["servicemonitors"])  # type: ignore[assignment]
+    ctrl = services_controller(Config(namespace=ns), objects=by_plural)
+    ctrl.discovery.served = True  # the ServiceMonitor API is served: its cache listed
+    fill(ctrl.discovery.cache, by_plural["servicemonitors"])
     path = tmp_path / "all.json"
     items = [o for objects in by_plural.values() for o in objects]
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
@@ -198,9 +166,9 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         assert ctrl is not None
         writes_before = apiserver_write_count(control_plane)
         reconciles = successful_reconciles(svc)
-        relists = {n: i.relists for n, i in ctrl._informers.items()}
+        relists = {n: i.relists for n, i in ctrl.caches.items()}
         for _ in range(5):
-            for informer in ctrl._informers.values():
+            for informer in ctrl.caches.values():
                 await informer.relist()
             await asyncio.sleep(0.5)
         await asyncio.sleep(2.5)
@@ -209,7 +177,7 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         # Five forced re-lists of each cache: one list per list+watch it holds.
         assert all(
             i.relists == relists[n] + 5 * len(getattr(i, "parts", (i,)))
-            for n, i in ctrl._informers.items()
+            for n, i in ctrl.caches.items()
         )
 
 
@@ -225,16 +193,16 @@ async def test_the_periodic_resync_reconciles_from_the_caches_without_relisting(
         await settle(svc)
         ctrl = svc.controller
         assert ctrl is not None
-        relists = {n: i.relists for n, i in ctrl._informers.items()}
+        relists = {n: i.relists for n, i in ctrl.caches.items()}
         reconciles = successful_reconciles(svc)
         await kube.core.create_namespaced_service(
             kube.ns, {"metadata": {"name": "other"}, "spec": {"ports": [{"port": 1}]}}
         )
-        services = ctrl._informers["services"]
+        services = ctrl.caches["services"]
         await eventually(lambda: _true(services.get("other", kube.ns) is not None), timeout=15)
         await asyncio.sleep(3)  # ten resync periods
         assert successful_reconciles(svc) >= reconciles + 5, "the resync still reconciles"
-        assert {n: i.relists for n, i in ctrl._informers.items()} == relists
+        assert {n: i.relists for n, i in ctrl.caches.items()} == relists
 
 
 async def _true(value: bool) -> bool:

@@ -14,13 +14,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import testenv
 from shared_svc import __version__
-from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Action, Plan
-from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
+from tests.parts import executor
 from tests.refusals import ServiceWritesRefused
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
 
@@ -46,7 +44,7 @@ async def test_backoff_is_reset_once_the_watches_are_back() -> None:
         async with running(config) as svc:
             ctrl = svc.controller
             assert ctrl is not None
-            await eventually(lambda: _true(ctrl._failures >= 1), timeout=30)
+            await eventually(lambda: _true(ctrl.failures >= 1), timeout=30)
             # The cause goes away unseen (no watched object changes): still backing off.
             await refusal.lift()
             await loop.run_in_executor(None, cp.stop_apiserver)
@@ -66,7 +64,7 @@ async def test_backoff_is_reset_once_the_watches_are_back() -> None:
             # Bounded by the caches' own reconnect backoff (at most 30 s), not by ours.
             await eventually(converged, timeout=60)
             await settle(svc)
-            assert ctrl._failures == 0
+            assert ctrl.failures == 0
             assert svc.status()["lastReconcile"]["result"] == "success"
         await api.close()
     finally:
@@ -103,7 +101,7 @@ async def test_service_monitor_api_removed_is_rediscovered_at_once(
             await settle(svc)
             status = svc.status()
             assert any("ServiceMonitor" in n for n in status["notes"]), status["notes"]
-            assert svc.controller is not None and svc.controller._failures == 0
+            assert svc.controller is not None and svc.controller.failures == 0
             assert await kube.service("nvidia-dcgm-exporter") is not None
         finally:
             await _restore_service_monitor_crd(control_plane, kube)
@@ -153,26 +151,20 @@ class GoneApiWriter:
 
 
 async def test_a_404_on_a_service_monitor_write_rediscovers_at_once() -> None:
-    ctrl = ServicesController(
-        None,  # type: ignore[arg-type]  # no API access in this test
-        Config(),
-        recorder=None,  # type: ignore[arg-type]
-        writer=GoneApiWriter(),  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: True,
-    )
+    rediscover = asyncio.Event()  # ServiceMonitor discovery's wake
+    writes = executor(writer=GoneApiWriter(), rediscover=rediscover)
     body = {"kind": "ServiceMonitor", "metadata": {"name": "nvidia-dcgm-exporter"}}
     create = Action("create", "ServiceMonitor", "nvidia-dcgm-exporter", "Created", apply=body)
     with pytest.raises(ApiException):
-        await ctrl._execute(Plan(actions=(create,)))
-    assert ctrl._rediscover.is_set()
+        await writes.execute(Plan(actions=(create,)))
+    assert rediscover.is_set()
     service = Action(
         "create", "Service", "nvidia-dcgm", "Created", apply={**body, "kind": "Service"}
     )
-    ctrl._rediscover.clear()
+    rediscover.clear()
     with pytest.raises(ApiException):
-        await ctrl._execute(Plan(actions=(service,)))
-    assert not ctrl._rediscover.is_set(), "only the ServiceMonitor path says the API may be gone"
+        await writes.execute(Plan(actions=(service,)))
+    assert not rediscover.is_set(), "only the ServiceMonitor path says the API may be gone"
 
 
 @pytest.mark.apiserver
@@ -254,15 +246,13 @@ async def test_service_monitor_api_installed_later() -> None:
 async def test_informer_relists_after_410_gone() -> None:
     """Own control plane: etcd is compacted and the API server restarted (its watch cache
     rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
-    from shared_svc.kube.reflector import Informer, Resource
+    from shared_svc.kube.reflector import Cache, Resource
 
     cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
     try:
         api = await api_client(cp)
         k = Kube(api, await make_namespace(api, "gone"))
-        informer = Informer(
-            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
-        )
+        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
         await informer.relist()
         old = informer.resource_version
         for i in range(3):
@@ -274,9 +264,7 @@ async def test_informer_relists_after_410_gone() -> None:
         await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
         await api.close()
         api = await api_client(cp)
-        informer = Informer(
-            api, Resource("", "v1", "services", "Service", namespace=k.ns), on_change=lambda: None
-        )
+        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
         informer.resource_version = old
         assert await informer.watch_once() == "gone"
         # Run from there, the informer ends with the complete list.
@@ -298,10 +286,10 @@ async def test_informer_relists_after_410_gone() -> None:
 async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
     """A warming-up API server answers 404 for custom resources whose CRD exists: that must
     never read as "no ClusterPolicy exists" (it would delete Services)."""
-    from shared_svc.kube.reflector import Informer, NotServedYet, Resource
+    from shared_svc.kube.reflector import Cache, NotServedYet, Resource
 
     # The path 404s while the CRD exists: what a restarting API server looks like.
-    warming = Informer(
+    warming = Cache(
         kube.api,
         Resource(
             "nvidia.com",
@@ -310,17 +298,15 @@ async def test_a_404_is_believed_only_when_the_crd_is_gone(kube: Kube) -> None:
             "ClusterPolicy",
             crd_name="clusterpolicies.nvidia.com",
         ),
-        on_change=lambda: None,
     )
     with pytest.raises(NotServedYet):
         await warming.relist()
     assert not warming.synced.is_set(), "no reconcile may run on this"
 
     # The CRD really is absent: the resource is not served, and that is a complete answer.
-    absent = Informer(
+    absent = Cache(
         kube.api,
         Resource("example.com", "v1", "widgets", "Widget", crd_name="widgets.example.com"),
-        on_change=lambda: None,
     )
     await absent.relist()
     assert absent.synced.is_set() and not absent.served and absent.items() == ()

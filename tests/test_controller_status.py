@@ -5,32 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.metrics import ServicesMetrics
 from shared_svc.reconcile.model import Plan
-from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import eventually
+from tests.parts import outcomes
 from tests.svc import Kube, apiserver_write_count, cp_body, running, service_config
 
 
 def test_pending_gauge_drops_to_zero_when_a_reason_goes_away() -> None:
     from shared_svc.reconcile.model import Pending
 
-    metrics = Metrics()
-    ctrl = ServicesController(
-        None,  # type: ignore[arg-type]
-        Config(),
-        recorder=None,  # type: ignore[arg-type]
-        writer=None,  # type: ignore[arg-type]
-        metrics=metrics,
-        is_leader=lambda: True,
-    )
+    metrics = ServicesMetrics()
+    said = outcomes(metrics=metrics)
     pending = Pending(object="Service/nvidia-dcgm", reason="SelectorMigrationPending", message="m")
-    ctrl._record_plan_metrics(Plan(pending=(pending, pending)))
+    said.record_plan_metrics(Plan(pending=(pending, pending)))
     sample = metrics.registry.get_sample_value
     assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 2
-    ctrl._record_plan_metrics(Plan())
+    said.record_plan_metrics(Plan())
     assert sample("shared_svc_pending", {"reason": "SelectorMigrationPending"}) == 0
 
 

@@ -17,7 +17,7 @@ import yaml
 import testenv
 from shared_svc.config import Config
 from shared_svc.reconcile.names import SERVICE_MONITOR_NAMES, SERVICE_NAMES
-from shared_svc.runtime.manager import DRAIN_SECONDS
+from shared_svc.runtime.controller import DRAIN_SECONDS
 
 # Every test here but test_every_chart_setting_is_covered_by_a_value_case runs helmrender.
 pytestmark = pytest.mark.helm

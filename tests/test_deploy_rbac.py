@@ -9,7 +9,6 @@ the value turns the controller on.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.controllers import shared_caches
+from shared_svc.controllers.upgrade.caches import UpgradeCaches
 from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from shared_svc.kube.writer import Writer
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -29,6 +30,7 @@ from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace, unique
+from tests.parts import managed
 from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
 from tests.test_deploy_chart import (
     ALL_CONVENTIONS,
@@ -428,9 +430,7 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
     )
     api = await as_identity(control_plane, ident)
     try:
-        io = KubeUpgradeIO(
-            api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
-        )
+        io = KubeUpgradeIO(api, DRIVER, write_limiter=upgrade_write_limiter(Config()))
         off = {
             "pods on node": io.pods_on_node(node),
             "patch node": io.patch_node(patch),
@@ -463,15 +463,12 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
             )
         )
         await eventually(lambda: _true_async(io.delete_pod(actions[1]), "evicted"), timeout=15)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(io.run(stop))
-        try:
-            await eventually(lambda: _true(io.synced()), timeout=15)
-            assert io.node_names() == {node}
-            assert all(i.last_error is None for i in io._informers)
-        finally:
-            stop.set()
-            await task
+        registry = shared_caches.registry(api, Config(upgrade_controller=True))
+        caches = UpgradeCaches.of(registry, DRIVER)
+        async with managed(registry.runnables()):
+            await eventually(lambda: _true(all(c.synced.is_set() for c in caches.all())), 15)
+            assert caches.node_names() == {node}
+            assert all(c.last_error is None for c in caches.all())
         # Still nothing beyond the grant: no node writes other than patch, no pods outside
         # list/delete, and no GET of a node (the controller reads nodes from its cache).
         assert await status_of(client.CoreV1Api(api).delete_node(node)) == 403
@@ -506,19 +503,14 @@ async def test_upgrade_controller_alone_reads_cluster_policies_and_cannot_write_
     try:
         await eventually(lambda: _ok(client.CoreV1Api(api).list_node()), timeout=15)
         custom = client.CustomObjectsApi(api)
-        # The gate check's cache (shared_svc.controllers.upgrade.io) syncs: ClusterPolicies are listed
-        # and watched with the upgrade controller's own grant (no Services controller here).
-        io = KubeUpgradeIO(
-            api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
-        )
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(io.run(stop))
-        try:
-            await eventually(lambda: _true(io.synced()), timeout=15)
-            assert all(i.last_error is None for i in io._informers)
-        finally:
-            stop.set()
-            await task
+        # The upgrade controller's caches (shared_svc.controllers.upgrade.caches) sync: the
+        # gate's ClusterPolicies are listed and watched with the upgrade controller's own
+        # grant (no Services controller here).
+        registry = shared_caches.registry(api, Config(upgrade_controller=True))
+        caches = UpgradeCaches.of(registry, DRIVER)
+        async with managed(registry.runnables()):
+            await eventually(lambda: _true(all(c.synced.is_set() for c in caches.all())), 15)
+            assert all(c.last_error is None for c in caches.all())
         assert (
             await status_of(
                 custom.list_cluster_custom_object("nvidia.com", "v1", "clusterpolicies")

@@ -1,9 +1,13 @@
-"""What a cache tells its handlers (issue 21): client-go's ``OnAdd``/``OnUpdate``/``OnDelete``
-with the kept objects, from watch events and from a re-list (the difference of the two
-stores, on resourceVersions), and a handler added late first hears of every object.
+"""What a cache tells its handlers (issues 21, 29): client-go's ``OnAdd``/``OnUpdate``/
+``OnDelete`` with the kept objects, the one channel of what changed: from watch events and
+from every list, as client-go's ``Replace`` hands one out (an add of each new object, an
+update of each one held: the very same object when the list brought it again unchanged,
+a replay; a delete of each one no longer found), and a handler added late first hears of
+every object.
 
-No API server: the store is filled as a complete list leaves it (``_replace``) and watch
-events come through ``watch_once`` from a stream of event lines, as the server sends them."""
+No API server: the store is filled as a complete list leaves it (``testenv.caches.fill``:
+``Cache.replace``) and watch events come through ``watch_once`` from a stream of event
+lines, as the server sends them."""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from typing import Any
 import pytest
 
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.reflector import Cache, Resource
 from shared_svc.reconcile.selection import pod_fields
+from testenv.caches import fill as fill
 
 
 class Events:
@@ -60,14 +65,6 @@ async def one_event(event: dict[str, Any]) -> Lines:
     return Lines([event])
 
 
-def fill(informer: Informer, objects: list[K8sObject], resource_version: str = "100") -> None:
-    """The cache as a complete list leaves it (what ``relist`` does after its pages)."""
-    keys = [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objects]
-    items = {key: informer.resource.kept(o) for key, o in zip(keys, objects, strict=True)}
-    versions = {key: o["metadata"]["resourceVersion"] for key, o in zip(keys, objects, strict=True)}
-    informer._replace(items, versions, served=True, resource_version=resource_version)
-
-
 def pod(name: str, version: str, app: str | None = None) -> K8sObject:
     return {
         "metadata": {
@@ -80,19 +77,25 @@ def pod(name: str, version: str, app: str | None = None) -> K8sObject:
     }
 
 
-def pods_cache() -> tuple[Informer, list[int]]:
-    changes: list[int] = []
-    informer = Informer(
+def pods_cache() -> Cache:
+    return Cache(
         object(),  # type: ignore[arg-type]  # no request is sent
         Resource("", "v1", "pods", "Pod", namespace="ns", project=pod_fields),
-        on_change=lambda: changes.append(1),
     )
-    return informer, changes
 
 
-def test_a_relist_tells_handlers_what_it_added_changed_and_no_longer_found() -> None:
-    informer, changes = pods_cache()
-    events = Events()
+class Replays(Events):
+    """Also writes down which updates hand out the very object the cache held."""
+
+    def on_update(self, old: K8sObject, new: K8sObject) -> None:
+        super().on_update(old, new)
+        if old is new:
+            self.seen.append(("replay", self._id(new)))
+
+
+def test_a_list_tells_handlers_what_it_added_changed_brought_again_and_no_longer_found() -> None:
+    informer = pods_cache()
+    events = Replays()
     informer.add_handler(events)
     fill(informer, [pod("a", "1"), pod("b", "2"), pod("c", "3")])
     assert sorted(events.seen) == [("add", "a@v1"), ("add", "b@v2"), ("add", "c@v3")]
@@ -101,16 +104,24 @@ def test_a_relist_tells_handlers_what_it_added_changed_and_no_longer_found() -> 
     assert sorted(events.seen) == [
         ("add", "d@v5"),
         ("delete", "c@v3"),
+        ("replay", "a@v1"),
+        ("update", "a@v1", "a@v1"),
         ("update", "b@v2", "b@v4"),
     ]
-    assert len(changes) == 2  # the level-triggered listeners: once per re-list that changed
     events.seen.clear()
+    # A re-list of what is cached: every object handed out again as it was (the replay by
+    # which a re-list says "listed again"; runtime.source.replayed).
     fill(informer, [pod("a", "1"), pod("b", "4"), pod("d", "5")])
-    assert events.seen == [] and len(changes) == 2
+    assert sorted(e for e in events.seen if e[0] == "replay") == [
+        ("replay", "a@v1"),
+        ("replay", "b@v4"),
+        ("replay", "d@v5"),
+    ]
+    assert len(events.seen) == 6
 
 
 def test_a_handler_added_to_a_synced_cache_first_hears_of_every_object() -> None:
-    informer, _ = pods_cache()
+    informer = pods_cache()
     fill(informer, [pod("a", "1"), pod("b", "2")])
     events = Events()
     informer.add_handler(events)
@@ -120,7 +131,7 @@ def test_a_handler_added_to_a_synced_cache_first_hears_of_every_object() -> None
 async def test_watch_events_reach_handlers_with_the_old_and_new_kept_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    informer, changes = pods_cache()
+    informer = pods_cache()
     fill(informer, [pod("a", "1"), pod("b", "2")])
     events = Events()
     informer.add_handler(events)
@@ -146,5 +157,4 @@ async def test_watch_events_reach_handlers_with_the_old_and_new_kept_objects(
     # The projection drops the container image, so b's change is no change at all; the
     # delete carries the object's last state.
     assert events.seen == [("update", "a@v1", "a@y"), ("add", "c@v8"), ("delete", "a@y")]
-    assert len(changes) == 1 + 3
     assert [p["metadata"]["name"] for p in informer.items()] == ["b", "c"]

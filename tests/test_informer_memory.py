@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.reflector import Cache, Resource
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.selection import pod_fields
 from testenv import ControlPlane
@@ -43,10 +43,13 @@ async def _create_pod(kube: Kube, name: str, labels: dict[str, str] | None = Non
 
 
 class Spy:
-    """Counts ``on_change`` calls and the query of every GET the informer sends."""
+    """An event handler that counts the changes the cache hands out (adds, deletes,
+    updates to another object) apart from the replays of a re-list (an update handing
+    out the very object held), and the query of every GET the informer sends."""
 
-    def __init__(self, informer: Informer) -> None:
+    def __init__(self, informer: Cache) -> None:
         self.changes = 0
+        self.replays = 0
         self.queries: list[dict[str, str]] = []
         real = informer._get
 
@@ -55,21 +58,28 @@ class Spy:
             return await real(params, **kw)
 
         informer._get = get  # type: ignore[method-assign]
+        informer.add_handler(self)
 
-    def changed(self) -> None:
+    def on_add(self, new: Any) -> None:
+        self.changes += 1
+
+    def on_update(self, old: Any, new: Any) -> None:
+        if old is new:
+            self.replays += 1
+        else:
+            self.changes += 1
+
+    def on_delete(self, old: Any) -> None:
         self.changes += 1
 
 
-def pods_informer(kube: Kube, *, page_size: int = 500) -> tuple[Informer, Spy]:
-    spy_box: list[Spy] = []
-    informer = Informer(
+def pods_informer(kube: Kube, *, page_size: int = 500) -> tuple[Cache, Spy]:
+    informer = Cache(
         kube.api,
         Resource("", "v1", "pods", "Pod", namespace=kube.ns, project=pod_fields),
-        on_change=lambda: spy_box[0].changed(),
         page_size=page_size,
     )
-    spy_box.append(Spy(informer))
-    return informer, spy_box[0]
+    return informer, Spy(informer)
 
 
 async def test_a_list_is_read_in_pages_and_every_object_projected(kube: Kube) -> None:
@@ -92,7 +102,7 @@ async def test_a_list_is_read_in_pages_and_every_object_projected(kube: Kube) ->
         # Exactly what planning reads: no containers, no managedFields, no uid.
         assert pod == pod_fields(by_name[pod["metadata"]["name"]])
         assert "containers" not in pod["spec"] and "managedFields" not in pod["metadata"]
-    assert informer.synced.is_set() and spy.changes == 1
+    assert informer.synced.is_set() and spy.changes == 5  # five adds
 
 
 async def test_a_relist_decides_on_resource_versions(kube: Kube) -> None:
@@ -100,22 +110,23 @@ async def test_a_relist_decides_on_resource_versions(kube: Kube) -> None:
     await _create_pod(kube, "b")
     informer, spy = pods_informer(kube)
     await informer.relist()
-    assert spy.changes == 1
-    await informer.relist()  # nothing changed: no reconcile asked for
-    assert spy.changes == 1 and informer.relists == 2
-    # A change the projection drops still changes the resourceVersion: one trigger.
+    assert (spy.changes, spy.replays) == (2, 0)
+    await informer.relist()  # nothing changed: each object handed out again as it was
+    assert (spy.changes, spy.replays) == (2, 2) and informer.relists == 2
+    # A change the projection drops still changes the resourceVersion: an update.
     await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"annotations": {"x": "1"}}})
     await informer.relist()
-    assert spy.changes == 2
+    assert (spy.changes, spy.replays) == (3, 3)
     await kube.core.delete_namespaced_pod("b", kube.ns, grace_period_seconds=0)
     await informer.relist()
-    assert spy.changes == 3 and [p["metadata"]["name"] for p in informer.items()] == ["a"]
+    assert (spy.changes, spy.replays) == (4, 4)
+    assert [p["metadata"]["name"] for p in informer.items()] == ["a"]
 
 
 async def test_a_relist_keeps_the_cached_objects_of_unchanged_versions(kube: Kube) -> None:
     """A re-list of an unchanged world keeps the very objects it holds (one store, not a
-    second projected copy) and wakes nobody; a changed object is replaced, a deleted one
-    is gone."""
+    second projected copy), handed out again as replays; a changed object is replaced, a
+    deleted one is gone."""
     for name in ("a", "b", "c"):
         await _create_pod(kube, name)
     informer, spy = pods_informer(kube, page_size=2)
@@ -124,12 +135,12 @@ async def test_a_relist_keeps_the_cached_objects_of_unchanged_versions(kube: Kub
     await informer.relist()
     after = {p["metadata"]["name"]: p for p in informer.items()}
     assert all(after[n] is before[n] for n in ("a", "b", "c"))
-    assert spy.changes == 1 and informer.relists == 2
+    assert (spy.changes, spy.replays) == (3, 3) and informer.relists == 2
     await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"labels": {"app": "y"}}})
     await kube.core.delete_namespaced_pod("c", kube.ns, grace_period_seconds=0)
     await informer.relist()
     now = {p["metadata"]["name"]: p for p in informer.items()}
-    assert sorted(now) == ["a", "b"] and spy.changes == 2
+    assert sorted(now) == ["a", "b"] and (spy.changes, spy.replays) == (5, 4)
     assert now["a"] is not before["a"] and now["a"]["metadata"]["labels"] == {"app": "y"}
     assert now["b"] is before["b"]
 
@@ -184,9 +195,9 @@ async def test_both_controllers_share_one_cache_per_resource(
     async with running(config) as svc:
         assert svc.controller is not None and svc.upgrade is not None
         await eventually(lambda: _true(svc.ready()), timeout=30)
-        ds = svc.controller._informers["daemonsets"]
-        assert ds is svc.upgrade._io._daemonsets
-        assert svc.controller._informers["clusterpolicies"] is svc.upgrade._io._cluster_policies
+        ds = svc.controller.caches["daemonsets"]
+        assert ds is svc.upgrade.caches.daemonsets
+        assert svc.controller.caches["clusterpolicies"] is svc.upgrade.caches.cluster_policies
         await eventually(
             lambda: _true(
                 {r: _watches(control_plane, r) - before[r] for r in before}
@@ -200,9 +211,8 @@ async def test_both_controllers_share_one_cache_per_resource(
             meta = d["metadata"]
             return bool(meta["name"] == "nvidia-dcgm" and meta["namespace"] == kube.ns)
 
-        # A DaemonSet change reaches both: the Services controller's cache and the
-        # upgrade controller's snapshot (rebuilt on its trigger).
-        svc.upgrade._io.daemonset_objects()  # a snapshot taken: only a change drops it
+        # A DaemonSet change reaches both: one cache, a new snapshot for each reader.
+        snapshot = svc.upgrade.caches.daemonsets.items()  # the same tuple until a change
         await kube.apps.create_namespaced_daemon_set(
             kube.ns,
             {
@@ -218,7 +228,8 @@ async def test_both_controllers_share_one_cache_per_resource(
         )
         await eventually(
             lambda: _true(
-                any(ours(d) for d in ds.items()) and svc.upgrade._io._ds_snapshot is None
+                any(ours(d) for d in ds.items())
+                and svc.upgrade.caches.daemonsets.items() is not snapshot
             ),
             timeout=15,
         )

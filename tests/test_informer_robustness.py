@@ -1,4 +1,4 @@
-"""The caches (``kube.reflector.Informer``) on the real API server under hostile input and
+"""The caches (``kube.reflector.Cache``) on the real API server under hostile input and
 faults: a CR nested deeper than Python's parser goes, a watch that goes silent, API
 server restarts, and sustained 429 answers."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import testenv
-from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.reflector import Cache, Resource
 from shared_svc.kube.untrusted import MAX_DEPTH, PRUNED, json_depth, loads
 from testenv import ControlPlane
 from tests.apiproxy import TcpProxy, ThrottlingProxy, kubeconfig_via
@@ -105,7 +105,7 @@ async def _deep_cr_scenario(
             assert raw_patch(control_plane, path, patch) == 200
             ctrl = svc.controller
             assert ctrl is not None
-            informer = ctrl._informers["clusterpolicies"]
+            informer = ctrl.caches["clusterpolicies"]
             # Known fields still count: disabling the exporter is acted on.
             assert (
                 raw_patch(control_plane, path, '{"spec":{"dcgmExporter":{"enabled":false}}}') == 200
@@ -133,11 +133,11 @@ async def _absent(kube: Kube, name: str) -> bool:
 
 
 # --- 10: a watch that goes silent, and API server restarts ---
-def names(informer: Informer) -> set[str]:
+def names(informer: Cache) -> set[str]:
     return {o["metadata"]["name"] for o in informer.items()}
 
 
-def labels_of(informer: Informer, name: str) -> dict[str, str]:
+def labels_of(informer: Cache, name: str) -> dict[str, str]:
     for o in informer.items():
         if o["metadata"]["name"] == name:
             labels: dict[str, str] = o["metadata"].get("labels") or {}
@@ -155,10 +155,9 @@ async def test_a_silent_watch_is_noticed_and_relisted(
     api = await api_client(
         control_plane, str(kubeconfig_via(control_plane, proxy.url, tmp_path / "kc"))
     )
-    informer = Informer(
+    informer = Cache(
         api,
         Resource("", "v1", "services", "Service", namespace=kube.ns),
-        on_change=lambda: None,
         idle_timeout_seconds=3.0,
     )
     stop = asyncio.Event()
@@ -187,10 +186,9 @@ async def test_a_quiet_healthy_watch_is_not_taken_for_dead(kube: Kube) -> None:
     next one resumes from the resourceVersion the cache has; the silence detector (default:
     the watch timeout plus a margin) never fires, so a quiet namespace costs no re-list, and
     a change made after all those resumed watches is still seen, without a re-list."""
-    informer = Informer(
+    informer = Cache(
         kube.api,
         Resource("", "v1", "services", "Service", namespace=kube.ns),
-        on_change=lambda: None,
         watch_timeout_seconds=2,
     )
     stop = asyncio.Event()
@@ -227,7 +225,7 @@ async def test_every_cache_sees_changes_after_each_api_server_restart() -> None:
             await settle(svc)
             ctrl = svc.controller
             assert ctrl is not None
-            caches = ctrl._informers
+            caches = ctrl.caches
             for round_ in range(6):
                 await loop.run_in_executor(None, cp.stop_apiserver)
                 await loop.run_in_executor(None, cp.start_apiserver)
@@ -246,7 +244,7 @@ async def test_every_cache_sees_changes_after_each_api_server_restart() -> None:
                     informer = caches[resource]
 
                     async def seen(
-                        i: Informer = informer, n: str = name, want: str = str(round_)
+                        i: Cache = informer, n: str = name, want: str = str(round_)
                     ) -> bool:
                         return labels_of(i, n).get("round") == want and i.synced.is_set()
 
@@ -294,8 +292,8 @@ async def test_429_on_watches_keeps_the_caches_synced_and_the_service_ready(
                 assert svc.is_leader()
                 ctrl = svc.controller
                 assert ctrl is not None
-                assert all(i.synced.is_set() for i in ctrl._informers.values())
-                assert any(i.throttled for i in ctrl._informers.values())
+                assert all(i.synced.is_set() for i in ctrl.caches.values())
+                assert any(i.throttled for i in ctrl.caches.values())
                 proxy.throttle_watches = False
                 await kube.patch_cr(
                     "ClusterPolicy",

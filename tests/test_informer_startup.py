@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from shared_svc.kube.reflector import Informer, Resource
+from shared_svc.kube.reflector import Cache, Resource
 from shared_svc.reconcile.selection import pod_fields
 from testenv import ControlPlane
 from tests.svc import Kube
@@ -47,10 +47,9 @@ async def test_a_paged_list_is_served_from_the_watch_cache(
             kube.ns,
             {"metadata": {"name": f"p{i}"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
         )
-    informer = Informer(
+    informer = Cache(
         kube.api,
         Resource("", "v1", "pods", "Pod", namespace=kube.ns, project=pod_fields),
-        on_change=lambda: None,
         page_size=2,
     )
     before = list_counts(control_plane, "pods")

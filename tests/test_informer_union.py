@@ -6,21 +6,22 @@ every pod of the namespace."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from shared_svc.config import Config
+from shared_svc.controllers import shared_caches
 from shared_svc.controllers.services import caches
-from shared_svc.kube.union import UnionInformer
+from shared_svc.kube.union import UnionCache
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selection import pod_fields
 from tests import worlds
 from tests.kube import eventually
+from tests.parts import managed
 from tests.svc import Kube
 
 pytestmark = pytest.mark.apiserver
@@ -70,7 +71,7 @@ def _names(cache: Any) -> set[str]:
     return {p["metadata"]["name"] for p in cache.items()}
 
 
-def _disjoint(cache: UnionInformer) -> bool:
+def _disjoint(cache: UnionCache) -> bool:
     """Each kept pod in one part's store only."""
     stored = [key for part in cache.parts for key in part._items]
     return len(stored) == len(set(stored))
@@ -79,12 +80,10 @@ def _disjoint(cache: UnionInformer) -> bool:
 async def test_the_pod_cache_holds_the_dcgm_pods_and_plans_as_every_pod_does(kube: Kube) -> None:
     await _create_pods(kube)
     config = Config(namespace=kube.ns)
-    registry = caches.registry(kube.api, config)
-    cache = registry.informer(caches.declare(config).pods, on_change=lambda: None)
-    assert isinstance(cache, UnionInformer) and len(cache.parts) == 3
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(registry.run(stop))
-    try:
+    registry = shared_caches.registry(kube.api, config)
+    cache = registry.cache(caches.declare(config)["pods"])
+    assert isinstance(cache, UnionCache) and len(cache.parts) == 3
+    async with managed(registry.runnables()):
         await eventually(lambda: _true(cache.synced.is_set()), timeout=30)
         assert _names(cache) == WATCHED
         assert _disjoint(cache) and sum(len(part._items) for part in cache.parts) == len(WATCHED)
@@ -132,6 +131,3 @@ async def test_the_pod_cache_holds_the_dcgm_pods_and_plans_as_every_pod_does(kub
         expected = (WATCHED | {"driver-0"}) - {"exporter-0"}
         await eventually(lambda: _true(_names(cache) == expected and _disjoint(cache)), timeout=30)
         assert (kube.ns, "common-both") in cache.parts[0]._items
-    finally:
-        stop.set()
-        await task

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared_svc.controllers.services.caches import CLUSTER_POLICIES
+from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
 from shared_svc.kube.resources import (
     EVENTS,
     GVR,

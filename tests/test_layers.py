@@ -1,19 +1,20 @@
-"""The house (issue 11): which part of ``shared_svc`` may import which, read with ``ast``.
+"""The house (issues 11, 29): which part of ``shared_svc`` may import which, read with ``ast``.
 
-- ``shared_svc/k8s/`` (pure Kubernetes object helpers) imports nothing of ``shared_svc``
-  but itself;
-- the pure cores, ``reconcile/`` and every module of ``upgrade/`` but its shell
-  (:data:`UPGRADE_SHELL`), import no I/O: neither ``kube``, ``runtime``, ``service``,
-  ``controller``, the upgrade shell, nor aiohttp, kubernetes_asyncio or prometheus_client;
-- ``wait/`` (the loop helper and the rate limiters: apimachinery's ``util/wait``) imports
-  nothing of ``shared_svc`` but itself;
-- ``kube/`` (generic API I/O) imports neither core nor ``runtime/`` (it sits below the
-  runtime, on ``wait/`` and ``k8s/``, as client-go's ``tools/cache`` on apimachinery);
-- both controllers run on the one runtime (``shared_svc.runtime``);
-- no class of ``shared_svc`` is over 300 lines, no function over 80 (issue 21: split by
-  concern);
-- each package of the table in docs/architecture.md ("Layers") imports of ``shared_svc``
-  only what its row allows: the doc and this test say one house.
+docs/architecture.md's "Layers" table names every part of the package (each top-level
+package and module) and what of ``shared_svc`` it may import; this test checks the code
+against it, and the table itself:
+
+- every part is a row, and each part imports only what its row allows;
+- no arrow runs back up: the table's arrows form no circle, so neither do the parts';
+- no import circle among the modules themselves (a package inside: the Services and
+  upgrade controllers' modules too);
+- the pure cores (``reconcile/``, ``upgrade/``) import no I/O library;
+- both controllers run on the one runtime;
+- no two modules share a file name in different roles: a name repeats only between twins,
+  at the same place in the two controller packages or in the two pure cores;
+- no asyncio task is started outside the Manager and the controller runtime (but where a
+  call awaits the tasks it starts before it returns: :data:`AWAITED_TASKS`);
+- no class of ``shared_svc`` is over 300 lines, no function over 80 (issue 21).
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 """
@@ -22,26 +23,19 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
-# The modules of upgrade/ that do I/O or hold the controller: the rest of upgrade/ is pure.
-UPGRADE_SHELL: set[str] = set()
-
-IO_MODULES = (
-    "shared_svc.kube",
-    "shared_svc.runtime",
-    "shared_svc.wait",
-    "shared_svc.service",
-    "shared_svc.controllers",
-    *(f"shared_svc.upgrade.{m}" for m in sorted(UPGRADE_SHELL)),
-    "aiohttp",
-    "kubernetes_asyncio",
-    "prometheus_client",
-)
+IO_LIBRARIES = ("aiohttp", "kubernetes_asyncio", "prometheus_client")
+PURE_CORES = ("reconcile", "upgrade")
+# Twins: packages whose modules of one name have one role in each.
+TWINS = (("controllers", "services"), ("controllers", "upgrade")), (("reconcile",), ("upgrade",))
 
 
 def module_name(path: Path) -> str:
@@ -49,9 +43,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+MODULES = sorted(PACKAGE.rglob("*.py"))
+NAMES = {module_name(p) for p in MODULES}
+
+
 def imports_of(path: Path) -> set[str]:
     """Every module ``path`` imports (relative imports resolved; ``from a import b`` counts
-    as ``a`` and ``a.b``, as ``b`` may be a module)."""
+    as ``a``, and as ``a.b`` too, as ``b`` may be a module)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -70,27 +68,87 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def module_imports(path: Path) -> set[str]:
+    """The modules of ``shared_svc`` that ``path`` imports, each as the module it is (a
+    name imported from a module is that module, a submodule imported from a package is
+    the submodule)."""
+    own = module_name(path)
+    return {m for m in imports_of(path) if m in NAMES and m != own}
+
+
 def within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-MODULES = sorted(PACKAGE.rglob("*.py"))
+def part_of(module: str) -> str:
+    """The part of the house a module belongs to: its top-level package (``kube/``), or
+    the top-level module itself (``service``); the package's own ``__init__`` is
+    ``__init__``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1] + "/" if (PACKAGE / parts[1]).is_dir() else parts[1]
 
 
 def modules_under(*parts: str) -> list[Path]:
     return [p for p in MODULES if p.relative_to(PACKAGE).parts[: len(parts)] == parts]
 
 
-def pure_core_modules() -> list[Path]:
-    upgrade = [p for p in modules_under("upgrade") if p.stem not in UPGRADE_SHELL]
-    return modules_under("reconcile") + upgrade
+def layer_table() -> dict[str, set[str]]:
+    """docs/architecture.md's "Layers" table: part -> the parts it may import."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        rows[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[2]))
+    return rows
+
+
+def circles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def test_the_layers_are_found() -> None:
     """The test reads real modules (a moved package would otherwise pass unnoticed)."""
     assert {p.stem for p in modules_under("k8s")} >= {"objects", "selectors", "events"}
-    assert {p.stem for p in pure_core_modules()} >= {"planner", "selection", "gate", "consumers"}
+    assert {p.stem for p in modules_under("reconcile")} >= {"planner", "selection", "fight"}
+    assert {p.stem for p in modules_under("upgrade")} >= {"planner", "gate", "consumers"}
     assert {p.stem for p in modules_under("wait")} >= {"loop", "ratelimit", "runnable"}
+    assert {p.stem for p in modules_under("runtime")} >= {"controller", "manager", "source"}
     assert {p.stem for p in modules_under("kube")} >= {
         "reflector",
         "store",
@@ -100,54 +158,133 @@ def test_the_layers_are_found() -> None:
         "recorder",
         "resources",
     }
-    assert (PACKAGE / "controllers" / "upgrade" / "io.py").is_file()
+    for twin in ("services", "upgrade"):
+        assert {p.stem for p in modules_under("controllers", twin)} >= {
+            "caches",
+            "reconciler",
+            "executor",
+            "status",
+            "metrics",
+        }
 
 
-@pytest.mark.parametrize("path", modules_under("k8s"), ids=module_name)
-def test_k8s_helpers_import_nothing_of_shared_svc_but_themselves(path: Path) -> None:
-    outside = sorted(
-        m for m in imports_of(path) if within(m, "shared_svc") and not within(m, "shared_svc.k8s")
-    )
-    assert not outside, f"{module_name(path)} imports {outside}"
+def test_the_architecture_table_names_every_part_of_the_package() -> None:
+    assert set(layer_table()) == {part_of(m) for m in NAMES}
 
 
-@pytest.mark.parametrize("path", pure_core_modules(), ids=module_name)
+@pytest.mark.parametrize("path", MODULES, ids=module_name)
+def test_each_part_imports_only_what_the_architecture_table_allows(path: Path) -> None:
+    part = part_of(module_name(path))
+    allowed = layer_table()[part] | {part}
+    outside = sorted(m for m in module_imports(path) if part_of(m) not in allowed)
+    assert not outside, f"{module_name(path)} ({part}) imports {outside}"
+
+
+def test_no_arrow_runs_back_up_the_table_has_no_circle() -> None:
+    table = layer_table()
+    assert all(set(allowed) <= set(table) for allowed in table.values()), table
+    assert circles(table) == []
+
+
+def test_no_import_circle_among_the_modules() -> None:
+    graph = {module_name(p): module_imports(p) for p in MODULES}
+    assert circles(graph) == []
+
+
+def test_a_circle_is_found() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("path", [p for c in PURE_CORES for p in modules_under(c)], ids=module_name)
 def test_pure_cores_import_no_io(path: Path) -> None:
-    io = sorted(m for m in imports_of(path) if any(within(m, p) for p in IO_MODULES))
+    io = sorted(m for m in imports_of(path) if any(within(m, lib) for lib in IO_LIBRARIES))
     assert not io, f"{module_name(path)} (a pure core) imports {io}"
 
 
-@pytest.mark.parametrize("path", modules_under("wait"), ids=module_name)
-def test_wait_helpers_import_nothing_of_shared_svc_but_themselves(path: Path) -> None:
-    outside = sorted(
-        m for m in imports_of(path) if within(m, "shared_svc") and not within(m, "shared_svc.wait")
+@pytest.mark.parametrize("twin", ["services", "upgrade"])
+def test_both_controllers_run_on_the_one_runtime(twin: str) -> None:
+    path = PACKAGE / "controllers" / twin / "reconciler.py"
+    assert "shared_svc.runtime.controller" in module_imports(path), path
+
+
+def twin_place(path: Path) -> tuple[int, tuple[str, ...]] | None:
+    """(twin group, place inside the twin) of a module of a twin package, else None."""
+    rel = path.relative_to(PACKAGE).parts
+    for group, packages in enumerate(TWINS):
+        for package in packages:
+            if rel[: len(package)] == package and len(rel) > len(package):
+                return group, rel[len(package) :]
+    return None
+
+
+def repeated_names(paths: Iterable[Path]) -> dict[str, list[str]]:
+    """File names that repeat outside twins (at one place in each of a twin group)."""
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for path in paths:
+        if path.name != "__init__.py":
+            by_name[path.name].append(path)
+    repeated = {}
+    for name, found in by_name.items():
+        places = {twin_place(p) for p in found}
+        if len(found) > 1 and (None in places or len(places) > 1):
+            repeated[name] = sorted(str(p.relative_to(PACKAGE)) for p in found)
+    return repeated
+
+
+def test_no_two_modules_share_a_file_name_in_different_roles() -> None:
+    assert repeated_names(MODULES) == {}
+
+
+def test_a_repeated_name_outside_twins_is_found() -> None:
+    found = repeated_names(
+        [
+            PACKAGE / "controllers" / "services" / "executor.py",
+            PACKAGE / "controllers" / "upgrade" / "executor.py",  # twins: one role
+            PACKAGE / "reconcile" / "planner.py",
+            PACKAGE / "upgrade" / "planner.py",  # the two cores: twins
+            PACKAGE / "k8s" / "events.py",
+            PACKAGE / "kube" / "events.py",  # two roles
+            PACKAGE / "runtime" / "metrics.py",
+            PACKAGE / "controllers" / "upgrade" / "metrics.py",  # not twins
+        ]
     )
-    assert not outside, f"{module_name(path)} imports {outside}"
+    assert found == {
+        "events.py": ["k8s/events.py", "kube/events.py"],
+        "metrics.py": ["controllers/upgrade/metrics.py", "runtime/metrics.py"],
+    }
 
 
-@pytest.mark.parametrize("path", modules_under("kube"), ids=module_name)
-def test_kube_imports_no_runtime(path: Path) -> None:
-    above = sorted(m for m in imports_of(path) if within(m, "shared_svc.runtime"))
-    assert not above, f"{module_name(path)} (below the runtime) imports {above}"
+# Where a task is started outside the runtime, and why it is no root task: each is
+# awaited before the call that starts it returns (or it is the Manager itself).
+AWAITED_TASKS = {
+    "service.py": "runs the Manager",
+    "admission/guard.py": "AdmissionGuard.start: the guard's parts on a Manager of their own",
+    "wait/loop.py": "the waiters of one wait (stop, wake), cancelled when it ends",
+    "kube/reflector.py": "one watch raced against stop, within one round of the cache",
+    "kube/union.py": "the union's parts' list+watches, within its run",
+    "controllers/upgrade/executor.py": "one node's evictions at once, within its pass",
+}
+TASK_CALLS = {"ensure_future", "create_task", "gather", "TaskGroup", "run_coroutine_threadsafe"}
 
 
-@pytest.mark.parametrize("path", modules_under("kube"), ids=module_name)
-def test_kube_imports_neither_core(path: Path) -> None:
-    cores = sorted(
-        m
-        for m in imports_of(path)
-        if within(m, "shared_svc.reconcile") or within(m, "shared_svc.upgrade")
-    )
-    assert not cores, f"{module_name(path)} (generic I/O) imports {cores}"
+def starts_tasks(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in TASK_CALLS:
+                return True
+    return False
 
 
-@pytest.mark.parametrize(
-    "path", [PACKAGE / "controllers" / c / "reconciler.py" for c in ("services", "upgrade")]
-)
-def test_both_controllers_run_on_the_one_runtime(path: Path) -> None:
-    assert any(within(m, "shared_svc.runtime") for m in imports_of(path)), (
-        f"{module_name(path)} does not import shared_svc.runtime"
-    )
+def test_no_task_is_started_outside_the_manager_and_the_runtime() -> None:
+    starting = {
+        str(p.relative_to(PACKAGE))
+        for p in MODULES
+        if p.relative_to(PACKAGE).parts[0] != "runtime" and starts_tasks(p)
+    }
+    assert starting == set(AWAITED_TASKS)
 
 
 MAX_CLASS_LINES = 300
@@ -157,7 +294,7 @@ MAX_FUNCTION_LINES = 80
 def test_no_class_of_shared_svc_is_over_300_lines_nor_a_function_over_80() -> None:
     """Issue 21: each part split by concern (the Services and upgrade shells, the reflector)."""
     too_long = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in MODULES:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
@@ -166,50 +303,3 @@ def test_no_class_of_shared_svc_is_over_300_lines_nor_a_function_over_80() -> No
                     relative = path.relative_to(PACKAGE.parent)
                     too_long.append(f"{relative}:{node.lineno} {node.name} ({length} lines)")
     assert too_long == []
-
-
-ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
-# The rows of the table, by their first cell: the modules each row speaks of.
-LAYER_ROWS = {
-    "k8s/": lambda: modules_under("k8s"),
-    "wait/": lambda: modules_under("wait"),
-    "reconcile/": lambda: modules_under("reconcile"),
-    "upgrade/ cores": lambda: [p for p in modules_under("upgrade") if p.stem not in UPGRADE_SHELL],
-    "kube/": lambda: modules_under("kube"),
-    "runtime/": lambda: modules_under("runtime"),
-}
-
-
-def layer_table() -> dict[str, set[str]]:
-    """docs/architecture.md's "Layers" table: package -> the shared_svc modules it may
-    import (``k8s/`` -> ``shared_svc.k8s``)."""
-    text = ARCHITECTURE.read_text()
-    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    rows: dict[str, set[str]] = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or not cells[0].startswith("`"):
-            continue
-        allowed = re.findall(r"`([^`]+)`", cells[2])
-        rows[cells[0].strip("`")] = {"shared_svc." + a.rstrip("/") for a in allowed}
-    return rows
-
-
-def test_the_architecture_table_names_every_guarded_layer() -> None:
-    assert set(layer_table()) == set(LAYER_ROWS)
-
-
-@pytest.mark.parametrize("row", sorted(LAYER_ROWS))
-def test_each_layer_imports_only_what_the_architecture_table_allows(row: str) -> None:
-    allowed = layer_table()[row]
-    for path in LAYER_ROWS[row]():
-        own = module_name(path).split(".")[:2]
-        outside = sorted(
-            m
-            for m in imports_of(path)
-            if within(m, "shared_svc")
-            and not within(m, ".".join(own))
-            and not any(within(m, a) for a in allowed)
-            and m != "shared_svc"
-        )
-        assert not outside, f"{module_name(path)} ({row}) imports {outside}"

@@ -19,8 +19,9 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
-from shared_svc.controllers.upgrade.io import KubeUpgradeIO, node_resources, upgrade_write_limiter
-from shared_svc.kube.reflector import Informer
+from shared_svc.controllers.upgrade.caches import node_resources
+from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key
@@ -93,7 +94,7 @@ class Wire:
     """The ``Accept`` header of every request the informer sends, and the kind of each list
     page the API server answered with (read through aiohttp's kept body)."""
 
-    def __init__(self, informer: Informer) -> None:
+    def __init__(self, informer: Cache) -> None:
         self.accepts: list[tuple[bool, str]] = []  # (watch?, Accept)
         self.list_kinds: list[str] = []
         api = informer._api
@@ -132,8 +133,7 @@ async def test_node_caches_keep_metadata_only_from_lists_and_watches(
     listed, watched, other = (unique(f"meta-{which}-{n}") for n in ("l", "w", "o"))
     await create_node(api, listed, label)
     await create_node(api, other, {})  # neither label: in neither cache
-    changes: list[int] = []
-    informer = Informer(api, resource, on_change=lambda: changes.append(1), page_size=1)
+    informer = Cache(api, resource, page_size=1)
     wire = Wire(informer)
     stop = asyncio.Event()
     task = asyncio.ensure_future(informer.run(stop))
@@ -200,9 +200,7 @@ async def test_the_node_patch_answer_is_metadata_only(api: ApiClient) -> None:
         return resp
 
     api.call_api = call_api  # type: ignore[method-assign]
-    io = KubeUpgradeIO(
-        api, DRIVER, on_change=lambda: None, write_limiter=upgrade_write_limiter(Config())
-    )
+    io = KubeUpgradeIO(api, DRIVER, write_limiter=upgrade_write_limiter(Config()))
     try:
         live = await read_node(api, name)
         await io.patch_node(

@@ -5,8 +5,8 @@ reconcile after a ClusterPolicy change neither passes over the cached pods nor i
 them again, while its plan is the plan from scratch (counted: calls and passes, not time).
 
 The Services controller runs on its real caches; only the API is left out: the caches
-are filled as a list fills them (``_replace``) and changes come through ``watch_once``
-from a stream of one watch event, as the API server sends it."""
+are filled as a list fills them (``testenv.caches.fill``) and changes come through
+``watch_once`` from a stream of one watch event, as the API server sends it."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from shared_svc.controllers.services.reconciler import ServicesController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector
-from shared_svc.kube.reflector import Informer
-from shared_svc.kube.registry import Informers
-from shared_svc.kube.union import UnionInformer
+from shared_svc.kube.reflector import Cache
+from shared_svc.kube.union import UnionCache
 from shared_svc.reconcile import selection
 from shared_svc.reconcile.planner import plan
-from shared_svc.service_metrics import Metrics
 from tests import worlds
+from tests.parts import services_controller
 from tests.test_informer_events import fill, one_event, pods_cache
 from tests.test_informer_events import pod as plain_pod
 from tests.test_reconcile_hold import add_cluster_policy, gpu_cluster_running, held_messages
@@ -57,17 +56,7 @@ def _versioned(objects: list[K8sObject], first: int) -> list[K8sObject]:
 def standby() -> ServicesController:
     """The Services controller as a standby (it plans, never writes) on its real caches,
     made but not run: no request is sent (also ``benchmarks/bench_reconcile.py``'s)."""
-    ctrl = ServicesController(
-        object(),  # type: ignore[arg-type]
-        Config(),
-        recorder=Recorder(),
-        writer=NoWriter(),  # type: ignore[arg-type]
-        metrics=Metrics(),
-        is_leader=lambda: False,
-        informers=Informers(object()),  # type: ignore[arg-type]
-    )
-    ctrl._informers = {name: ctrl._informer(res) for name, res in ctrl._resources().items()}
-    return ctrl
+    return services_controller(Config(), writer=NoWriter(), leader=False)
 
 
 def _controller() -> ServicesController:
@@ -85,28 +74,28 @@ def _controller() -> ServicesController:
     for part in union.parts[1:]:
         fill(part, [])
     fill(
-        ctrl._informers["daemonsets"],
+        ctrl.caches["daemonsets"],
         _versioned([worlds.daemonset(app, desired=NODES) for app in worlds.APPS.values()], 10),
     )
-    fill(ctrl._informers["clusterpolicies"], _versioned([worlds.cluster_policy()], 1))
-    fill(ctrl._informers["gpuclusters"], _versioned([worlds.gpu_cluster()], 2))
-    fill(ctrl._informers["services"], [])
+    fill(ctrl.caches["clusterpolicies"], _versioned([worlds.cluster_policy()], 1))
+    fill(ctrl.caches["gpuclusters"], _versioned([worlds.gpu_cluster()], 2))
+    fill(ctrl.caches["services"], [])
     return ctrl
 
 
-async def _watch(monkeypatch: pytest.MonkeyPatch, informer: Informer, event: K8sObject) -> None:
+async def _watch(monkeypatch: pytest.MonkeyPatch, informer: Cache, event: K8sObject) -> None:
     """``informer`` brings one watch event, as the API server sends it."""
     monkeypatch.setattr(informer, "_open_watch", lambda params, timeout: one_event(event))
     assert await informer.watch_once() == "timeout"
 
 
-def _union(ctrl: ServicesController) -> UnionInformer:
-    union = ctrl._informers["pods"]
-    assert isinstance(union, UnionInformer)
+def _union(ctrl: ServicesController) -> UnionCache:
+    union = ctrl.caches["pods"]
+    assert isinstance(union, UnionCache)
     return union
 
 
-def _counted(union: UnionInformer) -> None:
+def _counted(union: UnionCache) -> None:
     for part in union.parts:
         part._items = CountingStore(part._items)
     union.items()  # the store was replaced: read once
@@ -114,7 +103,7 @@ def _counted(union: UnionInformer) -> None:
 
 
 def test_an_unchanged_store_hands_out_the_same_tuple_and_a_change_a_new_one() -> None:
-    informer, _ = pods_cache()
+    informer = pods_cache()
     fill(informer, [plain_pod("b", "2"), plain_pod("a", "1")])
     informer._items = CountingStore(informer._items)
     items, keys = informer.items(), informer.cached_keys()
@@ -131,7 +120,7 @@ def test_an_unchanged_store_hands_out_the_same_tuple_and_a_change_a_new_one() ->
 async def test_a_watch_event_is_a_new_tuple_and_a_change_the_projection_drops_is_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    informer, _ = pods_cache()
+    informer = pods_cache()
     fill(informer, [plain_pod("a", "1"), plain_pod("b", "2")])
     before = informer.items()
     dropped_only = plain_pod("a", "3", app="v1")
@@ -214,8 +203,8 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
         spec={"dcgmExporter": {"service": {"internalTrafficPolicy": "Cluster"}}}
     )
     changed["metadata"]["resourceVersion"] = "3000"
-    cps = ctrl._informers["clusterpolicies"]
-    assert isinstance(cps, Informer)
+    cps = ctrl.caches["clusterpolicies"]
+    assert isinstance(cps, Cache)
     await _watch(monkeypatch, cps, {"type": "MODIFIED", "object": changed})
     assert await ctrl.reconcile_once()
     ctrl.status()

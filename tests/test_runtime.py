@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from shared_svc.runtime.controller import Controller, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
-from shared_svc.runtime.manager import Controller, Manager, Periodic, Result
+from shared_svc.runtime.manager import Manager, Periodic
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 from shared_svc.wait.ratelimit import (
     BucketRateLimiter,
@@ -396,7 +397,7 @@ async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
 
 
 async def test_a_periodic_part_stuck_in_one_step_is_not_alive() -> None:
-    from shared_svc.runtime.manager import STALL_SECONDS
+    from shared_svc.runtime.controller import STALL_SECONDS
 
     entered, release = asyncio.Event(), asyncio.Event()
 
@@ -442,20 +443,20 @@ def test_a_part_says_only_what_differs_from_the_runnable_defaults() -> None:
     # The HTTP server and the Lease (kube/, below the runtime) take them from the protocol.
     for part in (HttpServer, LeaseElector, Periodic):
         assert part.leadership_changed is Runnable.leadership_changed, part
+    for part in (HttpServer, LeaseElector):  # a Periodic is ready once what it watches is
         assert part.ready is Runnable.ready, part
 
 
 def test_each_declared_cache_is_one_runnable_ready_once_synced() -> None:
     from shared_svc.config import Config
     from shared_svc.controllers.services import caches
-    from shared_svc.kube.registry import CacheRunnable, Informers
+    from shared_svc.kube.registry import CacheRegistry, CacheRunnable
 
-    registry = Informers(object())  # type: ignore[arg-type]  # caches made, not run
+    registry = CacheRegistry(object())  # type: ignore[arg-type]  # caches made, not run
     declared = caches.declare(Config(upgrade_controller=True))
-    changes: list[str] = []
-    first = registry.informer(declared.daemonsets, on_change=lambda: changes.append("a"))
-    second = registry.informer(declared.daemonsets, on_change=lambda: changes.append("b"))
-    registry.informer(declared.pods, on_change=lambda: None)
+    first = registry.cache(declared["daemonsets"])
+    second = registry.cache(declared["daemonsets"])
+    registry.cache(declared["pods"])
     assert first is second
     runnables = registry.runnables()
     assert [type(r) for r in runnables] == [CacheRunnable, CacheRunnable]
@@ -466,9 +467,9 @@ def test_each_declared_cache_is_one_runnable_ready_once_synced() -> None:
     assert daemonsets.ready()
     # Once handed to their runner, a reader may still share a cache, not add one (it would
     # never run).
-    assert registry.informer(declared.daemonsets, on_change=lambda: None) is first
+    assert registry.cache(declared["daemonsets"]) is first
     with pytest.raises(RuntimeError, match="cache Service in gpu-operator asked for after"):
-        registry.informer(declared.services, on_change=lambda: None)
+        registry.cache(declared["services"])
 
 
 async def test_a_cache_that_ends_unexpectedly_ends_the_manager_as_a_crash() -> None:

@@ -21,6 +21,7 @@ from shared_svc.runtime.source import Event, NewestVersions
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
+from tests.parts import managed
 from tests.test_upgrade_cli import STATUS_NODE_KEYS
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
@@ -44,10 +45,21 @@ def make(
     # publisher, dry-run too (the service's publisher, dry-run, logs them instead).
     events = EventPublisher(recorder)
     controller = UpgradeController(
-        None, cfg, events, is_leader=lambda: leader, io=io, clock=lambda: 1000.0
+        cfg, events, caches=io.caches, io=io, is_leader=lambda: leader, clock=lambda: 1000.0
     )
-    io.on_change = controller.trigger
     return controller, recorder
+
+
+def queued(controller: UpgradeController) -> float:
+    """The nodes waiting in the controller's work queue (``workqueue_depth``)."""
+    registry = controller.metrics.registry
+    return registry.get_sample_value("workqueue_depth", {"name": "upgrade"}) or 0.0
+
+
+def events_of(controller: UpgradeController) -> tuple[int, int]:
+    """Node events handed to the controller, and how many of them enqueued the node."""
+    handlers = controller.node_events
+    return sum(h.events for h in handlers), sum(h.enqueued for h in handlers)
 
 
 async def test_reconcile_writes_plan_and_emits_after_writes() -> None:
@@ -94,7 +106,7 @@ async def test_dry_run_writes_no_event_and_logs_each_once(
     )
     recorder = Recorder()  # a bare recorder: the controller puts it in a dry-run publisher
     cfg = Config(upgrade_controller=True, dry_run=True)
-    controller = UpgradeController(None, cfg, recorder, io=io, clock=lambda: 1000.0)
+    controller = UpgradeController(cfg, recorder, caches=io.caches, io=io, clock=lambda: 1000.0)
     with caplog.at_level(logging.INFO, logger="shared_svc.kube.events"):
         for _ in range(3):
             await controller.reconcile("node-1")
@@ -107,7 +119,7 @@ async def test_node_gone_forgets_status() -> None:
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [])
     controller, _ = make(io)
     await controller.reconcile("node-1")
-    del io.nodes["node-1"]
+    io.delete_node("node-1")  # no longer upgrading nor parked: in neither node cache
     assert await controller.reconcile("node-1") is None
     assert controller.status()["nodes"] == {}
 
@@ -118,15 +130,11 @@ async def test_run_handles_nodes_retries_failures_and_stops() -> None:
     io = ex.FakeUpgradeIO(nodes, pods)
     io.fail_next = [RuntimeError("boom"), NodeChanged("n0")]
     controller, _ = make(io, backoff_base_seconds=0.001, upgrade_workers=3)
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    controller.trigger()
-    for _ in range(500):
-        if all(PARKED in n["metadata"]["labels"] for n in io.nodes.values()):
-            break
-        await asyncio.sleep(0.01)
-    stop.set()
-    await asyncio.wait_for(task, 5)
+    async with managed(controller.runnables()):
+        controller.trigger()
+        await eventually(
+            lambda: _true(all(PARKED in n["metadata"]["labels"] for n in io.nodes.values()))
+        )
     assert all(PARKED in n["metadata"]["labels"] for n in io.nodes.values())
     assert sum(1 for w in io.writes if type(w).__name__ == "PodAction") == 5
     assert controller.status()["errors"] == {}  # the failure was retried and cleared
@@ -161,7 +169,7 @@ async def test_trigger_requeues_every_known_node() -> None:
     await controller.reconcile("a")
     await controller.reconcile("b")
     controller.trigger()
-    assert len(controller._queue) == 2
+    assert queued(controller) == 2
 
 
 def test_bad_consumer_selector_is_refused_with_the_configuration() -> None:
@@ -183,12 +191,9 @@ async def test_stop_finishes_the_node_in_flight() -> None:
 
     io = SlowIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, _ = make(io)
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    controller.trigger()
-    await asyncio.wait_for(io.started.wait(), 5)
-    stop.set()  # while the node patch is in flight
-    await asyncio.wait_for(task, 5)
+    async with managed(controller.runnables()):  # the first list's add: a pass
+        await asyncio.wait_for(io.started.wait(), 5)
+    # Stopped (as on SIGTERM) while the node patch was in flight.
     kinds = [type(w).__name__ for w in io.writes]
     assert kinds == ["NodePatch", "PodAction"], kinds
 
@@ -213,8 +218,9 @@ async def test_unknown_state_is_warned_once_per_node_and_value(
         for _ in range(3):
             await controller.reconcile("a")
             await controller.reconcile("b")
-        node = io.nodes["a"]
+        node = copy.deepcopy(io.nodes["a"])
         node["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "future-state"
+        io.set_node(node)
         await controller.reconcile("a")
         await controller.reconcile("a")
     warned = lines(caplog, logging.WARNING)
@@ -233,11 +239,11 @@ async def test_unknown_state_standby_logs_and_the_leader_sends_the_event() -> No
     io = ex.FakeUpgradeIO([ex.node(state="future-state")], [])
     recorder = Recorder()
     controller = UpgradeController(
-        None,
         Config(upgrade_controller=True),
         recorder,
-        is_leader=lambda: leader,
+        caches=io.caches,
         io=io,
+        is_leader=lambda: leader,
         clock=lambda: 1000.0,
     )
     await controller.reconcile("node-1")
@@ -296,7 +302,7 @@ async def test_delete_after_timeout_says_deleted(caplog: pytest.LogCaptureFixtur
         upgrade_eviction_timeout_seconds=10,
         upgrade_delete_after_timeout=True,
     )
-    controller = UpgradeController(None, cfg, Recorder(), io=io, clock=lambda: now[0])
+    controller = UpgradeController(cfg, Recorder(), caches=io.caches, io=io, clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger=LOGGER):
         await controller.reconcile("node-1")  # evict: refused
         now[0] += 10
@@ -327,20 +333,15 @@ async def test_reconciles_are_counted_under_the_runtime_metric_names() -> None:
     registry = CollectorRegistry()
     cfg = Config(upgrade_controller=True, backoff_base_seconds=0.001)
     controller = UpgradeController(
-        None, cfg, Recorder(), is_leader=lambda: True, io=io, registry=registry
+        cfg, Recorder(), caches=io.caches, io=io, is_leader=lambda: True, metrics=registry
     )
-    io.on_change = controller.trigger
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    controller.trigger()
     sample = registry.get_sample_value
     ok = {"controller": "upgrade", "result": "success"}
-    for _ in range(500):
-        if (sample("controller_runtime_reconcile_total", ok) or 0) >= 2:
-            break
-        await asyncio.sleep(0.01)
-    stop.set()
-    await asyncio.wait_for(task, 5)
+    async with managed(controller.runnables()):
+        controller.trigger()
+        await eventually(
+            lambda: _true((sample("controller_runtime_reconcile_total", ok) or 0) >= 2)
+        )
     assert (sample("controller_runtime_reconcile_total", ok) or 0) >= 2
     error = {"controller": "upgrade", "result": "error"}
     assert sample("controller_runtime_reconcile_total", error) == 1
@@ -361,20 +362,17 @@ async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
     wrote it planned on what it wrote and asked to be polled while the consumers leave
     (a pod list per node saved in every wave). A change by anyone else starts one."""
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
+    io.echo_after_answer = True  # the patch's watch events come after its answer
     controller, _ = make(io)
-    io.on_change = None  # the node caches tell of changes by events only, as KubeUpgradeIO's
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    try:
-        io.set_node(copy.deepcopy(io.nodes["node-1"]))  # the first list: an add
+    async with managed(controller.runnables()):  # the first list: an add, a pass
         await eventually(lambda: _true(controller.reconciles == 1 and len(io.writes) == 2))
-        # Both node caches deliver the node as the patch left it (its new resourceVersion).
-        io.set_node(copy.deepcopy(io.nodes["node-1"]))
-        io.set_node(copy.deepcopy(io.nodes["node-1"]))
-        await asyncio.sleep(0.3)
+        # Both node caches deliver the node as the patch left it (its new resourceVersion):
+        # the state cache's update, the parked cache's add (the parked label is new).
+        await eventually(lambda: _true(events_of(controller)[0] == 3))
+        await asyncio.sleep(0.3)  # a second pass would have been handed out by now
         assert controller.reconciles == 1
-        assert controller.node_events.events == 3 and controller.node_events.enqueued == 1
-        # Someone else changes the node: looked at again.
+        assert events_of(controller) == (3, 1)
+        # Someone else changes the node: looked at again (the second cache's copy: no change).
         changed = copy.deepcopy(io.nodes["node-1"])
         changed["metadata"]["labels"]["example.com/other"] = "x"
         changed["metadata"]["resourceVersion"] = str(
@@ -382,9 +380,7 @@ async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
         )
         io.set_node(changed)
         await eventually(lambda: _true(controller.reconciles == 2))
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+        assert events_of(controller) == (5, 2)
 
 
 def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
@@ -401,16 +397,14 @@ def test_of_two_cached_copies_of_a_node_the_newer_version_counts() -> None:
 
 class EchoBeforeAnswer(ex.FakeUpgradeIO):
     """Both node caches deliver the node as a patch left it before the patch's answer
-    comes (two connections: seen on the real API server under load), and ``foreign``
-    changes the node by someone else while the patch is in flight."""
+    comes (two connections: seen on the real API server under load; the fake's own
+    order), and ``foreign`` changes the node by someone else while the patch is in flight."""
 
     foreign = False
 
     async def patch_node(self, patch: NodePatch) -> str:
-        version = await super().patch_node(patch)
+        version = await super().patch_node(patch)  # its echo delivered: before the answer
         echo = copy.deepcopy(self.nodes[patch.node])
-        self.set_node(copy.deepcopy(echo))
-        self.set_node(copy.deepcopy(echo))
         if self.foreign:
             self.foreign = False
             changed = copy.deepcopy(echo)
@@ -431,20 +425,13 @@ async def test_the_echo_of_a_patch_that_comes_before_its_answer_is_no_change_and
     io = EchoBeforeAnswer([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     io.foreign = foreign
     controller, _ = make(io, upgrade_poll_seconds=600.0)
-    io.on_change = None  # the node caches tell of changes by events only, as KubeUpgradeIO's
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    try:
-        io.set_node(copy.deepcopy(io.nodes["node-1"]))  # the first list: an add
+    async with managed(controller.runnables()):  # the first list: an add, a pass
         await eventually(lambda: _true(len(io.writes) == 2))  # the record patch, the eviction
         if foreign:
             await eventually(lambda: _true(controller.reconciles == 2))
         await asyncio.sleep(0.3)
         assert controller.reconciles == (2 if foreign else 1)
         assert len(io.pod_lists) == controller.reconciles
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 class HeldLists(ex.FakeUpgradeIO):
@@ -477,15 +464,9 @@ async def test_a_wave_is_planned_64_nodes_at_once_by_default() -> None:
     nodes = [ex.node(f"node-{i}", state="cordon-required") for i in range(workers + 6)]
     io = HeldLists(nodes, [], want=workers)
     controller, _ = make(io)
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    try:
-        controller.trigger()
+    async with managed(controller.runnables()):  # the first lists' adds: every node
         await eventually(lambda: _true(controller.reconciles >= len(nodes)), 30)
         assert io.peak == workers
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 class _Pods(list):  # type: ignore[type-arg]

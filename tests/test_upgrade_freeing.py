@@ -33,11 +33,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 import testenv
 from shared_svc.cli import main
 from shared_svc.config import Config
+from shared_svc.controllers import shared_caches
 from shared_svc.controllers.upgrade.io import pods_on_node
 from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
 from shared_svc.kube.recorder import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.runtime.manager import Manager
 from shared_svc.wait.ratelimit import BucketRateLimiter
 from testenv import upgrade_examples as ex
 from tests.apiproxy import ThrottlingProxy, kubeconfig_via
@@ -99,20 +101,35 @@ def settings(**kw: Any) -> Config:
 
 
 class Running:
-    """A controller instance running in the background; ``stop()`` ends it like SIGTERM."""
+    """A controller running in the background as the service runs it: its caches from a
+    registry of its own, they and its parts run by a Manager; ``stop()`` ends it like
+    SIGTERM."""
 
     def __init__(
         self, api: ApiClient, config: Config, wrap: Callable[[EventRecorder], Any] | None = None
     ) -> None:
+        from shared_svc.controllers.upgrade import io as upgrade_io
+
         self.recorder = EventRecorder(api, reporting_instance=unique("test-upgrade"))
         sender = wrap(self.recorder) if wrap else self.recorder
-        self.controller = UpgradeController(api, config, sender)
+        caches = shared_caches.registry(api, config)
+        self.controller = UpgradeController(
+            config,
+            sender,
+            caches=caches,
+            io=upgrade_io.KubeUpgradeIO(
+                api,
+                config.upgrade_driver_name,
+                write_limiter=upgrade_io.upgrade_write_limiter(config),
+            ),
+        )
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self.controller.run(self._stop))
+        manager = Manager([*caches.runnables(), *self.controller.runnables()], lambda: True)
+        self._task = asyncio.create_task(manager.run(self._stop))
 
     async def stop(self) -> None:
         self._stop.set()
-        await asyncio.wait_for(self._task, 20)
+        assert await asyncio.wait_for(self._task, 20) == []
 
 
 @pytest.fixture

@@ -350,18 +350,18 @@ async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
     recorder = Recorder()
     controller = UpgradeController(
-        None, Config(upgrade_controller=True), recorder, io=io, clock=lambda: T0
+        Config(upgrade_controller=True), recorder, caches=io.caches, io=io, clock=lambda: T0
     )
-    await controller._review_gate()
-    await controller._review_gate()
+    await controller.gate_review.review()
+    await controller.gate_review.review()
     assert [r.reason for r in recorder.reports] == ["GPUConsumerGateMissing"]
     gate = controller.status()["gate"]
     assert gate["state"] == "missing" and "races the driver restart" in gate["message"]
-    io.policies = (ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600),)
-    await controller._review_gate()
+    io.set_cluster_policies([ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600)])
+    await controller.gate_review.review()
     assert controller.status()["gate"]["state"] == "ok" and len(recorder.reports) == 1
-    io.policies = (ex.cluster_policy(),)  # broken again: reported again (the same series)
-    await controller._review_gate()
+    io.set_cluster_policies([ex.cluster_policy()])  # broken again: reported again (one series)
+    await controller.gate_review.review()
     assert [r.reason for r in recorder.reports] == ["GPUConsumerGateMissing"] * 2
     assert recorder.reports[0].key == recorder.reports[1].key
 
@@ -370,9 +370,9 @@ async def test_follower_logs_but_does_not_send_the_gate_warning() -> None:
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
     recorder = Recorder()
     controller = UpgradeController(
-        None, Config(upgrade_controller=True), recorder, is_leader=lambda: False, io=io
+        Config(upgrade_controller=True), recorder, caches=io.caches, io=io, is_leader=lambda: False
     )
-    await controller._review_gate()
+    await controller.gate_review.review()
     assert recorder.reports == [] and controller.status()["gate"]["state"] == "missing"
 
 
@@ -381,7 +381,11 @@ async def test_every_replica_logs_the_gate_warning_once_per_finding(
 ) -> None:
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
     controller = UpgradeController(
-        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+        Config(upgrade_controller=True),
+        Recorder(),
+        caches=io.caches,
+        io=io,
+        is_leader=lambda: False,
     )
 
     def warned() -> int:
@@ -391,12 +395,12 @@ async def test_every_replica_logs_the_gate_warning_once_per_finding(
         )
 
     with caplog.at_level(logging.WARNING, logger="shared_svc.upgrade.controller"):
-        await controller._review_gate()
-        await controller._review_gate()
+        await controller.gate_review.review()
+        await controller.gate_review.review()
         assert warned() == 1
-        io.policies = (ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600),)
-        await controller._review_gate()
-        io.policies = (ex.cluster_policy(),)  # broken again: said again
-        await controller._review_gate()
-        await controller._review_gate()
+        io.set_cluster_policies([ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600)])
+        await controller.gate_review.review()
+        io.set_cluster_policies([ex.cluster_policy()])  # broken again: said again
+        await controller.gate_review.review()
+        await controller.gate_review.review()
     assert warned() == 2

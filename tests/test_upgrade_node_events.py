@@ -15,14 +15,16 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade import reconciler as controller_module
-from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
 from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.reflector import Cache
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
+from tests.parts import managed
 from tests.test_informer_events import fill as _fill
 from tests.test_informer_events import one_event as _stream
+from tests.test_upgrade_controller import events_of, queued
 
 NODES = 5_000
 PARKED = 100  # the first nodes are parked too: in both node caches
@@ -59,20 +61,14 @@ async def _true(value: bool) -> bool:
     return value
 
 
+def no() -> bool:
+    return False
+
+
 async def test_one_label_change_among_5000_nodes_plans_that_node_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    io = KubeUpgradeIO(
-        object(),  # type: ignore[arg-type]  # no request is sent: the caches are filled here
-        "gpu",
-        on_change=lambda: None,
-        write_limiter=upgrade_write_limiter(Config()),
-    )
-
-    async def no_pods(name: str, skip_namespace: str | None = None) -> list[K8sObject]:
-        return []
-
-    monkeypatch.setattr(io, "pods_on_node", no_pods)
+    io = ex.FakeUpgradeIO([], [])  # no pods; the caches are filled here
     planned: list[str] = []
     real_plan = controller_module.plan_node
 
@@ -82,28 +78,25 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
 
     monkeypatch.setattr(controller_module, "plan_node", plan_node)
     controller = UpgradeController(
-        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+        Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
     )
-    state_cache, parked_cache = io._node_informers
+    state_cache, parked_cache = controller.caches.nodes
     nodes = [
         ex.node(f"node-{i:05}", state="upgrade-done", parked=i < PARKED, resource_version=str(i))
         for i in range(1, NODES + 1)
     ]
     _fill(state_cache, nodes)
     _fill(parked_cache, nodes[: PARKED - 1])
-    _fill(io._daemonsets, [])
-    _fill(io._cluster_policies, [])
-    stop = asyncio.Event()
-    task = asyncio.create_task(controller.run(stop))
-    try:
+    async with managed(controller.runnables(), is_leader=no):
         # The first lists: every node once (a parked node's second copy is no change).
         await eventually(lambda: _true(controller.reconciles == NODES))
         assert sorted(planned) == sorted(n["metadata"]["name"] for n in nodes)
         planned.clear()
+        assert isinstance(state_cache, Cache) and isinstance(parked_cache, Cache)
         for informer in (state_cache, parked_cache):
             informer._items = CountingStore(informer._items)
         CountingStore.passes = 0
-        events_before = controller.node_events.events
+        events_before = events_of(controller)[0]
 
         # One node, upgrading and parked, gets a label from someone else: both caches
         # bring its new version, one after the other.
@@ -126,31 +119,20 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
         await asyncio.sleep(0.1)  # a second pass would have been handed out by now
         assert planned == ["node-00042"]
         assert controller.reconciles == NODES + 1
-        assert controller.node_events.events - events_before == 2
+        assert events_of(controller)[0] - events_before == 2
         assert CountingStore.passes == 0, "a node cache was iterated for one event"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def test_the_resync_enqueues_every_cached_node_once() -> None:
     """The resync (``trigger``) replays the caches, as client-go's does: every node once,
     a node in both caches once; it is the one path that reads the whole node cache."""
-    io = KubeUpgradeIO(
-        object(),  # type: ignore[arg-type]
-        "gpu",
-        on_change=lambda: None,
-        write_limiter=upgrade_write_limiter(Config()),
-    )
+    io = ex.FakeUpgradeIO([], [])
     controller = UpgradeController(
-        None, Config(upgrade_controller=True), Recorder(), is_leader=lambda: False, io=io
+        Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
     )
-    state_cache, parked_cache = io._node_informers
+    state_cache, parked_cache = controller.caches.nodes
     nodes = [ex.node(f"n{i}", state="upgrade-done", parked=i < 3) for i in range(10)]
     _fill(state_cache, nodes)
     _fill(parked_cache, nodes[:3])
-    while len(controller._queue):  # the first lists' adds
-        key = await controller._queue.get()
-        controller._queue.done(key)
     controller.trigger()
-    assert len(controller._queue) == 10
+    assert queued(controller) == 10
