@@ -377,7 +377,7 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
         assert svc.manager is not None and svc.manager.started.is_set()
     # The caches of the shared registry, each once (DaemonSets and ClusterPolicies are read
     # by both controllers), in the order first asked for, before their readers.
-    state, parked = (r.label_selector for r in caches.node_resources("gpu"))
+    state, parked = (r.label_selector for r in node_resources("gpu"))
     assert started == [
         "http",
         "lease",
@@ -392,11 +392,14 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
         "webhook-certificate",
         "admission-guard",
         "servicemonitor-discovery",
+        f"cache ServiceMonitor in {kube.ns}",  # switched on by discovery while served
         "shared-services",
+        "upgrade-gate",
         "upgrade",
     ]
-    # SIGTERM: the controllers first, then the guard's parts, then the caches, then the
-    # Lease (released), then the HTTP server.
+    # SIGTERM: the controllers first, then the gate's review, the ServiceMonitor cache and
+    # discovery, then the guard's parts, then the caches, then the Lease (released), then
+    # the HTTP server.
     assert svc.manager.stopped == started[::-1]
     assert svc.elector is not None and not svc.elector.is_leader
     lease = await lease_of(kube, config.lease_name)

@@ -228,7 +228,8 @@ async def _upgrade(w: World, *, gate: bool) -> Upgrade:
         assert upgrades is not None
 
         async def gate_seen() -> dict[str, Any] | None:
-            return None if upgrades.gate is None else upgrades.gate.as_dict()
+            check = upgrades.gate_review.gate
+            return None if check is None else check.as_dict()
 
         verdict: dict[str, Any] = await eventually(gate_seen, timeout=30)
         if not gate:

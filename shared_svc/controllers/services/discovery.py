@@ -1,7 +1,7 @@
 """ServiceMonitor discovery for the Services controller, a Runnable of the Manager:
 whether the ServiceMonitor API is served (Prometheus Operator installed later, or
-removed), every ``discovery_seconds`` or at once when woken (a write met "404 page not
-found" on its path, or its cache found the API gone).
+removed), every ``discovery_seconds`` or at once when woken (a write on its path was
+refused: "404 page not found", or a 403 while its CRD is being deleted).
 
 The ServiceMonitor cache is the registry's (its ``shared_svc_cache_synced`` is reported
 with the others) but runs only while the API is served: :attr:`cache_runnable` is that
@@ -21,10 +21,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
 from shared_svc.controllers.services.caches import service_monitors
-from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Cache
 from shared_svc.kube.registry import CacheRegistry
-from shared_svc.kube.resources import SERVICE_MONITORS
+from shared_svc.kube.resources import CUSTOM_RESOURCE_DEFINITIONS, METADATA, SERVICE_MONITORS
 from shared_svc.kube.writer import raw_request
 from shared_svc.runtime.manager import Periodic, Switched
 
@@ -53,20 +52,31 @@ class ServiceMonitorDiscovery(Periodic):
             caches.runnable(self.cache), lambda: self.served, when_off=self._not_served
         )
         self._not_served()
-        self.cache.add_handler(_GoneWatch(self))
 
     def _not_served(self) -> None:
         """The cache as a list of a resource not served leaves it: empty, synced."""
         self.cache.replace({}, {}, served=False, resource_version="")
 
     async def _served(self) -> bool:
+        """The API lists ServiceMonitors and their CRD is not being deleted (its objects
+        are, and creating one is refused: as good as gone)."""
         try:
             res = await raw_request(self._api, "GET", SERVICE_MONITORS.group_version)
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
-        return any(r.get("name") == "servicemonitors" for r in res.get("resources", []))
+        if not any(r.get("name") == "servicemonitors" for r in res.get("resources", [])):
+            return False
+        crd_name = self.cache.resource.crd_name
+        assert crd_name is not None
+        try:
+            crd = await raw_request(
+                self._api, "GET", CUSTOM_RESOURCE_DEFINITIONS.item(crd_name), accept=METADATA
+            )
+        except ApiException as exc:
+            return exc.status != 404  # another answer (403: not granted) says nothing
+        return not (crd.get("metadata") or {}).get("deletionTimestamp")
 
     async def _discover(self) -> None:
         try:
@@ -82,26 +92,3 @@ class ServiceMonitorDiscovery(Periodic):
                 self.cache.invalidate()
             self.cache_runnable.flip()  # the cache runs while served
             self._on_change()
-
-
-class _GoneWatch:
-    """A handler of the ServiceMonitor cache: an event from it while it finds the API not
-    served (its list answered 404 and the CRD is gone: the deletes of what it held) while
-    discovery still says served wakes discovery, rather than waiting for its next pass."""
-
-    def __init__(self, discovery: ServiceMonitorDiscovery) -> None:
-        self._discovery = discovery
-
-    def _seen(self) -> None:
-        d = self._discovery
-        if d.served and not d.cache.served:
-            d.wake.set()
-
-    def on_add(self, new: K8sObject) -> None:
-        self._seen()
-
-    def on_update(self, old: K8sObject, new: K8sObject) -> None:
-        self._seen()
-
-    def on_delete(self, old: K8sObject) -> None:
-        self._seen()

@@ -120,9 +120,10 @@ class Executor:
         except ApiException as exc:
             if concurrent_change(exc):
                 raise ObjectChanged(action.kind, action.name, exc) from exc
-            if exc.status == 404 and action.kind == "ServiceMonitor":
-                # "404 page not found": the ServiceMonitor API may be gone. Look now,
-                # not at the next discovery pass.
+            if exc.status in (403, 404) and action.kind == "ServiceMonitor":
+                # The ServiceMonitor API may be gone ("404 page not found") or going
+                # (403: "not allowed while custom resource definition is terminating").
+                # Look now, not at the next discovery pass.
                 self._rediscover.set()
             raise
         return sent
