@@ -249,3 +249,16 @@ def test_a_delete_of_a_collection_is_judged_per_object_by_its_old_object() -> No
     body["request"]["oldObject"] = {"metadata": {"name": "someone-elses"}}
     answer = review(body, namespace=NS, operator_users=[OPERATOR], needed_by=needed)
     assert answer["response"]["allowed"] is True
+
+
+def test_the_guard_is_given_the_two_functions_it_reads_not_the_controller() -> None:
+    """Issue 29: what the guard reads of the Services controller is in its signature (our
+    objects as cached, who needs each), not a controller object of any type."""
+    import inspect
+
+    from shared_svc.admission.guard import AdmissionGuard
+
+    params = inspect.signature(AdmissionGuard.__init__).parameters
+    assert "controller" not in params
+    assert {"objects", "needed_by"} <= set(params)
+    assert all(params[p].annotation != "Any" for p in ("objects", "needed_by"))

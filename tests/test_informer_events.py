@@ -158,3 +158,44 @@ async def test_watch_events_reach_handlers_with_the_old_and_new_kept_objects(
     # delete carries the object's last state.
     assert events.seen == [("update", "a@v1", "a@y"), ("add", "c@v8"), ("delete", "a@y")]
     assert [p["metadata"]["name"] for p in informer.items()] == ["b", "c"]
+
+
+def test_a_cache_tells_of_changes_one_way_handlers_with_objects() -> None:
+    """No listener without an object (issue 29): a cache has handlers only."""
+    import inspect
+
+    from shared_svc.kube.store import Store
+    from shared_svc.kube.union import UnionCache
+
+    for kind in (Store, Cache, UnionCache):
+        assert not hasattr(kind, "add_listener"), kind
+        assert "on_change" not in inspect.signature(kind.__init__).parameters, kind
+
+
+async def test_whether_a_crd_is_absent_is_asked_through_the_one_http_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``crd_absent`` reads the CRD's metadata through ``writer.raw_request`` (the typed
+    client's call was the one request outside it)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.kube import reflector
+
+    asked: list[tuple[str, str, str]] = []
+
+    async def raw_request(api: Any, method: str, path: str, **kw: Any) -> Any:
+        asked.append((method, path, kw.get("accept", "")))
+        if path.endswith("/widgets.example.com"):
+            raise ApiException(status=404, reason="Not Found")
+        return {"metadata": {"name": path.rsplit("/", 1)[1]}}
+
+    monkeypatch.setattr(reflector, "raw_request", raw_request)
+    assert await reflector.crd_absent(object(), "widgets.example.com") is True  # type: ignore[arg-type]
+    assert await reflector.crd_absent(object(), "gadgets.example.com") is False  # type: ignore[arg-type]
+    assert await reflector.crd_absent(object(), None) is True  # type: ignore[arg-type]  # built-in
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert [(m, p) for m, p, _ in asked] == [
+        ("GET", f"{crds}/widgets.example.com"),
+        ("GET", f"{crds}/gadgets.example.com"),
+    ]
+    assert {a for _, _, a in asked} == {reflector.METADATA}

@@ -7,6 +7,7 @@ import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -489,3 +490,211 @@ async def test_a_cache_that_ends_unexpectedly_ends_the_manager_as_a_crash() -> N
     crashed = await asyncio.wait_for(manager.run(asyncio.Event()), 1)
     assert [str(e) for e in crashed] == ["cache Pod in ns ended unexpectedly"]
     assert manager.stopped == ["controller", "cache Pod in ns"] and not controller.running
+
+
+# --- issue 29: a controller declares what it reads; the runtime runs it ---
+
+
+def _watching(reconcile: Callable[[str], Any], **kw: Any) -> tuple[Controller[str], Any]:
+    """A controller that watches one cache (made, never listed: filled here), each event
+    keyed by the object's name."""
+    from shared_svc.k8s.objects import name_of
+    from shared_svc.kube.reflector import Cache
+    from shared_svc.kube.resources import Resource
+
+    cache = Cache(object(), Resource("", "v1", "services", "Service", namespace="ns"))  # type: ignore[arg-type]
+    ctrl: Controller[str] = Controller(
+        "watching",
+        reconcile,
+        metrics=RuntimeMetrics.of(CollectorRegistry()),
+        rate_limiter=ItemExponentialFailureRateLimiter(kw.pop("backoff", 0.001), 600.0),
+        **kw,
+    )
+    ctrl.watch(cache, name_of)
+    return ctrl, cache
+
+
+def _service(name: str, version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
+
+
+async def test_run_adds_the_handlers_and_waits_for_the_sync_then_reconciles_what_was_listed() -> (
+    None
+):
+    """controller-runtime's Start: nothing is reconciled (nor polled for) while the watched
+    cache has not listed; its list's adds are the first keys."""
+    from testenv.caches import fill
+
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> Result:
+        seen.append(key)
+        return Result()
+
+    ctrl, cache = _watching(reconcile)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    ctrl.enqueue("early")  # a key before the caches synced waits for them
+    await asyncio.sleep(0.1)
+    assert seen == [] and not ctrl.synced()
+    fill(cache, [_service("a", "1"), _service("b", "2")])
+    for _ in range(100):
+        if len(seen) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(seen) == ["a", "b", "early"] and ctrl.synced()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_no_key_is_handed_out_while_a_watched_cache_re_lists() -> None:
+    from testenv.caches import fill
+
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> Result:
+        seen.append(key)
+        return Result()
+
+    ctrl, cache = _watching(reconcile)
+    fill(cache, [])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    await asyncio.sleep(0.05)
+    cache.invalidate()  # the watch is lost: the cache must list again
+    ctrl.enqueue("k")
+    await asyncio.sleep(0.1)
+    assert seen == []
+    fill(cache, [])  # listed again
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == ["k"]
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_re_list_retries_a_failed_key_at_once_a_change_waits_out_its_backoff() -> None:
+    """The relists comparison the Services controller made, as events: a re-list hands out
+    the objects it brings again unchanged (a replay), whose keys are retried now; a plain
+    change of a failing key waits for its backoff."""
+    from testenv.caches import deliver, fill
+
+    failing = {"a": True}
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> Result:
+        seen.append(key)
+        return Result("error", retry=True) if failing.get(key) else Result()
+
+    ctrl, cache = _watching(reconcile, backoff=300.0, cooldown=0.01)
+    fill(cache, [_service("a", "1")])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == ["a"] and ctrl.failures("a") == 1  # backing off for 10 minutes
+    deliver(cache, _service("a", "2"))  # a change: waits for the backoff
+    await asyncio.sleep(0.1)
+    assert seen == ["a"]
+    failing["a"] = False
+    fill(cache, [_service("a", "2")])  # the cache lists again: "a" is brought again as it was
+    for _ in range(100):
+        if len(seen) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert seen == ["a", "a"] and ctrl.failures("a") == 0
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_the_resync_enqueues_every_key_it_is_given() -> None:
+    from testenv.caches import fill
+
+    seen: list[str] = []
+
+    async def reconcile(key: str) -> Result:
+        seen.append(key)
+        return Result()
+
+    ctrl, cache = _watching(reconcile)
+    ctrl.resync(0.05, lambda: ["x", "y"])
+    fill(cache, [])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(ctrl.run(stop))
+    for _ in range(200):
+        if seen.count("x") >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert seen.count("x") >= 2 and seen.count("y") >= 2
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_switched_runs_its_part_only_while_on_and_puts_it_off_after() -> None:
+    from shared_svc.runtime.manager import Switched
+
+    on = [False]
+    runs: list[str] = []
+
+    class Part(Runnable):
+        name = "part"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            runs.append("start")
+            await stop.wait()
+            runs.append("stop")
+
+    switched = Switched(Part(), lambda: on[0], when_off=lambda: runs.append("off"))
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(switched.run(stop))
+    await asyncio.sleep(0.05)
+    assert runs == [] and switched.ready()
+    on[0] = True
+    switched.flip()
+    await asyncio.sleep(0.05)
+    assert runs == ["start"] and switched.running
+    on[0] = False
+    switched.flip()
+    await asyncio.sleep(0.05)
+    assert runs == ["start", "stop", "off"] and not switched.running
+    on[0] = True
+    switched.flip()
+    await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert runs == ["start", "stop", "off", "start", "stop", "off"]
+
+
+async def test_a_periodic_that_watches_a_cache_waits_for_its_sync_and_wakes_on_its_changes() -> (
+    None
+):
+    from shared_svc.kube.reflector import Cache
+    from shared_svc.kube.resources import Resource
+    from testenv.caches import deliver, fill
+
+    cache = Cache(object(), Resource("", "v1", "services", "Service", namespace="ns"))  # type: ignore[arg-type]
+    steps: list[int] = []
+    part = Periodic("p", lambda: steps.append(len(cache.items())), lambda: 3600.0)
+    part.watch(cache)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(part.run(stop))
+    await asyncio.sleep(0.05)
+    assert steps == [] and not part.ready()
+    fill(cache, [])
+    for _ in range(100):
+        if steps:
+            break
+        await asyncio.sleep(0.01)
+    assert steps == [0]
+    deliver(cache, _service("a", "1"))
+    for _ in range(100):
+        if len(steps) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert steps == [0, 1]
+    stop.set()
+    await asyncio.wait_for(task, 5)
