@@ -548,6 +548,7 @@ async def test_run_adds_the_handlers_and_waits_for_the_sync_then_reconciles_what
 
 
 async def test_no_key_is_handed_out_while_a_watched_cache_re_lists() -> None:
+    """With ``only_when_synced`` (the Services controller's: it plans from every cache)."""
     from testenv.caches import fill
 
     seen: list[str] = []
@@ -556,7 +557,7 @@ async def test_no_key_is_handed_out_while_a_watched_cache_re_lists() -> None:
         seen.append(key)
         return Result()
 
-    ctrl, cache = _watching(reconcile)
+    ctrl, cache = _watching(reconcile, only_when_synced=True)
     fill(cache, [])
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))

@@ -7,9 +7,9 @@ rest, as controller-runtime's ``Controller.Start``: it adds the handlers to the 
 waits for every watched cache to sync, then starts the workers and the resync.
 
 The workers hand the keys of the :class:`~.workqueue.WorkQueue` out, one key to one
-worker at a time, and a key only while every watched cache is synced (a cache that lost
-its watch is re-listing: no reconcile runs on what it holds; the key waits in the queue).
-They record controller-runtime's metrics, turn a failure into a rate-limited retry
+worker at a time; with ``only_when_synced``, only while every cache it reads is synced (a
+cache that lost its watch is re-listing: no reconcile runs on what it holds; the key
+waits in the queue: the Services controller, which plans from all of them). They record controller-runtime's metrics, turn a failure into a rate-limited retry
 (nothing escapes a worker), beat the heartbeat (from the start: waiting for the caches
 is not being wedged) and, on stop, finish the keys in flight (bounded) before
 :meth:`Controller.run` returns.
@@ -81,8 +81,10 @@ class Controller(Generic[K]):
         cooldown: float | None = None,
         beat_seconds: Callable[[], float] = lambda: 1.0,
         on_beat: Callable[[], None] | None = None,
+        only_when_synced: bool = False,
     ) -> None:
         self.name = name
+        self._only_when_synced = only_when_synced
         self._reconcile = reconcile
         self._metrics = metrics
         self.queue: WorkQueue[K] = WorkQueue(name, rate_limiter=rate_limiter, metrics=metrics)
@@ -232,13 +234,14 @@ class Controller(Generic[K]):
 
     async def _worker(self) -> None:
         while True:
-            for source in self.sources:  # no key is held while a cache re-lists
-                await source.synced.wait()
+            if self._only_when_synced:  # no key is held while a cache re-lists
+                for source in self.sources:
+                    await source.synced.wait()
             try:
                 key = await self.queue.get()
             except ShutDown:
                 return
-            if not self.synced():  # a cache lost its watch meanwhile: the key waits
+            if self._only_when_synced and not self.synced():  # lost meanwhile: it waits
                 self.queue.done(key)
                 self.queue.add(key)
                 continue

@@ -96,6 +96,7 @@ class ServicesController:
             workers=1,
             cooldown=config.coalesce_seconds,
             beat_seconds=lambda: HEARTBEAT_SECONDS,
+            only_when_synced=True,  # it plans from every cache: none may be re-listing
         )
         # What planning reads, asked for now: the registry's caches start before ``run``.
         self.caches: dict[str, AnyCache] = {
