@@ -2,7 +2,7 @@
 fleet's DCGM pods in its real caches (issue 22).
 
 The controller runs as a standby (it plans, never writes) on its real caches, filled as a
-complete list fills them (``_replace``): ``--nodes`` nodes x 4 DCGM pods
+complete list fills them (``Cache.replace``): ``--nodes`` nodes x 4 DCGM pods
 (``tests/realistic.py`` pods, projected and shared as the pod cache keeps them; written once to
 ~/.cache/shared-svc/bench-reconcile), the four DaemonSets and both CRs. It times the
 snapshot, the plan and the whole ``reconcile_once`` after a ClusterPolicy change, and the
@@ -71,7 +71,7 @@ async def measure(nodes: int, repeat: int) -> None:
     assert isinstance(union, UnionCache)
     keys = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p, _ in pods]
     part = union.parts[0]  # every pod has a DCGM app: the first part's
-    part._replace(  # kept as the cache keeps them: repeated subtrees shared (SharedValues)
+    part.replace(  # kept as the cache keeps them: repeated subtrees shared (SharedValues)
         {k: part._shared(p) for k, (p, _) in zip(keys, pods, strict=True)},
         {k: v for k, (_, v) in zip(keys, pods, strict=True)},
         served=True,
@@ -128,7 +128,7 @@ async def measure(nodes: int, repeat: int) -> None:
         pod = copy.deepcopy(items[key])
         pod["metadata"]["labels"] = {**pod["metadata"]["labels"], "bench": str(i)}
         items[key], versions[key] = pod, str(900_000 + i)
-        part._replace(items, versions, served=True, resource_version=str(900_000 + i))
+        part.replace(items, versions, served=True, resource_version=str(900_000 + i))
         t = time.perf_counter()
         assert await ctrl.reconcile_once()
         pod_change.append(time.perf_counter() - t)

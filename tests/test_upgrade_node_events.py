@@ -2,9 +2,10 @@
 cached nodes, one node's label change plans that node only, and nothing iterates a node
 cache on the way (counted: calls, not time).
 
-The controller runs on the real ``KubeUpgradeIO`` and its real caches; only the API is
-left out: the caches are filled as a list fills them (``_replace``) and the change comes
-through ``watch_once`` from a stream of one watch event, as the API server sends it."""
+The controller runs on its real caches, run by a Manager as the service runs it; only the
+API is left out: the caches are filled as a list fills them (``testenv.caches.fill``) and
+the change comes through ``watch_once`` from a stream of one watch event, as the API
+server sends it."""
 
 from __future__ import annotations
 
