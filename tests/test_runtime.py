@@ -21,6 +21,7 @@ from shared_svc.wait.ratelimit import (
     ItemExponentialFailureRateLimiter,
 )
 from shared_svc.wait.runnable import Runnable
+from tests.kube import eventually
 
 
 def test_exponential_limiter_doubles_per_key_caps_and_forgets() -> None:
@@ -495,6 +496,15 @@ async def test_a_cache_that_ends_unexpectedly_ends_the_manager_as_a_crash() -> N
 # --- issue 29: a controller declares what it reads; the runtime runs it ---
 
 
+async def soon(condition: Callable[[], bool]) -> None:
+    """Waits (bounded) until ``condition`` holds (``tests.kube.eventually``)."""
+
+    async def check() -> bool:
+        return condition()
+
+    await eventually(check, timeout=5, interval=0.01)
+
+
 def _watching(reconcile: Callable[[str], Any], **kw: Any) -> tuple[Controller[str], Any]:
     """A controller that watches one cache (made, never listed: filled here), each event
     keyed by the object's name."""
@@ -538,10 +548,7 @@ async def test_run_adds_the_handlers_and_waits_for_the_sync_then_reconciles_what
     await asyncio.sleep(0.1)
     assert seen == [] and not ctrl.synced()
     fill(cache, [_service("a", "1"), _service("b", "2")])
-    for _ in range(100):
-        if len(seen) == 3:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: len(seen) == 3)
     assert sorted(seen) == ["a", "b", "early"] and ctrl.synced()
     stop.set()
     await asyncio.wait_for(task, 5)
@@ -567,10 +574,7 @@ async def test_no_key_is_handed_out_while_a_watched_cache_re_lists() -> None:
     await asyncio.sleep(0.1)
     assert seen == []
     fill(cache, [])  # listed again
-    for _ in range(100):
-        if seen:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: seen)
     assert seen == ["k"]
     stop.set()
     await asyncio.wait_for(task, 5)
@@ -593,20 +597,14 @@ async def test_a_re_list_retries_a_failed_key_at_once_a_change_waits_out_its_bac
     fill(cache, [_service("a", "1")])
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
-    for _ in range(100):
-        if seen:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: seen)
     assert seen == ["a"] and ctrl.failures("a") == 1  # backing off for 10 minutes
     deliver(cache, _service("a", "2"))  # a change: waits for the backoff
     await asyncio.sleep(0.1)
     assert seen == ["a"]
     failing["a"] = False
     fill(cache, [_service("a", "2")])  # the cache lists again: "a" is brought again as it was
-    for _ in range(100):
-        if len(seen) == 2:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: len(seen) == 2)
     assert seen == ["a", "a"] and ctrl.failures("a") == 0
     stop.set()
     await asyncio.wait_for(task, 5)
@@ -626,10 +624,7 @@ async def test_the_resync_enqueues_every_key_it_is_given() -> None:
     fill(cache, [])
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
-    for _ in range(200):
-        if seen.count("x") >= 2:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: seen.count("x") >= 2)
     assert seen.count("x") >= 2 and seen.count("y") >= 2
     stop.set()
     await asyncio.wait_for(task, 5)
@@ -686,16 +681,10 @@ async def test_a_periodic_that_watches_a_cache_waits_for_its_sync_and_wakes_on_i
     await asyncio.sleep(0.05)
     assert steps == [] and not part.ready()
     fill(cache, [])
-    for _ in range(100):
-        if steps:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: steps)
     assert steps == [0]
     deliver(cache, _service("a", "1"))
-    for _ in range(100):
-        if len(steps) == 2:
-            break
-        await asyncio.sleep(0.01)
+    await soon(lambda: len(steps) == 2)
     assert steps == [0, 1]
     stop.set()
     await asyncio.wait_for(task, 5)

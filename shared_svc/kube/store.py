@@ -93,6 +93,21 @@ class EventHandler(Protocol):
     def on_delete(self, old: K8sObject) -> None: ...
 
 
+def set_synced(
+    synced: asyncio.Event, value: bool, on_synced: Callable[[bool], None] | None
+) -> None:
+    """``synced`` set or cleared, and ``on_synced`` told when that changes it (a cache's,
+    a union's: the registry's gauge)."""
+    if value == synced.is_set():
+        return
+    if value:
+        synced.set()
+    else:
+        synced.clear()
+    if on_synced is not None:
+        on_synced(value)
+
+
 def key_of(obj: K8sObject) -> tuple[str, str]:
     meta = obj.get("metadata", {})
     return meta.get("namespace", ""), meta.get("name", "")
@@ -172,14 +187,7 @@ class Store:
         return keys
 
     def _set_synced(self, value: bool) -> None:
-        if value == self.synced.is_set():
-            return
-        if value:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        if self._on_synced is not None:
-            self._on_synced(value)
+        set_synced(self.synced, value, self._on_synced)
 
     def _hand_out_list(self, old_items: dict[Key, K8sObject]) -> None:
         """The events of a list, as client-go's ``Replace`` hands them out: an add of each

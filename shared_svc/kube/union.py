@@ -12,7 +12,7 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import Resource
-from shared_svc.kube.store import EventHandler, Key
+from shared_svc.kube.store import EventHandler, Key, set_synced
 
 
 class UnionCache:
@@ -70,14 +70,7 @@ class UnionCache:
 
     def _part_synced(self, _: bool) -> None:
         synced = bool(self.parts) and all(p.synced.is_set() for p in self.parts)
-        if synced == self.synced.is_set():
-            return
-        if synced:
-            self.synced.set()
-        else:
-            self.synced.clear()
-        if self._on_synced is not None:
-            self._on_synced(synced)
+        set_synced(self.synced, synced, self._on_synced)
 
     @property
     def generation(self) -> tuple[int, ...]:
