@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
+from shared_svc.controllers.services.metrics import ServicesMetrics
 from shared_svc.k8s.managed_fields import managers_of_field
-from shared_svc.service_metrics import Metrics
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.svc import (
@@ -86,7 +86,7 @@ def test_a_write_meeting_changes_is_info_until_the_same_object_keeps_meeting_the
     from shared_svc.controllers.services.outcomes import CHANGED_WARN_AFTER, Outcomes
     from shared_svc.kube.recorder import EventPublisher
 
-    outcomes = Outcomes(Config(), events=EventPublisher(FlakyRecorder()), metrics=Metrics())
+    outcomes = Outcomes(Config(), events=EventPublisher(FlakyRecorder()), metrics=ServicesMetrics())
     caplog.set_level(logging.INFO, logger="shared_svc")
     conflict = ObjectChanged("Service", "nvidia-dcgm", ApiException(status=409, reason="Conflict"))
     for _ in range(CHANGED_WARN_AFTER):
