@@ -151,9 +151,12 @@ def build(minor: str | None = None) -> Builds:
 def _run(
     args: list[str], *, check: bool = True, timeout: float = 60, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        args, capture_output=True, text=True, check=False, timeout=timeout, input=input
-    )
+    try:
+        proc = subprocess.run(
+            args, capture_output=True, text=True, check=False, timeout=timeout, input=input
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NodeError(f"{' '.join(args)}: {exc}") from exc
     if check and proc.returncode != 0:
         raise NodeError(f"{' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()}")
     return proc
@@ -402,8 +405,8 @@ def leftovers(programs: Path | None = None, before_firewall: str | None = None) 
     """What of a node is still on the machine (nothing, once it stopped): its state file,
     a process running its ``programs`` (build.sh's directory), naming a node's workdir or
     in its cgroups, a mount under a workdir, its link or bridge, its addresses, a route of
-    its ranges, its cgroups, firewall chains of kube-proxy or the CNI plugins, and with
-    ``before_firewall`` any change of the host's firewall rules."""
+    its ranges, its cgroups; with ``before_firewall`` (the host's rules before the node) a
+    new firewall chain of kube-proxy or the CNI plugins, or any change of those rules."""
     found: list[str] = []
     if STATE_FILE.exists():
         found.append(f"state file {STATE_FILE}")
@@ -438,14 +441,17 @@ def leftovers(programs: Path | None = None, before_firewall: str | None = None) 
     for mount in cgroup_mounts().values():
         if (mount / CGROUP_ROOT).exists():
             found.append(f"cgroup {mount / CGROUP_ROOT}")
-    rules = firewall()
-    chains = sorted(
-        {w for w in rules.split() if w.startswith(("KUBE-", "CNI-"))} if rules else set()
-    )
-    if chains:
-        found.append(f"firewall chains {chains}")
-    if before_firewall is not None and rules != before_firewall:
-        found.append("the host's firewall rules differ from before the node")
+    if before_firewall is not None:  # the host's rules are others' too: only a change counts
+        rules = firewall()
+
+        def chains(text: str) -> set[str]:
+            return {w for w in text.split() if w.startswith(("KUBE-", "CNI-"))}
+
+        added = sorted(chains(rules) - chains(before_firewall))
+        if added:
+            found.append(f"firewall chains {added}")
+        if rules != before_firewall:
+            found.append("the host's firewall rules differ from before the node")
     return found
 
 
