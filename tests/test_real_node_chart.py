@@ -76,10 +76,15 @@ class Release:
         self.installed = False
         self.output = ""
 
-    def ensure(self) -> None:
+    async def ensure(self) -> None:
+        """Installed, and both replicas Ready (an earlier test's roll or eviction done)."""
         if not self.installed:
             self.output = install(self.node)
             self.installed = True
+        cp = self.node.control_plane
+        await eventually(
+            lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=180
+        )
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +106,7 @@ async def test_chart_defaults_on_the_built_image_install_serve_the_guard_and_ado
     real_node: Node, world: OperatorWorld, release: Release
 ) -> None:
     cp = real_node.control_plane
-    release.ensure()  # helm install --wait: hook Jobs, then the Deployment Ready
+    await release.ensure()  # helm install --wait: hook Jobs, then the Deployment Ready
 
     # 2/2 Ready, decided by the chart's probes, on the image built from the Dockerfile.
     status = deployment(real_node)["status"]
@@ -224,10 +229,7 @@ async def test_failover_by_pod_delete_and_by_container_kill_converges_once(
     real_node: Node, world: OperatorWorld, release: Release
 ) -> None:
     cp = real_node.control_plane
-    release.ensure()
-    await eventually(
-        lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=120
-    )
+    await release.ensure()
     first = holder(cp)
     other = next(p["metadata"]["name"] for p in pods(cp) if p["metadata"]["name"] != first)
     patch = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"
@@ -298,10 +300,7 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
     real_node: Node, world: OperatorWorld, release: Release
 ) -> None:
     cp = real_node.control_plane
-    release.ensure()
-    await eventually(
-        lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=120
-    )
+    await release.ensure()
     old = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["imageID"] for p in pods(cp)}
     before = {n: service(cp, n) for n in SERVICES}
     answers: list[int] = []
@@ -367,16 +366,14 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
         }
         codes.append(cp.request("POST", f"/api/v1/namespaces/{NS}/pods/{name}/eviction", body)[0])
     assert codes == [201, 429], codes
-    await eventually(
-        lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=180
-    )
+    await release.ensure()  # the evicted replica replaced
 
 
 async def test_helm_uninstall_removes_the_guard_first_and_leaves_the_services(
     real_node: Node, world: OperatorWorld, release: Release
 ) -> None:
     cp = real_node.control_plane
-    release.ensure()
+    await release.ensure()
     before = {n: service(cp, n) for n in SERVICES}
     leaders = {p["metadata"]["name"] for p in pods(cp)}
     guard_gone_while: list[bool] = []

@@ -592,10 +592,11 @@ class Node:
         )
         return env
 
-    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """The helm CLI (build.sh's) against the node's control plane; not checked."""
+    def tool(self, name: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """One of build.sh's programs against the node's control plane, as the admin (its
+        kubeconfig; helm's directories in the node's); not checked."""
         return subprocess.run(
-            [str(self.builds.bin("helm")), *args],
+            [str(self.builds.bin(name)), *args],
             capture_output=True,
             text=True,
             env=self.tool_env(),
@@ -603,16 +604,11 @@ class Node:
             check=False,
         )
 
+    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.tool("helm", *args, timeout=timeout)
+
     def kubectl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """kubectl (build.sh's) as the admin; not checked."""
-        return subprocess.run(
-            [str(self.builds.bin("kubectl")), *args],
-            capture_output=True,
-            text=True,
-            env=self.tool_env(),
-            timeout=timeout,
-            check=False,
-        )
+        return self.tool("kubectl", *args, timeout=timeout)
 
     def container_pids(self) -> set[int]:
         """The processes of every container on the node (its cgroups)."""

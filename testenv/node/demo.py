@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testenv.demo import say, step
 from testenv.node import NODE_IP, POD_CIDR, SERVICE_CIDR, Node, NodeError, start
 from testenv.workloads import cp_body
 
@@ -25,16 +26,6 @@ SHAPES = {
         {"prometheus.io/scrape": "true"},
     ),
 }
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def step(n: int, title: str, why: str) -> None:
-    say(f"\n=== {n}. {title}")
-    for line in why.strip().splitlines():
-        say(f"    {line.strip()}")
 
 
 def run(keep: bool = False) -> int:
