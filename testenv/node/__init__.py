@@ -247,6 +247,23 @@ def _stop_pid(pid: int, name: str, timeout: float = 15.0) -> bool:
     return not process_alive(pid, name)
 
 
+# The node's long-running programs (build.sh's), which nothing but a node runs.
+DAEMONS = ("kubelet", "kube-proxy", "kube-scheduler", "containerd", "containerd-shim-runc-v2")
+# Processes on the host's side, stopped by name in their own order (not with the node's).
+HOST_SIDE = ("kube-scheduler", *testenv.STOP_ORDER)
+
+
+def _runs_node(args: list[str], programs: Path | None, workdir: str) -> bool:
+    """A command line of a node's: one of its daemons from ``programs``, or naming a
+    node's ``workdir`` (a prefix matches every node's)."""
+    if not args:
+        return False
+    program = Path(args[0])
+    if programs is not None and program.parent == programs / "bin" and program.name in DAEMONS:
+        return True
+    return any(workdir in a for a in args)
+
+
 @dataclass
 class State:
     """What a node put on the machine, recorded in :data:`STATE_FILE` as it goes."""
@@ -280,18 +297,15 @@ class State:
 
     def ours(self, pid: int) -> bool:
         """A process of this node: in its namespaces while the holder keeps them (so the
-        namespace ids cannot have been reused), or running its programs or naming its
-        workdir (containerd's shims: ``-address <workdir>/containerd/containerd.sock``)."""
+        namespace ids cannot have been reused), or running one of its daemons or naming
+        its workdir (containerd's shims: ``-address <workdir>/containerd/containerd.sock``)."""
         if pid == os.getpid():
             return False
         if self.holder_alive() and (
             _ns_link(pid, "net") == self.netns or _ns_link(pid, "mnt") == self.mntns
         ):
             return True
-        args = _cmdline(pid)
-        return bool(args) and any(
-            (self.bin_dir and a.startswith(self.bin_dir)) or self.workdir in a for a in args
-        )
+        return _runs_node(_cmdline(pid), Path(self.bin_dir) if self.bin_dir else None, self.workdir)
 
     def processes(self) -> set[int]:
         """Every live process of the node (the holder included), containers too."""
@@ -319,7 +333,8 @@ def _cleanup(state: State, stop_control_plane: Callable[[], None] | None = None)
     # 3. containerd, then its shims and whatever else runs in the node's namespaces.
     if "containerd" in pids and not _stop_pid(pids["containerd"], "containerd"):
         problems.append(f"containerd (pid {pids['containerd']}) did not stop")
-    rest = {p for p in state.processes() if p != state.holder}
+    host_side = {pid for name, pid in pids.items() if name in HOST_SIDE}
+    rest = state.processes() - {state.holder} - host_side
     for pid in rest:
         _kill(pid, signal.SIGKILL)
     left = _wait_gone(rest, 10)
@@ -403,8 +418,8 @@ WORKDIR_PREFIX = "shared-svc-node-"
 
 def leftovers(programs: Path | None = None, before_firewall: str | None = None) -> list[str]:
     """What of a node is still on the machine (nothing, once it stopped): its state file,
-    a process running its ``programs`` (build.sh's directory), naming a node's workdir or
-    in its cgroups, a mount under a workdir, its link or bridge, its addresses, a route of
+    a process running a daemon of its ``programs`` (build.sh's directory), naming a node's
+    workdir or in its cgroups, a mount under a workdir, its link or bridge, its addresses, a route of
     its ranges, its cgroups; with ``before_firewall`` (the host's rules before the node) a
     new firewall chain of kube-proxy or the CNI plugins, or any change of those rules."""
     found: list[str] = []
@@ -412,10 +427,7 @@ def leftovers(programs: Path | None = None, before_firewall: str | None = None) 
         found.append(f"state file {STATE_FILE}")
     for pid in _pids():
         args = _cmdline(pid)
-        if pid != os.getpid() and any(
-            (programs is not None and a.startswith(str(programs))) or WORKDIR_PREFIX in a
-            for a in args
-        ):
+        if pid != os.getpid() and _runs_node(args, programs, WORKDIR_PREFIX):
             found.append(f"process {pid}: {' '.join(args)[:160]}")
     found += [f"process {p} in cgroup {CGROUP_ROOT}" for p in _cgroup_pids()]
     found += [f"mount {m}" for m in _mount_points() if WORKDIR_PREFIX in m]
