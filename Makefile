@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck unit proptest-long bench lock
+.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck unit proptest-long bench lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -31,6 +31,14 @@ testenv-prometheus:
 testenv-upgrade-libs:
 	nice -n 10 bash testenv/upgrade-libs/build.sh >/dev/null
 
+# The real node for the tests marked node (testenv/node/): Debian's packages (apt, once), then
+# its cached builds: kubelet & co., containerd, CNI plugins, helm; the base image; the
+# project's image from the Dockerfile (a cold build takes about 20 minutes).
+testenv-node:
+	bash testenv/node/host-packages.sh
+	bash -ec 'programs=$$(nice -n 10 bash testenv/node/build.sh); base=$$(nice -n 10 bash testenv/node/base.sh); \
+	  nice -n 10 bash testenv/node/images.sh "$$programs" "$$base" >/dev/null'
+
 # requirements.lock, the image's dependencies pinned with hashes, from pyproject.toml
 # (pip-tools; keeps the pins that still fit, UPGRADE=1 takes the newest allowed).
 # tests/test_packaging.py fails while it is stale.
@@ -45,12 +53,13 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck
+test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 
 # make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).
-demo: venv testenv
-	$(BIN)/python -m testenv demo $(if $(GPU_OPERATOR),--with-gpu-operator)
+# make demo NODE=1: the chart and the image on the real node (testenv/node/; built once).
+demo: venv testenv $(if $(NODE),testenv-node)
+	$(BIN)/python -m testenv demo $(if $(GPU_OPERATOR),--with-gpu-operator) $(if $(NODE),--node)
 
 proptest-long: venv
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest proptests

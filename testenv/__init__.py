@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,8 +315,11 @@ class ControlPlane:
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
-    def start_controller_manager(self, bindir: Path, sa_key: Path) -> None:
-        """Starts kube-controller-manager as the admin, and waits until it serves /healthz."""
+    def start_controller_manager(
+        self, bindir: Path, sa_key: Path, flags: Mapping[str, str | None] | None = None
+    ) -> None:
+        """Starts kube-controller-manager as the admin, and waits until it serves /healthz
+        (``flags``: as :func:`with_flags`)."""
         kubeconfig = self.kubeconfig
         port = free_port()
         args = [
@@ -337,7 +340,7 @@ class ControlPlane:
             "--v=1",
         ]
         self.processes["kube-controller-manager"] = _spawn(
-            args, self.workdir / "kube-controller-manager.log"
+            with_flags(args, flags or {}), self.workdir / "kube-controller-manager.log"
         )
         deadline = time.monotonic() + 60
         url = f"https://127.0.0.1:{port}/healthz"
@@ -384,6 +387,13 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def with_flags(args: list[str], flags: Mapping[str, str | None]) -> list[str]:
+    """``args`` (a program and its ``--flag=value`` arguments) with each of ``flags``
+    replacing the flag of that name, or added; a ``None`` value drops it."""
+    kept = [a for a in args if a.split("=", 1)[0] not in flags]
+    return kept + [f"{name}={value}" for name, value in flags.items() if value is not None]
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -481,11 +491,18 @@ def start(
     crds: bool = True,
     upstream_crds: Path | None = None,
     controller_manager: bool = False,
+    address: str = "127.0.0.1",
+    apiserver_flags: Mapping[str, str | None] | None = None,
+    controller_manager_flags: Mapping[str, str | None] | None = None,
 ) -> ControlPlane:
     """Builds (cached) and starts etcd and kube-apiserver; installs the project's CRDs.
 
     With ``controller_manager``, also kube-controller-manager running :data:`CONTROLLERS`
     (no kubelet, scheduler or DaemonSet controller: tests play those parts).
+
+    kube-apiserver serves on ``address`` (a local address; the real node's is the host end
+    of its veth, testenv/node). ``apiserver_flags`` and ``controller_manager_flags`` replace
+    or add flags (``{"--flag": value}``; ``None`` drops the flag).
 
     Raises ControlPlaneError with the reason (and the process log tail) on failure; all
     started processes are stopped before raising.
@@ -525,8 +542,8 @@ def start(
         f"--etcd-servers={etcd_url}",
         f"--cert-dir={workdir / 'certs'}",
         f"--secure-port={api_port}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={address}",
+        f"--advertise-address={address}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={sa_key}",
         f"--service-account-signing-key-file={sa_key}",
@@ -540,9 +557,10 @@ def start(
         "--event-ttl=1h",
         "--v=1",
     ]
+    apiserver_args = with_flags(apiserver_args, apiserver_flags or {})
     cp = ControlPlane(
         workdir=workdir,
-        url=f"https://127.0.0.1:{api_port}",
+        url=f"https://{address}:{api_port}",
         admin_token=admin_token,
         kubeconfig=workdir / "admin.kubeconfig",
         etcd_url=etcd_url,
@@ -559,7 +577,7 @@ def start(
         if upstream_crds is not None:
             cp.install_crds(sorted(upstream_crds.glob("*.yaml")))
         if controller_manager:
-            cp.start_controller_manager(bindir, sa_key)
+            cp.start_controller_manager(bindir, sa_key, controller_manager_flags or {})
     except BaseException:
         cp.stop()
         raise

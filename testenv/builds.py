@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from testenv import ControlPlaneError
 
 
 def cached_build(
-    script: Path, *, override_env: str, what: str, error: type[ControlPlaneError]
+    script: Path,
+    *,
+    override_env: str,
+    what: str,
+    error: type[ControlPlaneError],
+    args: Sequence[str] = (),
 ) -> Path:
-    """Runs ``script`` (cached by content; ``nice -n 10``: it is heavy) and returns the
-    directory its last line of output names. ``$override_env`` names such a directory
-    instead. A missing script or a failed build raises ``error``, saying which (the build's
-    own output has gone to stderr)."""
+    """Runs ``script`` with ``args`` (cached by content; ``nice -n 10``: it is heavy) and
+    returns the directory its last line of output names. ``$override_env`` names such a
+    directory instead. A missing script or a failed build raises ``error``, saying which
+    (the build's own output has gone to stderr)."""
     override = os.environ.get(override_env)
     if override:
         return Path(override)
     if not script.exists():
         raise error(f"{script} not found: {what} needs a source checkout")
     proc = subprocess.run(
-        ["nice", "-n", "10", "bash", str(script)],
+        ["nice", "-n", "10", "bash", str(script), *args],
         stdout=subprocess.PIPE,
         text=True,
         check=False,

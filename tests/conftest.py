@@ -14,6 +14,7 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
+from testenv import node as node_env
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as prom_operator_env
 from testenv import upgrade_libs as libs_env
@@ -25,16 +26,20 @@ UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
 
 # A test that builds (or starts) the Go binaries of testenv/build.sh (etcd, kube-apiserver,
 # kube-controller-manager, helmrender), of testenv/gpu-operator/build.sh, of
-# testenv/prometheus/build.sh or of testenv/upgrade-libs/build.sh carries one of these
-# markers (pyproject.toml), so `-m "not apiserver and not controller_manager and not
-# gpu_operator and not helm and not prometheus and not upgrade_libs"` never starts a Go
-# build. Enforced: such a test without one fails.
+# testenv/prometheus/build.sh, of testenv/upgrade-libs/build.sh or of testenv/node/ (the
+# real node and its images) carries one of these markers (pyproject.toml), so `-m "not
+# apiserver and not controller_manager and not gpu_operator and not helm and not
+# prometheus and not upgrade_libs and not node"` never starts a build. Enforced: such a
+# test without one fails.
 BUILD_MARKERS = {
-    "testenv/build.sh": frozenset({"apiserver", "controller_manager", "gpu_operator", "helm"}),
+    "testenv/build.sh": frozenset(
+        {"apiserver", "controller_manager", "gpu_operator", "helm", "node"}
+    ),
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
     "testenv/prometheus/build.sh": frozenset({"prometheus"}),
     "testenv/upgrade-libs/build.sh": frozenset({"upgrade_libs"}),
     "testenv/prometheus-operator/build.sh": frozenset({"prometheus"}),
+    "testenv/node/build.sh": frozenset({"node"}),
 }
 _running: list[pytest.Item] = []
 
@@ -65,6 +70,7 @@ libs_env.build = _only_for_marked_tests("testenv/upgrade-libs/build.sh", libs_en
 prom_operator_env.build = _only_for_marked_tests(
     "testenv/prometheus-operator/build.sh", prom_operator_env.build
 )
+node_env.build = _only_for_marked_tests("testenv/node/build.sh", node_env.build)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,3 +215,48 @@ async def svc(kcm_plane: testenv.ControlPlane, kk: Kube) -> AsyncIterator[Servic
     """shared-svc running on ``kcm_plane`` for ``kk``'s namespace."""
     async with running(service_config(kcm_plane, kk.ns)) as service:
         yield service
+
+
+# --- the real node (testenv/node): one at a time on the machine, one per session ---
+
+
+class NodeSession:
+    """Starts the real node on first use and keeps it for the session; a node stopped by a
+    test (tests/test_real_node_teardown.py) is started again for any test after it. A node
+    that does not start fails every test that needs it, with the reason (never a skip)."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self.node: node_env.Node | None = None
+        self.failure: str | None = None
+
+    def get(self) -> node_env.Node:
+        if self.failure is not None:
+            pytest.fail(self.failure, pytrace=False)
+        if self.node is None or self.node.stopped:
+            try:
+                self.node = node_env.start(self.parent, keep_logs=self.parent / "logs")
+            except testenv.ControlPlaneError as exc:
+                self.failure = f"the real node did not start: {exc}"
+                pytest.fail(self.failure, pytrace=False)
+        return self.node
+
+    def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+
+
+@pytest.fixture(scope="session")
+def node_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSession]:
+    session = NodeSession(tmp_path_factory.mktemp("real-node"))
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def real_node(node_session: NodeSession) -> node_env.Node:
+    """The session's real node (testenv/node), with its own control plane
+    (``.control_plane``); its logs are kept under pytest's basetemp, ``real-node*/logs``."""
+    return node_session.get()

@@ -162,6 +162,7 @@ the Deployment (its affinity is the Deployment's own spreading: not here). */}}
 restartPolicy: Never
 serviceAccountName: {{ .sa }}
 automountServiceAccountToken: true
+enableServiceLinks: false
 {{- with .root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
