@@ -610,6 +610,10 @@ def start(
         f"--secure-port={api_port}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # The kubernetes Service gets no endpoints: a loopback address may not be one (1.36
+        # logs every failed sync, 1.37 refuses to start with the reconciler on), and nothing
+        # here reaches the API server through that Service.
+        "--endpoint-reconciler-type=none",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={sa_key}",
         f"--service-account-signing-key-file={sa_key}",

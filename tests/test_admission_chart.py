@@ -88,16 +88,21 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
         assert doc["metadata"]["labels"][GUARD_LABEL] == "ops"
         assert "ops" in doc["metadata"]["name"]
     policy = found["MutatingAdmissionPolicy"]["spec"]
-    conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
-    assert 'request.namespace == "ops"' in conditions["our-object"]
+    # The conditions are the mutation's own (no matchConditions: see admission-policy.yaml).
+    assert "matchConditions" not in policy
+    (mutation,) = policy["mutations"]
+    condition = mutation["jsonPatch"]["expression"].split(") ? (", 1)[0]
+    assert 'request.namespace == "ops"' in condition
     binding = found["MutatingAdmissionPolicyBinding"]["spec"]
     assert binding["policyName"] == found["MutatingAdmissionPolicy"]["metadata"]["name"]
     assert binding["matchResources"]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "ops"
     }
-    listed = re.search(r"in \[([^\]]*)\]", conditions["our-object"])
+    listed = re.search(r"in \[([^\]]*)\]", condition)
     assert listed and set(re.findall(r'"([^"]+)"', listed.group(1))) == set(GUARDED["Service"])
-    assert f'== "{GUARDED["ServiceMonitor"][0]}"' in conditions["our-object"]
+    assert f'== "{GUARDED["ServiceMonitor"][0]}"' in condition
+    assert '"app.kubernetes.io/managed-by"].orValue("") == "shared-svc"' in condition
+    assert 'r.kind in ["ClusterPolicy", "GPUCluster"]' in condition
     webhook = found["ValidatingWebhookConfiguration"]["webhooks"][0]
     assert webhook["failurePolicy"] == "Ignore" and webhook["sideEffects"] == "None"
     assert webhook["clientConfig"] == {
