@@ -22,8 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # helmrender, and etcd, kube-apiserver and kube-controller-manager of the run's version
-# ($SHARED_SVC_KUBE_VERSION, default 1.36); testenv-versions: of every version (1.37: build.sh
-# sets GOTOOLCHAIN from its module file's toolchain line, for that build only).
+# ($SHARED_SVC_KUBE_VERSION, default 1.36); testenv-versions: of every version.
 testenv:
 	nice -n 10 bash testenv/helmrender/build.sh >/dev/null
 	nice -n 10 bash testenv/build.sh $${SHARED_SVC_KUBE_VERSION:-$(KUBE_DEFAULT)} >/dev/null

@@ -11,9 +11,8 @@
 #
 #   build.sh MINOR      # 1.33, 1.36, 1.37: one kube/<MINOR>.mod each
 #
-# A version whose module file has a `toolchain` line (1.37: go1.27.3) is built with
-# GOTOOLCHAIN set to it, here only: the go command fetches that toolchain from the module
-# proxy on first use; every other build runs the machine's Go.
+# Every version builds with the machine's Go (Go >= 1.26.0: v1.37.2's go.mod asks for
+# go 1.26.0).
 # Prints the directory holding the binaries on stdout; timings go to stderr.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,8 +23,6 @@ if [[ -z $minor || ! -f $mod ]]; then
   echo "testenv: usage: build.sh MINOR (a Kubernetes version with a kube/<MINOR>.mod: $known)" >&2
   exit 2
 fi
-toolchain=$(awk '$1=="toolchain"{print $2; exit}' "$mod")
-if [[ -n $toolchain ]]; then export GOTOOLCHAIN=$toolchain; fi
 source "$here/lib.sh"
 name=testenv kind=testenv
 key=$( {
@@ -42,7 +39,7 @@ complete() {
 cached_or_locked
 cd "$here"
 ver_flags="-X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
-echo "testenv: building kube-apiserver and kube-controller-manager ${k8s_version}, etcd ${etcd_version}${toolchain:+ with $toolchain} (first build takes a while)..." >&2
+echo "testenv: building kube-apiserver and kube-controller-manager ${k8s_version}, etcd ${etcd_version} (first build takes a while)..." >&2
 build() { go build -modfile="$mod" -mod=readonly -trimpath "$@"; }
 build -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-apiserver" ./cmd/kube-apiserver
 # The garbage collector and EndpointSlice controllers (tests of owner references and endpoints).

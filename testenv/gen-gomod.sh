@@ -6,16 +6,9 @@
 # the result is committed so that builds need no resolution step.
 #
 #   K8S_VERSION=v1.33.13 ETCD_VERSION=v3.5.24 bash testenv/gen-gomod.sh
-#   K8S_VERSION=v1.37.2 ETCD_VERSION=v3.7.0 TOOLCHAIN=go1.27.3 bash testenv/gen-gomod.sh
-#
-# TOOLCHAIN (for a version the machine's Go cannot build) is written as the file's
-# `toolchain` line; build.sh exports it as GOTOOLCHAIN for that version only (a machine
-# runs its own Go and ignores the line otherwise: GOTOOLCHAIN=local).
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:?set K8S_VERSION, e.g. v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:?set ETCD_VERSION, e.g. v3.6.8}
-TOOLCHAIN=${TOOLCHAIN:-}
-if [[ -n $TOOLCHAIN ]]; then export GOTOOLCHAIN=$TOOLCHAIN; fi
 cd "$(dirname "$0")"
 minor=$(echo "${K8S_VERSION#v}" | cut -d. -f1-2)
 mod="kube/${minor}.mod"
@@ -28,7 +21,6 @@ mkdir -p kube
   echo "module github.com/shared-svc/testenv"
   echo
   echo "go ${gover}"
-  if [[ -n $TOOLCHAIN ]]; then echo; echo "toolchain ${TOOLCHAIN}"; fi
   echo
   echo "require ("
   echo "	k8s.io/kubernetes ${K8S_VERSION}"
