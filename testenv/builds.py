@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 from testenv import ControlPlaneError
@@ -12,17 +11,16 @@ from testenv import ControlPlaneError
 
 def cached_build(
     script: Path,
-    *,
-    override_env: str,
+    *args: str,
+    override_env: str | None,
     what: str,
     error: type[ControlPlaneError],
-    args: Sequence[str] = (),
 ) -> Path:
     """Runs ``script`` with ``args`` (cached by content; ``nice -n 10``: it is heavy) and
     returns the directory its last line of output names. ``$override_env`` names such a
-    directory instead. A missing script or a failed build raises ``error``, saying which
-    (the build's own output has gone to stderr)."""
-    override = os.environ.get(override_env)
+    directory instead. A missing script or a failed build raises ``error``, saying which (the build's
+    own output has gone to stderr)."""
+    override = os.environ.get(override_env) if override_env else None
     if override:
         return Path(override)
     if not script.exists():

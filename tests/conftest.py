@@ -4,6 +4,7 @@ fixtures: a control plane with kube-controller-manager, the real gpu-operator.""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -18,6 +19,7 @@ from testenv import node as node_env
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as prom_operator_env
 from testenv import upgrade_libs as libs_env
+from tests import compat
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube, running, service_config
 
@@ -25,14 +27,17 @@ from tests.svc import Kube, running, service_config
 UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
 
 # A test that builds (or starts) the Go binaries of testenv/build.sh (etcd, kube-apiserver,
-# kube-controller-manager, helmrender), of testenv/gpu-operator/build.sh, of
-# testenv/prometheus/build.sh, of testenv/upgrade-libs/build.sh or of testenv/node/ (the
+# kube-controller-manager), of testenv/helmrender/build.sh, of testenv/gpu-operator/build.sh,
+# of testenv/prometheus/build.sh, of testenv/upgrade-libs/build.sh or of testenv/node/ (the
 # real node and its images) carries one of these markers (pyproject.toml), so `-m "not
 # apiserver and not controller_manager and not gpu_operator and not helm and not
 # prometheus and not upgrade_libs and not node"` never starts a build. Enforced: such a
 # test without one fails.
 BUILD_MARKERS = {
     "testenv/build.sh": frozenset(
+        {"apiserver", "controller_manager", "gpu_operator", "helm", "node"}
+    ),
+    "testenv/helmrender/build.sh": frozenset(
         {"apiserver", "controller_manager", "gpu_operator", "helm", "node"}
     ),
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
@@ -52,18 +57,21 @@ def unmarked_build(script: str, markers: Iterable[str]) -> str | None:
     return f"runs {script} (a Go build) without a marker: mark it {' or '.join(sorted(allowed))}"
 
 
-def _only_for_marked_tests(script: str, build: Callable[[], Path]) -> Callable[[], Path]:
-    def guarded() -> Path:
+def _only_for_marked_tests(script: str, build: Callable[..., Path]) -> Callable[..., Path]:
+    def guarded(*args: Any) -> Path:
         if _running:
             refusal = unmarked_build(script, (m.name for m in _running[0].iter_markers()))
             if refusal:
                 pytest.fail(f"{_running[0].nodeid} {refusal}", pytrace=False)
-        return build()
+        return build(*args)
 
     return guarded
 
 
 testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.build_binaries)
+testenv.build_helmrender = _only_for_marked_tests(
+    "testenv/helmrender/build.sh", testenv.build_helmrender
+)
 gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
 prom_env.build = _only_for_marked_tests("testenv/prometheus/build.sh", prom_env.build)
 libs_env.build = _only_for_marked_tests("testenv/upgrade-libs/build.sh", libs_env.build)
@@ -71,6 +79,43 @@ prom_operator_env.build = _only_for_marked_tests(
     "testenv/prometheus-operator/build.sh", prom_operator_env.build
 )
 node_env.build = _only_for_marked_tests("testenv/node/build.sh", node_env.build)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kube-version",
+        metavar="MINOR",
+        help=f"Kubernetes version of every control plane of the run: sets "
+        f"{testenv.KUBE_VERSION_ENV} (one of {', '.join(testenv.kube_versions())}; "
+        f"default ${testenv.KUBE_VERSION_ENV}, else {testenv.DEFAULT_KUBE_VERSION})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--kube-version`` sets ``$SHARED_SVC_KUBE_VERSION`` for the run (its control planes
+    and every process it starts); a version that is not built is a usage error."""
+    minor = config.getoption("--kube-version")
+    if minor:
+        os.environ[testenv.KUBE_VERSION_ENV] = minor
+    try:
+        testenv.kube_version()
+    except testenv.ControlPlaneError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"Kubernetes {testenv.kube_version()} ({testenv.kubernetes_release()})"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of the compatibility suite (tests/compat.py) ``compat``, before ``-m``
+    selects."""
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        name = getattr(item, "originalname", item.name)
+        if compat.in_suite(path, name):
+            item.add_marker(pytest.mark.compat)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,5 +1,5 @@
 """The Helm chart, rendered by Helm's own engine (``testenv/helmrender``, built from the
-helm.sh/helm/v3 Go module by ``testenv/build.sh``; no download at test time).
+helm.sh/helm/v3 Go module by ``testenv/helmrender/build.sh``; no download at test time).
 
 Also the rendering helpers used by ``test_deploy_rbac.py`` and ``test_config_doc.py``.
 """
@@ -42,17 +42,25 @@ class RenderError(Exception):
 
 @functools.cache
 def helmrender() -> Path:
-    binary = testenv.build_binaries() / "helmrender"
+    binary = testenv.build_helmrender()
     if not binary.exists():
-        raise AssertionError(
-            f"{binary} missing: testenv/build.sh builds it (SHARED_SVC_TESTENV_BIN set?)"
-        )
+        raise AssertionError(f"{binary} missing: testenv/helmrender/build.sh builds it")
     return binary
 
 
-def render(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> str:
-    """The chart's manifests as `helm template` prints them, with ``--set`` values."""
-    args = [str(helmrender()), "--name", name, "--namespace", namespace]
+def render(
+    *sets: str,
+    name: str = "shared-svc",
+    namespace: str = "gpu-operator",
+    kubeconfig: Path | None = None,
+    flags: tuple[str, ...] = (),
+) -> str:
+    """The chart's manifests as `helm template` prints them, with ``--set`` values; with
+    ``kubeconfig``, as `helm install` renders them on that cluster (its version and API
+    versions); ``flags``: more helmrender flags (``--kube-version``, ``--api-versions``)."""
+    args = [str(helmrender()), "--name", name, "--namespace", namespace, *flags]
+    if kubeconfig is not None:
+        args += ["--kubeconfig", str(kubeconfig)]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(
@@ -63,8 +71,15 @@ def render(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator"
     return proc.stdout
 
 
-def render_docs(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> list[Doc]:
-    return [d for d in yaml.safe_load_all(render(*sets, name=name, namespace=namespace)) if d]
+def render_docs(
+    *sets: str,
+    name: str = "shared-svc",
+    namespace: str = "gpu-operator",
+    kubeconfig: Path | None = None,
+    flags: tuple[str, ...] = (),
+) -> list[Doc]:
+    text = render(*sets, name=name, namespace=namespace, kubeconfig=kubeconfig, flags=flags)
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:

@@ -127,10 +127,10 @@ def build(minor: str | None = None) -> Builds:
     version = [minor] if minor else []
     programs = cached_build(
         NODE_DIR / "build.sh",
+        *version,
         override_env="SHARED_SVC_NODE_DIR",
         what="the node's programs",
         error=NodeError,
-        args=version,
     )
     base = cached_build(
         NODE_DIR / "base.sh",
@@ -140,10 +140,11 @@ def build(minor: str | None = None) -> Builds:
     )
     images = cached_build(
         NODE_DIR / "images.sh",
+        str(programs),
+        str(base),
         override_env="SHARED_SVC_NODE_IMAGES_DIR",
         what="the project's image",
         error=NodeError,
-        args=[str(programs), str(base)],
     )
     return Builds(programs, images)
 
@@ -817,6 +818,9 @@ def _control_plane(workdir: Path) -> ControlPlane:
             "--disable-admission-plugins": None,
             "--enable-aggregator-routing": "true",
             "--kubelet-preferred-address-types": "InternalIP,Hostname",
+            # pods reach the API server through the kubernetes Service: its endpoint is the
+            # node address (not loopback), kept by the default reconciler
+            "--endpoint-reconciler-type": None,
         },
         controller_manager_flags={
             "--controllers": "*",
