@@ -208,6 +208,14 @@ def _pids() -> Iterator[int]:
             yield int(entry.name)
 
 
+def _cgroup_dirs(root: Path) -> list[Path]:
+    """The cgroup directories under ``root``, deepest first. ``os.walk`` passes over a
+    directory that goes while it walks (the kubelet removes a pod's cgroups as it stops
+    it), where ``Path.rglob`` raises."""
+    found = [Path(top) / d for top, dirs, _ in os.walk(root) for d in dirs]
+    return sorted(found, key=lambda p: -len(p.parts))
+
+
 def _cgroup_pids() -> set[int]:
     """Every process in the node's cgroups (the containers), in any hierarchy."""
     out: set[int] = set()
@@ -215,9 +223,9 @@ def _cgroup_pids() -> set[int]:
         root = mount / CGROUP_ROOT
         if not root.is_dir():
             continue
-        for procs in root.rglob("cgroup.procs"):
+        for cgroup in [root, *_cgroup_dirs(root)]:
             with contextlib.suppress(OSError):
-                out |= {int(p) for p in procs.read_text().split()}
+                out |= {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
     return out
 
 
@@ -381,8 +389,7 @@ def _remove_cgroups() -> list[str]:
         root = mount / CGROUP_ROOT
         if not root.is_dir():
             continue
-        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-        for d in [*dirs, root]:
+        for d in [*_cgroup_dirs(root), root]:
             for _ in range(50):  # a cgroup whose last task just exited is busy for a moment
                 try:
                     d.rmdir()
