@@ -28,7 +28,11 @@ goal: median <= 1.15x, p99 <= 1.5x) and to the bare write, writes per change, th
 process's VmRSS/VmHWM from /proc (idle after start, and at the end), the load average
 before and after, and the commit measured.
 
-    .venv/bin/python benchmarks/bench_controller.py [--changes 60] [--burst 50]
+``--trace FILE`` runs shared-svc through ``benchmarks/traced_run.py`` (a timestamp per step
+of each reconcile in FILE, on the benchmark's clock) and prints where the time of the CR
+change and of the chain goes, step by step.
+
+    .venv/bin/python benchmarks/bench_controller.py [--changes 60] [--burst 50] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -144,6 +148,7 @@ class Chain:
         self.seen: asyncio.Queue[str] = asyncio.Queue()
         self.services = ServiceWatch(Kube(api, ns))
         self._tasks: list[asyncio.Future[None]] = []
+        self.steps: list[dict[str, float]] = []  # each chain's times (perf_counter)
 
     async def start(self, cp: testenv.ControlPlane, cluster_policy: dict[str, Any]) -> None:
         """The CRD (applied: once per control plane), the CR (the ClusterPolicy's body, so
@@ -206,11 +211,87 @@ class Chain:
         Service watch shows the chain's Service with it."""
         start = time.perf_counter()
         await self._patch(policy)
+        answered = time.perf_counter()
         while await asyncio.wait_for(self.seen.get(), 30) != policy:
             pass
+        cr_seen = time.perf_counter()
         await _apply(self.core, self.ns, policy, CHAIN_SERVICE)
+        applied = time.perf_counter()
         seen = await asyncio.wait_for(self.services.wait_for(CHAIN_SERVICE, policy), 30)
+        self.steps.append(
+            {"start": start, "answered": answered, "cr_seen": cr_seen, "ws": cr_seen}
+            | {"we": applied, "seen": seen}
+        )
         return (seen - start) * 1000
+
+
+def trace_steps(trace: Path) -> list[tuple[float, str]]:
+    out = []
+    for line in trace.read_text().splitlines():
+        at, _, step = line.partition(" ")
+        out.append((float(at), step))
+    return sorted(out)
+
+
+def shared_svc_steps(
+    steps: list[tuple[float, str]], start: float, answered: float, seen: float
+) -> dict[str, float] | None:
+    """The steps of shared-svc's reconcile of one CR change (traced_run.py's marks): the
+    ClusterPolicy event, the reconcile, its plan and its Service write."""
+    out = {"start": start, "answered": answered, "seen": seen}
+    wanted = (
+        ("cr_seen", lambda s: s.startswith("event clusterpolicies")),
+        ("rs", lambda s: s == "reconcile-start"),
+        ("ps", lambda s: s == "plan-start"),
+        ("pe", lambda s: s == "plan-end"),
+        ("ws", lambda s: s == "write-start"),
+        ("we", lambda s: s == "write-end"),
+    )
+    i = 0
+    for at, step in steps:
+        if at < start:
+            continue
+        if i == len(wanted) or at > seen + 1.0:
+            break
+        name, matches = wanted[i]
+        if matches(step):
+            out[name] = at
+            i += 1
+    return out if i == len(wanted) else None
+
+
+def print_breakdown(
+    trace: Path, marks: list[tuple[float, float, float]], chain: list[dict[str, float]]
+) -> None:
+    """Where the time goes: medians, in ms from sending the CR patch, of the CR change
+    (shared-svc's steps from ``trace``) and of the chain (the script's)."""
+    steps = trace_steps(trace)
+    traced = [t for t in (shared_svc_steps(steps, *m) for m in marks) if t is not None]
+    if not traced:
+        print(f"--trace: no reconcile of a CR change found in {trace}")
+        return
+
+    def med(rows: list[dict[str, float]], a: str, b: str) -> float:
+        return statistics.median((r[b] - r[a]) * 1000 for r in rows)
+
+    print(
+        f"where the time goes (medians, ms; n = {len(traced)} traced CR changes, {len(chain)} chains)"
+    )
+    print(f"{'':44}{'CR change':>11}{'chain':>11}")
+    for title, a, b in (
+        ("CR patch sent -> answered", "start", "answered"),
+        ("CR patch sent -> CR event seen", "start", "cr_seen"),
+        ("CR event seen -> Service write sent", "cr_seen", "ws"),
+        ("Service write sent -> answered", "ws", "we"),
+        ("Service write sent -> Service seen", "ws", "seen"),
+        ("CR patch sent -> Service seen", "start", "seen"),
+    ):
+        print(f"{title:44}{med(traced, a, b):11.2f}{med(chain, a, b):11.2f}")
+    print(
+        f"shared-svc between the event and the write: to the reconcile "
+        f"{med(traced, 'cr_seen', 'rs'):.2f}, snapshot {med(traced, 'rs', 'ps'):.2f}, "
+        f"plan {med(traced, 'ps', 'pe'):.2f}, to the write {med(traced, 'pe', 'ws'):.2f} ms"
+    )
 
 
 def load() -> str:
@@ -226,7 +307,7 @@ def commit() -> str:
     return head + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
 
 
-async def main(changes: int, burst: int, pause: float) -> None:
+async def main(changes: int, burst: int, pause: float, trace: Path | None = None) -> None:
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = load()
     cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
@@ -248,8 +329,12 @@ async def main(changes: int, burst: int, pause: float) -> None:
             "SHARED_SVC_BIND_ADDRESS": "127.0.0.1",
             "SHARED_SVC_PORT": str(port),
         }
-        exe = Path(sys.executable).with_name("shared-svc")
-        proc = subprocess.Popen([str(exe), "run"], env=env, stdout=log, stderr=log)
+        argv = [str(Path(sys.executable).with_name("shared-svc")), "run"]
+        if trace is not None:  # benchmarks/traced_run.py: the same process, its steps timed
+            env["BENCH_TRACE_OUT"] = str(trace)
+            env["PYTHONPATH"] = str(ROOT)
+            argv = [sys.executable, str(ROOT / "benchmarks" / "traced_run.py")]
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + 60
         while not leading(port):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -262,8 +347,9 @@ async def main(changes: int, burst: int, pause: float) -> None:
         _, text = http_get(port, "/metrics")
         writes_before = counter(text, "shared_svc_writes_total")
 
+        marks: list[tuple[float, float, float]] = []
         controller_ms, bare_ms, chain_ms, policy = await lone_changes(
-            kube, core, watcher, chain, changes, pause
+            kube, core, watcher, chain, changes, pause, marks
         )
         await asyncio.sleep(pause)
         _, text = http_get(port, "/metrics")
@@ -299,6 +385,8 @@ async def main(changes: int, burst: int, pause: float) -> None:
     print(f"n = {changes} changes each, interleaved with the bare write and the bare chain,")
     print(f"each after a {pause:g} s pause")
     print_changes(controller_ms, bare_ms, chain_ms)
+    if trace is not None:
+        print_breakdown(trace, marks, chain.steps)
     print(f"writes per change: {writes / changes:.2f} (the bare change needs 1)")
     print(f"burst: {burst} CR changes back to back -> {burst_reconciles:.0f} reconciles")
     print(
@@ -328,10 +416,11 @@ async def lone_changes(
     chain: Chain,
     changes: int,
     pause: float,
+    marks: list[tuple[float, float, float]] | None = None,
 ) -> tuple[list[float], list[float], list[float], str]:
     """``changes`` lone CR changes interleaved with as many bare writes and bare chains,
     each after ``pause`` seconds: the milliseconds of each (controller, bare, chain) and
-    the last policy."""
+    the last policy. ``marks`` collects each CR change's (sent, answered, seen) times."""
     controller_ms: list[float] = []
     bare_ms: list[float] = []
     chain_ms: list[float] = []
@@ -341,8 +430,11 @@ async def lone_changes(
         await asyncio.sleep(pause)
         start = time.perf_counter()
         await kube.patch_cr("ClusterPolicy", "cluster-policy", policy_patch(policy))
+        answered = time.perf_counter()
         seen = await asyncio.wait_for(watcher.wait_for(NAME, policy), 30)
         controller_ms.append((seen - start) * 1000)
+        if marks is not None:
+            marks.append((start, answered, seen))
         await asyncio.sleep(pause)
         start = time.perf_counter()
         await _apply(core, kube.ns, policy)
@@ -405,5 +497,6 @@ if __name__ == "__main__":
     parser.add_argument("--changes", type=int, default=60)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--pause", type=float, default=0.5)
+    parser.add_argument("--trace", type=Path, help="time shared-svc's steps into this file")
     args = parser.parse_args()
-    asyncio.run(main(args.changes, args.burst, args.pause))
+    asyncio.run(main(args.changes, args.burst, args.pause, args.trace))

@@ -27,18 +27,21 @@ resyncs, 300 s and 120 s) the API server's own write counts (Leases apart) and t
 the process. The idle base is ``bench_memory.measure_small`` (one ClusterPolicy, the
 DaemonSets, no nodes or pods), measured first.
 
-In the last world, in the same process after the window:
+In each world, in the same process after the window:
 
 - ClusterPolicy change -> converged, ``--changes`` lone changes interleaved with the bare
   write of the same shape and the bare chain (the script's own CR patch, its watch seeing
   it, its own Service apply: the true floor; ``bench_controller.lone_changes``): median
   and p99, ratios to the chain (goal: median <= 1.15x, p99 <= 1.5x) and to the bare write;
-- the first ``--wave`` nodes entering ``cordon-required`` at once with 2 declared consumers
-  each, ``--runs`` times (``bench_upgrade.shared_runs``), against the bare wave of the same
-  run (``bench_upgrade.bare_runs``, sent before shared-svc starts): makespan, ratio.
+- in the last world only, the first ``--wave`` nodes entering ``cordon-required`` at once
+  with 2 declared consumers each, ``--runs`` times (``bench_upgrade.shared_runs``), against
+  the bare wave of the same run (``bench_upgrade.bare_runs``, sent before shared-svc
+  starts): makespan, ratio.
 
 Each figure is printed with its n and its budget (issues 22 and 32), with the date, the
-machine, the commit and the load average before and after.
+machine, the commit and the load average before and after. ``--trace FILE`` runs shared-svc
+through ``benchmarks/traced_run.py`` (FILE.<nodes> per world) and prints where the time of
+the CR change and of the chain goes (``bench_controller.print_breakdown``).
 
     .venv/bin/python benchmarks/bench_fleet.py [--world fleet|issue12|both] [--scale 1]
         [--window 600] [--changes 60] [--wave 500] [--runs 3] [--width 32]
@@ -69,6 +72,7 @@ from bench_controller import (
     load,
     lone_changes,
     pct,
+    print_breakdown,
     ratios,
     watch_services,
 )
@@ -224,16 +228,17 @@ async def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
             last = nodes == sizes[-1]
-            then = None
             if last and args.runs:
                 watcher = Watcher(api)
                 await watcher.start()
                 bare, _ = await bare_runs(
                     api, cp, watcher, wave, CONSUMERS_PER_NODE, args.runs, args.timeout
                 )
-            if last:
-                then = in_world(api, cp, watcher, wave, args, cluster_policy)
-            results[nodes] = await measure_big(cp, OPERATOR_NS, None, args.window, then=then)
+            then = in_world(api, cp, watcher if last else None, wave, args, cluster_policy)
+            trace = f"{args.trace}.{nodes}" if args.trace else None
+            results[nodes] = await measure_big(
+                cp, OPERATOR_NS, None, args.window, then=then, trace=trace
+            )
             scalars = {k: v for k, v in results[nodes].items() if not isinstance(v, list)}
             print(f"{nodes} nodes: {scalars}", flush=True)
     finally:
@@ -260,9 +265,11 @@ def in_world(
             services, task = await watch_services(kube, core)
             chain = Chain(api, await make_namespace(api, "bench-chain"))
             await chain.start(cp, cluster_policy)
+            out["marks"] = []
             out["controller_ms"], out["bare_ms"], out["chain_ms"], _ = await lone_changes(
-                kube, core, services, chain, args.changes, args.pause
+                kube, core, services, chain, args.changes, args.pause, out["marks"]
             )
+            out["chain_steps"] = chain.steps
             await chain.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -329,13 +336,15 @@ def report(
             per_big = (big[key] - base) / sizes[1]
             ratio = per_big / per_small if per_small > 0 else math.inf
             print(f"  {title:40}{ratio:10.2f}  {budget(ratio, 1.0)}")
-    last = results[sizes[-1]]
-    if "controller_ms" in last:
-        c, b, ch = last["controller_ms"], last["bare_ms"], last["chain_ms"]
+    for nodes in sizes:
+        r = results[nodes]
+        if "controller_ms" not in r:
+            continue
+        c, b, ch = r["controller_ms"], r["bare_ms"], r["chain_ms"]
         med, p99 = ratios(c, ch)
         print(
-            f"ClusterPolicy change -> converged, n = {len(c)}, against the bare chain (CR "
-            f"patch, watch, Service apply; n = {len(ch)}): median "
+            f"{nodes} nodes: ClusterPolicy change -> converged, n = {len(c)}, against the "
+            f"bare chain (CR patch, watch, Service apply; n = {len(ch)}): median "
             f"{statistics.median(c):.1f} ms vs {statistics.median(ch):.1f} ms = {med:.2f}x "
             f"({budget(med, CHAIN_MEDIAN_X)}); p99 {pct(c, 0.99):.1f} ms vs "
             f"{pct(ch, 0.99):.1f} ms = {p99:.2f}x ({budget(p99, CHAIN_P99_X)})"
@@ -346,6 +355,9 @@ def report(
             f"{med:.2f}x ({budget(med, CHANGE_MEDIAN_X)}, issue 22); p99 "
             f"{pct(b, 0.99):.1f} ms, {p99:.2f}x ({budget(p99, CHANGE_P99_X)})"
         )
+        if args.trace:
+            print_breakdown(Path(f"{args.trace}.{nodes}"), r["marks"], r["chain_steps"])
+    last = results[sizes[-1]]
     if "makespans" in last:
         m = statistics.median(last["makespans"])
         ratio = m / statistics.median(bare)
@@ -371,6 +383,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3, help="waves of each kind (0: none)")
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--width", type=int, default=32, help="requests at a time, populating")
+    parser.add_argument("--trace", help="time shared-svc's steps into FILE.<nodes>")
     args = parser.parse_args()
     if args.scale <= 0 or args.window <= 0 or args.width < 1 or min(args.changes, args.runs) < 0:
         parser.error("--scale, --window and --width must be positive, --changes and --runs >= 0")
