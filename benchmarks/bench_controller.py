@@ -54,10 +54,14 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import json
+
 from bench_memory import http_get, leading, memory
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 
 import testenv
+from shared_svc.kube.resources import GVR, SERVICES
+from shared_svc.kube.writer import APPLY, MERGE_PATCH, request
 from tests.kube import api_client, make_namespace
 from tests.svc import Kube, cp_body
 
@@ -70,6 +74,47 @@ CHAIN_PLURAL = "clusterpolicies"
 CHAIN_CR = "bench-chain"
 # Goals of issue 32: the CR change against the bare chain.
 CHAIN_MEDIAN_X, CHAIN_P99_X = 1.15, 1.5
+CLUSTER_POLICIES = GVR("nvidia.com", "v1", "clusterpolicies")
+CHAIN_CRS = GVR(CHAIN_GROUP, "v1", CHAIN_PLURAL)
+
+
+# The benchmark's own requests are lean, the same for the CR change and the chain: a
+# request and its answer read, not parsed into models (kubernetes_asyncio's models cost
+# the benchmark milliseconds of CPU per request, which on 2 cores compete with the API
+# server and shared-svc for the time measured).
+
+
+async def send(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any,
+    content_type: str,
+    query: list[tuple[str, str]] | None = None,
+) -> None:
+    resp = await request(api, method, path, body=body, content_type=content_type, query=query)
+    try:
+        await resp.read()
+    finally:
+        resp.release()
+
+
+async def watch_lines(api: client.ApiClient, path: str) -> Any:
+    """Each event of a watch of ``path``, as (type, object), watched again as it ends."""
+    while True:
+        query = [("watch", "true"), ("timeoutSeconds", "300")]
+        resp = await request(api, "GET", path, query=query, timeout=330)
+        try:
+            while line := await resp.content.readline():
+                event = json.loads(line)
+                yield event["type"], event["object"]
+        finally:
+            resp.release()
+
+
+async def patch_policy(api: client.ApiClient, path: str, policy: str) -> None:
+    """The CR change: a merge patch of the exporter Service's internalTrafficPolicy."""
+    await send(api, "PATCH", path, policy_patch(policy), MERGE_PATCH)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -86,22 +131,21 @@ def counter(metrics: str, name: str) -> float:
 
 
 class ServiceWatch:
-    """Records when each version of the two Services showed which policy."""
+    """Records when each version of the Services of a namespace showed which policy."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.seen: asyncio.Queue[tuple[float, str, str]] = asyncio.Queue()
 
     async def run(self) -> None:
-        while True:
-            w = watch.Watch()
-            async for ev in w.stream(
-                self.kube.core.list_namespaced_service, self.kube.ns, timeout_seconds=300
-            ):
-                obj = ev["object"]
-                self.seen.put_nowait(
-                    (time.perf_counter(), obj.metadata.name, obj.spec.internal_traffic_policy)
+        async for _, obj in watch_lines(self.kube.api, SERVICES.collection(self.kube.ns)):
+            self.seen.put_nowait(
+                (
+                    time.perf_counter(),
+                    obj["metadata"]["name"],
+                    obj["spec"].get("internalTrafficPolicy"),
                 )
+            )
 
     async def wait_for(self, name: str, value: str) -> float:
         while True:
@@ -142,8 +186,8 @@ class Chain:
     (in a namespace of its own, ``ns``, with a Service watch of its own)."""
 
     def __init__(self, api: client.ApiClient, ns: str) -> None:
+        self.api = api
         self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
         self.ns = ns
         self.seen: asyncio.Queue[str] = asyncio.Queue()
         self.services = ServiceWatch(Kube(api, ns))
@@ -169,7 +213,7 @@ class Chain:
             if exc.status != 409:  # a world kept from an earlier chain
                 raise
             await self._patch(policy)
-        await _apply(self.core, self.ns, policy, CHAIN_SERVICE)
+        await _apply(self.api, self.ns, policy, CHAIN_SERVICE)
         self._tasks = [
             asyncio.ensure_future(self._watch()),
             asyncio.ensure_future(self.services.run()),
@@ -182,29 +226,13 @@ class Chain:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _watch(self) -> None:
-        while True:
-            w = watch.Watch()
-            async for ev in w.stream(
-                self.custom.list_cluster_custom_object,
-                CHAIN_GROUP,
-                "v1",
-                CHAIN_PLURAL,
-                timeout_seconds=300,
-            ):
-                obj = ev["object"]
-                if obj.get("metadata", {}).get("name") == CHAIN_CR:
-                    spec = obj.get("spec", {}).get("dcgmExporter", {}).get("service", {})
-                    self.seen.put_nowait(str(spec.get("internalTrafficPolicy")))
+        async for _, obj in watch_lines(self.api, CHAIN_CRS.collection()):
+            if obj["metadata"]["name"] == CHAIN_CR:
+                spec = obj["spec"]["dcgmExporter"]["service"]
+                self.seen.put_nowait(str(spec.get("internalTrafficPolicy")))
 
     async def _patch(self, policy: str) -> None:
-        await self.custom.patch_cluster_custom_object(
-            CHAIN_GROUP,
-            "v1",
-            CHAIN_PLURAL,
-            CHAIN_CR,
-            policy_patch(policy),
-            _content_type="application/merge-patch+json",
-        )
+        await patch_policy(self.api, CHAIN_CRS.item(CHAIN_CR), policy)
 
     async def once(self, policy: str) -> float:
         """One chain to ``policy``: milliseconds from sending the CR patch until the
@@ -215,7 +243,7 @@ class Chain:
         while await asyncio.wait_for(self.seen.get(), 30) != policy:
             pass
         cr_seen = time.perf_counter()
-        await _apply(self.core, self.ns, policy, CHAIN_SERVICE)
+        await _apply(self.api, self.ns, policy, CHAIN_SERVICE)
         applied = time.perf_counter()
         seen = await asyncio.wait_for(self.services.wait_for(CHAIN_SERVICE, policy), 30)
         self.steps.append(
@@ -317,7 +345,6 @@ async def main(changes: int, burst: int, pause: float, trace: Path | None = None
     try:
         api = await api_client(cp)
         kube = Kube(api, await make_namespace(api, "bench"))
-        core = client.CoreV1Api(api)
         cluster_policy = cp_body(dcgmExporter={"service": {"internalTrafficPolicy": "Cluster"}})
         await kube.create_cr(cluster_policy)
         port = testenv.free_port()
@@ -340,7 +367,7 @@ async def main(changes: int, burst: int, pause: float, trace: Path | None = None
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"shared-svc run did not become ready; log: {log_name}")
             await asyncio.sleep(0.1)
-        watcher, watch_task = await watch_services(kube, core)
+        watcher, watch_task = await watch_services(kube)
         chain = Chain(api, await make_namespace(api, "bench-chain"))
         await chain.start(cp, cluster_policy)
         idle = memory(proc.pid)
@@ -349,7 +376,7 @@ async def main(changes: int, burst: int, pause: float, trace: Path | None = None
 
         marks: list[tuple[float, float, float]] = []
         controller_ms, bare_ms, chain_ms, policy = await lone_changes(
-            kube, core, watcher, chain, changes, pause, marks
+            kube, watcher, chain, changes, pause, marks
         )
         await asyncio.sleep(pause)
         _, text = http_get(port, "/metrics")
@@ -359,7 +386,7 @@ async def main(changes: int, burst: int, pause: float, trace: Path | None = None
         reconciles_before = counter(text, "controller_runtime_reconcile_total")
         for _ in range(burst):
             policy = "Local" if policy == "Cluster" else "Cluster"
-            await kube.patch_cr("ClusterPolicy", "cluster-policy", policy_patch(policy))
+            await patch_policy(kube.api, CLUSTER_POLICIES.item("cluster-policy"), policy)
         await asyncio.wait_for(watcher.wait_for(NAME, policy), 30)
         await asyncio.sleep(1.0)
         _, text = http_get(port, "/metrics")
@@ -395,23 +422,20 @@ async def main(changes: int, burst: int, pause: float, trace: Path | None = None
     )
 
 
-async def watch_services(
-    kube: Kube, core: client.CoreV1Api
-) -> tuple[ServiceWatch, asyncio.Future[None]]:
+async def watch_services(kube: Kube) -> tuple[ServiceWatch, asyncio.Future[None]]:
     """A ``ServiceWatch`` started once shared-svc's first reconcile wrote the exporter
     Service, and the bare Service created (policy ``Cluster``, as the CR's)."""
     watcher = ServiceWatch(kube)
     watch_task = asyncio.ensure_future(watcher.run())
     while (await kube.service(NAME)) is None:  # noqa: ASYNC110 - the first reconcile
         await asyncio.sleep(0.1)
-    await _apply(core, kube.ns, "Cluster")
+    await _apply(kube.api, kube.ns, "Cluster")
     await asyncio.sleep(2)
     return watcher, watch_task
 
 
 async def lone_changes(
     kube: Kube,
-    core: client.CoreV1Api,
     watcher: ServiceWatch,
     chain: Chain,
     changes: int,
@@ -429,7 +453,7 @@ async def lone_changes(
         policy = "Local" if policy == "Cluster" else "Cluster"
         await asyncio.sleep(pause)
         start = time.perf_counter()
-        await kube.patch_cr("ClusterPolicy", "cluster-policy", policy_patch(policy))
+        await patch_policy(kube.api, CLUSTER_POLICIES.item("cluster-policy"), policy)
         answered = time.perf_counter()
         seen = await asyncio.wait_for(watcher.wait_for(NAME, policy), 30)
         controller_ms.append((seen - start) * 1000)
@@ -437,7 +461,7 @@ async def lone_changes(
             marks.append((start, answered, seen))
         await asyncio.sleep(pause)
         start = time.perf_counter()
-        await _apply(core, kube.ns, policy)
+        await _apply(kube.api, kube.ns, policy)
         seen = await asyncio.wait_for(watcher.wait_for(BARE, policy), 30)
         bare_ms.append((seen - start) * 1000)
         await asyncio.sleep(pause)
@@ -479,14 +503,14 @@ def print_changes(
     return med, p99
 
 
-async def _apply(core: client.CoreV1Api, ns: str, policy: str, name: str = BARE) -> None:
-    await core.patch_namespaced_service(
-        name,
-        ns,
+async def _apply(api: client.ApiClient, ns: str, policy: str, name: str = BARE) -> None:
+    await send(
+        api,
+        "PATCH",
+        SERVICES.item(name, ns),
         bare_body(ns, policy, name),
-        field_manager="bench",
-        force=True,
-        _content_type="application/apply-patch+yaml",
+        APPLY,
+        query=[("fieldManager", "bench"), ("force", "true")],
     )
 
 

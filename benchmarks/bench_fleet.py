@@ -97,7 +97,6 @@ from bench_upgrade import (
     shared_runs,
     workload_pod,
 )
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
@@ -261,13 +260,12 @@ def in_world(
         out: dict[str, Any] = {}
         if args.changes:
             kube = Kube(api, OPERATOR_NS)
-            core = client.CoreV1Api(api)
-            services, task = await watch_services(kube, core)
+            services, task = await watch_services(kube)
             chain = Chain(api, await make_namespace(api, "bench-chain"))
             await chain.start(cp, cluster_policy)
             out["marks"] = []
             out["controller_ms"], out["bare_ms"], out["chain_ms"], _ = await lone_changes(
-                kube, core, services, chain, args.changes, args.pause, out["marks"]
+                kube, services, chain, args.changes, args.pause, out["marks"]
             )
             out["chain_steps"] = chain.steps
             await chain.stop()
