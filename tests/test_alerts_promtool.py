@@ -28,7 +28,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from shared_svc.metrics import Metrics
-from shared_svc.upgrade.metrics import UpgradeMetrics
+from shared_svc.upgrade.metrics import GATE_STATES, UpgradeMetrics
 from testenv import prometheus as prom_env
 from tests.test_deploy_chart import one, render_docs
 
@@ -252,7 +252,7 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
 
     def gate(state: str, freeing: str) -> Callable[[World], None]:
         def build(w: World) -> None:
-            for s in ("ok", "missing", "mismatch", "invalid", "off", "absent"):
+            for s in GATE_STATES:
                 w.both("shared_svc_upgrade_gate", "1x60" if s == state else "0x60", state=s)
             w.both("shared_svc_upgrade_nodes", "5x60", phase="idle")
             w.both("shared_svc_upgrade_nodes", freeing, phase="freeing")

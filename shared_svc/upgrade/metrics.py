@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 from collections import Counter as Tally
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared_svc.upgrade import record, states
+from shared_svc.upgrade.gate import GateState
 
 if TYPE_CHECKING:
     from shared_svc.upgrade.planner import NodeStatus
@@ -33,8 +34,8 @@ NODE_STATES = (
     "other",
     "none",
 )
-# ``shared_svc.upgrade.gate.GateState``
-GATE_STATES = ("ok", "missing", "mismatch", "invalid", "off", "absent")
+# The gate's verdicts (``shared_svc.upgrade.gate.GateState``)
+GATE_STATES: tuple[str, ...] = get_args(GateState)
 
 
 def state_value(state: str | None) -> str:
