@@ -184,6 +184,7 @@ class Service:
                 recorder=self.events,
                 controller=self.controller,
                 is_leader=self.is_leader,
+                on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()
