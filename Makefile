@@ -4,7 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck unit proptest-long bench lock
+.PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck unit proptest-long bench lock
+.PHONY: compat testenv-versions
+
+# The Kubernetes versions of the test control plane, one module file each
+# (testenv/kube/<minor>.mod): the whole suite runs on the default, the compatibility suite
+# (tests/compat.py, marker compat) on every one.
+KUBE_VERSIONS := $(sort $(patsubst testenv/kube/%.mod,%,$(wildcard testenv/kube/*.mod)))
+KUBE_DEFAULT := 1.36
+COMPAT_VERSIONS := $(filter-out $(KUBE_DEFAULT),$(KUBE_VERSIONS))
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -13,8 +21,17 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# helmrender, and etcd, kube-apiserver and kube-controller-manager of the run's version
+# ($SHARED_SVC_KUBE_VERSION, default 1.36); testenv-versions: of every version.
 testenv:
-	bash testenv/build.sh >/dev/null
+	nice -n 10 bash testenv/helmrender/build.sh >/dev/null
+	nice -n 10 bash testenv/build.sh $${SHARED_SVC_KUBE_VERSION:-$(KUBE_DEFAULT)} >/dev/null
+
+testenv-versions: testenv
+	for v in $(KUBE_VERSIONS); do nice -n 10 bash testenv/build.sh $$v >/dev/null || exit 1; done
+
+# make test: the whole suite on the default version, then the compatibility suite on the others.
+test: testenv-versions
 
 # The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
 testenv-gpu-operator:
@@ -31,6 +48,14 @@ testenv-prometheus:
 testenv-upgrade-libs:
 	nice -n 10 bash testenv/upgrade-libs/build.sh >/dev/null
 
+# The real node for the tests marked node (testenv/node/): Debian's packages (apt, once), then
+# its cached builds: kubelet & co., containerd, CNI plugins, helm; the base image; the
+# project's image from the Dockerfile (a cold build takes about 20 minutes).
+testenv-node:
+	bash testenv/node/host-packages.sh
+	bash -ec 'programs=$$(nice -n 10 bash testenv/node/build.sh); base=$$(nice -n 10 bash testenv/node/base.sh); \
+	  nice -n 10 bash testenv/node/images.sh "$$programs" "$$base" >/dev/null'
+
 # requirements.lock, the image's dependencies pinned with hashes, from pyproject.toml
 # (pip-tools; keeps the pins that still fit, UPGRADE=1 takes the newest allowed).
 # tests/test_packaging.py fails while it is stale.
@@ -45,12 +70,20 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs lint typecheck
+test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
+	for v in $(COMPAT_VERSIONS); do \
+	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -m compat --kube-version $$v || exit 1; \
+	done
+
+# The compatibility suite alone, on every version (make test runs it too).
+compat: venv testenv-versions testenv-gpu-operator
+	for v in $(KUBE_VERSIONS); do $(BIN)/pytest -m compat --kube-version $$v || exit 1; done
 
 # make demo GPU_OPERATOR=1: next to the real gpu-operator (its build takes minutes once).
-demo: venv testenv
-	$(BIN)/python -m testenv demo $(if $(GPU_OPERATOR),--with-gpu-operator)
+# make demo NODE=1: the chart and the image on the real node (testenv/node/; built once).
+demo: venv testenv $(if $(NODE),testenv-node)
+	$(BIN)/python -m testenv demo $(if $(GPU_OPERATOR),--with-gpu-operator) $(if $(NODE),--node)
 
 proptest-long: venv
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest proptests

@@ -27,15 +27,21 @@ resyncs, 300 s and 120 s) the API server's own write counts (Leases apart) and t
 the process. The idle base is ``bench_memory.measure_small`` (one ClusterPolicy, the
 DaemonSets, no nodes or pods), measured first.
 
-In the last world, in the same process after the window:
+In each world, in the same process after the window:
 
 - ClusterPolicy change -> converged, ``--changes`` lone changes interleaved with the bare
-  write of the same shape (``bench_controller.lone_changes``): median and p99, ratios;
-- the first ``--wave`` nodes entering ``cordon-required`` at once with 2 declared consumers
-  each, ``--runs`` times (``bench_upgrade.shared_runs``), against the bare wave of the same
-  run (``bench_upgrade.bare_runs``, sent before shared-svc starts): makespan, ratio.
+  write of the same shape and the bare chain (the script's own CR patch, its watch seeing
+  it, its own Service apply: the true floor; ``bench_controller.lone_changes``): median
+  and p99, ratios to the chain (goal: median <= 1.15x, p99 <= 1.5x) and to the bare write;
+- in the last world only, the first ``--wave`` nodes entering ``cordon-required`` at once
+  with 2 declared consumers each, ``--runs`` times (``bench_upgrade.shared_runs``), against
+  the bare wave of the same run (``bench_upgrade.bare_runs``, sent before shared-svc
+  starts): makespan, ratio.
 
-Each figure is printed with its n and its budget (issue 22), with the date and the machine.
+Each figure is printed with its n and its budget (issues 22 and 32), with the date, the
+machine, the commit and the load average before and after. ``--trace FILE`` runs shared-svc
+through ``benchmarks/traced_run.py`` (FILE.<nodes> per world) and prints where the time of
+the CR change and of the chain goes (``bench_controller.print_breakdown``).
 
     .venv/bin/python benchmarks/bench_fleet.py [--world fleet|issue12|both] [--scale 1]
         [--window 600] [--changes 60] [--wave 500] [--runs 3] [--width 32]
@@ -58,7 +64,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_controller import lone_changes, pct, watch_services
+from bench_controller import (
+    CHAIN_MEDIAN_X,
+    CHAIN_P99_X,
+    Chain,
+    commit,
+    load,
+    lone_changes,
+    pct,
+    print_breakdown,
+    ratios,
+    watch_services,
+)
 from bench_memory import (
     Run,
     _daemonset,
@@ -80,7 +97,6 @@ from bench_upgrade import (
     shared_runs,
     workload_pod,
 )
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
@@ -170,6 +186,7 @@ async def main(args: argparse.Namespace) -> None:
     sizes = [max(1, int(n * args.scale)) for n in WORLDS[args.world]]
     wave = min(max(1, int(args.wave * args.scale)), sizes[0])
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = load()
     cp = await asyncio.get_running_loop().run_in_executor(None, testenv.start)
     api = await api_client(cp)
     results: dict[int, dict[str, Any]] = {}
@@ -185,12 +202,11 @@ async def main(args: argparse.Namespace) -> None:
             body={"metadata": {"name": "nvidia"}, "handler": "nvidia"},
         )
         gate = {"podSelector": f"{CONSUMER}=true", "timeoutSeconds": 600}
-        await Kube(api, OPERATOR_NS).create_cr(
-            cp_body(
-                driver={"upgradePolicy": {"autoUpgrade": True, "waitForCompletion": gate}},
-                dcgmExporter={"service": {"internalTrafficPolicy": "Cluster"}},
-            )
+        cluster_policy = cp_body(
+            driver={"upgradePolicy": {"autoUpgrade": True, "waitForCompletion": gate}},
+            dcgmExporter={"service": {"internalTrafficPolicy": "Cluster"}},
         )
+        await Kube(api, OPERATOR_NS).create_cr(cluster_policy)
         for app in OPERANDS:
             await raw_request(
                 api,
@@ -211,16 +227,17 @@ async def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
             last = nodes == sizes[-1]
-            then = None
             if last and args.runs:
                 watcher = Watcher(api)
                 await watcher.start()
                 bare, _ = await bare_runs(
                     api, cp, watcher, wave, CONSUMERS_PER_NODE, args.runs, args.timeout
                 )
-            if last:
-                then = in_world(api, cp, watcher, wave, args)
-            results[nodes] = await measure_big(cp, OPERATOR_NS, None, args.window, then=then)
+            then = in_world(api, cp, watcher if last else None, wave, args, cluster_policy)
+            trace = f"{args.trace}.{nodes}" if args.trace else None
+            results[nodes] = await measure_big(
+                cp, OPERATOR_NS, None, args.window, then=then, trace=trace
+            )
             scalars = {k: v for k, v in results[nodes].items() if not isinstance(v, list)}
             print(f"{nodes} nodes: {scalars}", flush=True)
     finally:
@@ -228,7 +245,7 @@ async def main(args: argparse.Namespace) -> None:
             await watcher.stop()
         await api.close()
         cp.stop()
-    report(args, sizes, wave, idle, results, bare, started_at)
+    report(args, sizes, wave, idle, results, bare, started_at, load_before)
 
 
 def in_world(
@@ -237,16 +254,21 @@ def in_world(
     watcher: Watcher | None,
     wave: int,
     args: argparse.Namespace,
+    cluster_policy: dict[str, Any],
 ) -> Any:
     async def then(run: Run) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if args.changes:
             kube = Kube(api, OPERATOR_NS)
-            core = client.CoreV1Api(api)
-            services, task = await watch_services(kube, core)
-            out["controller_ms"], out["bare_ms"], _ = await lone_changes(
-                kube, core, services, args.changes, args.pause
+            services, task = await watch_services(kube)
+            chain = Chain(api, await make_namespace(api, "bench-chain"))
+            await chain.start(cp, cluster_policy)
+            out["marks"] = []
+            out["controller_ms"], out["bare_ms"], out["chain_ms"], _ = await lone_changes(
+                kube, services, chain, args.changes, args.pause, out["marks"]
             )
+            out["chain_steps"] = chain.steps
+            await chain.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if watcher is not None:
@@ -267,11 +289,13 @@ def report(
     results: dict[int, dict[str, Any]],
     bare: list[float],
     started_at: str,
+    load_before: str,
 ) -> None:
     print()
     print(
         f"shared-svc run (own process, shipped defaults, both controllers on), real "
-        f"kube-apiserver; started {started_at}; {machine()}"
+        f"kube-apiserver; started {started_at}; {machine()}; commit {commit()}; load "
+        f"average {load_before} at the start, {load()} at the end"
     )
     if args.scale != 1:
         print(f"scale {args.scale:g}: the budgets are for the full-size world")
@@ -310,16 +334,28 @@ def report(
             per_big = (big[key] - base) / sizes[1]
             ratio = per_big / per_small if per_small > 0 else math.inf
             print(f"  {title:40}{ratio:10.2f}  {budget(ratio, 1.0)}")
-    last = results[sizes[-1]]
-    if "controller_ms" in last:
-        c, b = last["controller_ms"], last["bare_ms"]
-        med, p99 = statistics.median(c) / statistics.median(b), pct(c, 0.99) / pct(b, 0.99)
+    for nodes in sizes:
+        r = results[nodes]
+        if "controller_ms" not in r:
+            continue
+        c, b, ch = r["controller_ms"], r["bare_ms"], r["chain_ms"]
+        med, p99 = ratios(c, ch)
         print(
-            f"ClusterPolicy change -> converged, n = {len(c)} (bare write n = {len(b)}): median "
-            f"{statistics.median(c):.1f} ms vs {statistics.median(b):.1f} ms = {med:.2f}x "
-            f"({budget(med, CHANGE_MEDIAN_X)}); p99 {pct(c, 0.99):.1f} ms vs "
-            f"{pct(b, 0.99):.1f} ms = {p99:.2f}x ({budget(p99, CHANGE_P99_X)})"
+            f"{nodes} nodes: ClusterPolicy change -> converged, n = {len(c)}, against the "
+            f"bare chain (CR patch, watch, Service apply; n = {len(ch)}): median "
+            f"{statistics.median(c):.1f} ms vs {statistics.median(ch):.1f} ms = {med:.2f}x "
+            f"({budget(med, CHAIN_MEDIAN_X)}); p99 {pct(c, 0.99):.1f} ms vs "
+            f"{pct(ch, 0.99):.1f} ms = {p99:.2f}x ({budget(p99, CHAIN_P99_X)})"
         )
+        med, p99 = ratios(c, b)
+        print(
+            f"  against the bare write (n = {len(b)}): median {statistics.median(b):.1f} ms, "
+            f"{med:.2f}x ({budget(med, CHANGE_MEDIAN_X)}, issue 22); p99 "
+            f"{pct(b, 0.99):.1f} ms, {p99:.2f}x ({budget(p99, CHANGE_P99_X)})"
+        )
+        if args.trace:
+            print_breakdown(Path(f"{args.trace}.{nodes}"), r["marks"], r["chain_steps"])
+    last = results[sizes[-1]]
     if "makespans" in last:
         m = statistics.median(last["makespans"])
         ratio = m / statistics.median(bare)
@@ -345,6 +381,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3, help="waves of each kind (0: none)")
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--width", type=int, default=32, help="requests at a time, populating")
+    parser.add_argument("--trace", help="time shared-svc's steps into FILE.<nodes>")
     args = parser.parse_args()
     if args.scale <= 0 or args.window <= 0 or args.width < 1 or min(args.changes, args.runs) < 0:
         parser.error("--scale, --window and --width must be positive, --changes and --runs >= 0")

@@ -273,7 +273,12 @@ class Run:
     """One ``shared-svc run`` process."""
 
     def __init__(
-        self, cp: testenv.ControlPlane, ns: str, pythonpath: str | None, profile: str | None = None
+        self,
+        cp: testenv.ControlPlane,
+        ns: str,
+        pythonpath: str | None,
+        profile: str | None = None,
+        trace: str | None = None,
     ) -> None:
         self.port = testenv.free_port()
         env = {
@@ -295,6 +300,10 @@ class Run:
             env["BENCH_PROFILE_OUT"] = profile
             env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
             argv = [sys.executable, str(ROOT / "benchmarks" / "profiled_run.py")]
+        elif trace:  # a timestamp per reconcile step (benchmarks/traced_run.py)
+            env["BENCH_TRACE_OUT"] = trace
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
+            argv = [sys.executable, str(ROOT / "benchmarks" / "traced_run.py")]
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=self._log)
 
     async def ready(self, timeout: float = 300) -> None:
@@ -333,10 +342,11 @@ async def measure_big(
     window: float,
     profile: str | None = None,
     then: Callable[[Run], Awaitable[dict[str, Any]]] | None = None,
+    trace: str | None = None,
 ) -> dict[str, Any]:
     """Starts ``run``, measures as the module says; then, if given, ``then(run)`` in the
     same process (its figures join the result)."""
-    run = Run(cp, ns, pythonpath, profile)
+    run = Run(cp, ns, pythonpath, profile, trace)
     try:
         started = time.monotonic()
         await run.ready()

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the plain manifests in deploy/manifests/ from the Helm chart, with Helm's
-# own renderer (testenv/helmrender, built and cached by testenv/build.sh). Run after
+# own renderer (testenv/helmrender, built and cached by testenv/helmrender/build.sh). Run after
 # changing the chart; tests/test_deploy_chart.py fails while they differ.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bin="$(bash "$here/../testenv/build.sh")"
+bin="$(bash "$here/../testenv/helmrender/build.sh")"
 render() {  # render OUTPUT DESCRIPTION [--set k=v]...
   local output=$1 description=$2
   shift 2

@@ -99,7 +99,7 @@ comma-separated words (`nvidia,kata`). A value that does not validate stops the 
 at start with one line naming the flag or the variable and the value (exit status 2). A
 `SHARED_SVC_*` variable that is no setting (a typo, most likely) is reported at start,
 one warning line each, with the closest setting's variable when there is one
-(`SHARED_SVC_CACHE`, `SHARED_SVC_TESTENV_BIN` and `SHARED_SVC_GPU_OPERATOR_DIR` belong to
+(`SHARED_SVC_CACHE`, `SHARED_SVC_TESTENV_BIN`, `SHARED_SVC_GPU_OPERATOR_DIR` and `SHARED_SVC_KUBE_VERSION` belong to
 the development tooling and are not reported).
 
 Every command that talks to the API server finds it the same way

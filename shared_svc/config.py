@@ -28,7 +28,12 @@ from shared_svc.reconcile.model import Settings as CoreSettings
 ENV_PREFIX = "SHARED_SVC_"
 # Not settings: read by the development tooling (testenv/, make demo) under the same prefix.
 DEV_TOOLING_ENV = frozenset(
-    {"SHARED_SVC_CACHE", "SHARED_SVC_GPU_OPERATOR_DIR", "SHARED_SVC_TESTENV_BIN"}
+    {
+        "SHARED_SVC_CACHE",
+        "SHARED_SVC_GPU_OPERATOR_DIR",
+        "SHARED_SVC_KUBE_VERSION",
+        "SHARED_SVC_TESTENV_BIN",
+    }
 )
 
 

@@ -30,6 +30,7 @@ from shared_svc.service_metrics import Metrics
 
 if TYPE_CHECKING:
     from shared_svc.controllers.upgrade.reconciler import UpgradeController
+    from shared_svc.kube.registry import CacheRegistry
 
 log = logging.getLogger(__name__)
 
@@ -160,19 +161,7 @@ class Service:
                 is_leader=self.is_leader,
             )
         if cfg.upgrade_controller:
-            from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
-            from shared_svc.controllers.upgrade.reconciler import UpgradeController
-
-            self.upgrade = UpgradeController(
-                cfg,
-                self.events,
-                caches=caches,
-                io=KubeUpgradeIO(
-                    api, cfg.upgrade_driver_name, write_limiter=upgrade_write_limiter(cfg)
-                ),
-                is_leader=self.is_leader,
-                metrics=self.metrics.registry,
-            )
+            self.upgrade = self._upgrade_controller(api, caches, self.events)
         app = make_app(
             alive=self.alive, ready=self.ready, status=self.status, registry=self.metrics.registry
         )
@@ -191,12 +180,33 @@ class Service:
                 objects=self.controller.cached_objects,
                 needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
+                on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()
         if self.upgrade is not None:
             parts += self.upgrade.runnables()
         return parts
+
+    def _upgrade_controller(
+        self, api: ApiClient, caches: CacheRegistry, events: EventPublisher
+    ) -> UpgradeController:
+        """The upgrade controller, on the shared caches, calling the API through
+        ``KubeUpgradeIO`` (imported only when it is switched on)."""
+        from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+        from shared_svc.controllers.upgrade.reconciler import UpgradeController
+
+        cfg = self.config
+        return UpgradeController(
+            cfg,
+            events,
+            caches=caches,
+            io=KubeUpgradeIO(
+                api, cfg.upgrade_driver_name, write_limiter=upgrade_write_limiter(cfg)
+            ),
+            is_leader=self.is_leader,
+            metrics=self.metrics.registry,
+        )
 
     def _on_leadership(self, lead: bool) -> None:
         self.metrics.leader.labels(self.config.lease_name).set(1 if lead else 0)

@@ -11,9 +11,16 @@ in one process in tests and each /metrics shows only its own figures.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared_svc.runtime.instrumentation import RuntimeMetrics
+
+# shared_svc_admission_guard{mode}: admission.guard.guard_mode's values.
+GUARD_MODES = ("policy", "webhook", "none", "unknown")
+# shared_svc_admission_webhooks{served}: the guard's webhooks by what their probe found.
+WEBHOOK_SERVED = ("true", "false", "unprobed")
 
 
 class Metrics:
@@ -44,6 +51,47 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self._admission(r)
+
+    def _admission(self, r: CollectorRegistry) -> None:
+        """The guard monitor's (``admission.guard``), set by :meth:`publish_guard`."""
+        self.guard_mode = Gauge(
+            "shared_svc_admission_guard",
+            "1 for the admission guard found active: policy, webhook, none or unknown.",
+            ["mode"],
+            registry=r,
+        )
+        self.guard_webhooks = Gauge(
+            "shared_svc_admission_webhooks",
+            "The admission guard's webhooks by their probe: served true, false (configured "
+            "but answering no AdmissionReview) or unprobed (behind the chart's Service).",
+            ["served"],
+            registry=r,
+        )
+        self.unguarded_writers = Gauge(
+            "shared_svc_admission_unguarded_writers",
+            "Objects of shared-svc that gpu-operator's field manager writes while no "
+            "admission guard is active (the AdmissionGuardMissing Warning).",
+            registry=r,
+        )
+        for mode in GUARD_MODES:
+            self.guard_mode.labels(mode).set(0)
+        for served in WEBHOOK_SERVED:
+            self.guard_webhooks.labels(served).set(0)
+
+    def publish_guard(
+        self, mode: str, webhooks: list[dict[str, Any]], unguarded_writers: int
+    ) -> None:
+        """The guard monitor's findings after each check (``admission.guard.GuardMonitor``)."""
+        for m in GUARD_MODES:
+            self.guard_mode.labels(m).set(1 if m == mode else 0)
+        served = {True: "true", False: "false", None: "unprobed"}
+        counts = {v: 0 for v in WEBHOOK_SERVED}
+        for hook in webhooks:
+            counts[served[hook.get("served")]] += 1
+        for value, n in counts.items():
+            self.guard_webhooks.labels(value).set(n)
+        self.unguarded_writers.set(unguarded_writers)
 
     def cache_synced_changed(self, cache: str, synced: bool) -> None:
         """The cache registry's report (``kube.registry.CacheRegistry``: every cache)."""

@@ -7,6 +7,10 @@ demo, the benchmarks and ``python -m testenv``. On request kube-controller-manag
 too, with the garbage collector and EndpointSlice controllers only (:data:`CONTROLLERS`);
 there is never a DaemonSet controller, scheduler or kubelet.
 
+The Kubernetes version is chosen per run (:func:`kube_version`: ``SHARED_SVC_KUBE_VERSION``,
+a minor with a module file ``testenv/kube/<minor>.mod``; default :data:`DEFAULT_KUBE_VERSION`);
+each version is its own cached build.
+
 Synchronous on purpose (stdlib only): fixtures and commands start it before any event
 loop exists.
 """
@@ -26,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,15 +54,79 @@ def free_port() -> int:
         return port
 
 
-def build_binaries() -> Path:
-    """Runs the cached Go build; returns the directory with ``etcd`` and ``kube-apiserver``."""
+# The Kubernetes version of a run: a minor with a module file in testenv/kube/.
+KUBE_VERSION_ENV = "SHARED_SVC_KUBE_VERSION"
+DEFAULT_KUBE_VERSION = "1.36"
+KUBE_MODULES = TESTENV_DIR / "kube"
+
+
+def kube_versions() -> tuple[str, ...]:
+    """The Kubernetes minors the test control plane builds (one ``kube/<minor>.mod`` each),
+    oldest first."""
+    minors = (p.name.removesuffix(".mod") for p in KUBE_MODULES.glob("*.mod"))
+    return tuple(sorted(minors, key=lambda m: tuple(int(x) for x in m.split("."))))
+
+
+def kube_version() -> str:
+    """The minor this run tests (``$SHARED_SVC_KUBE_VERSION``, default
+    :data:`DEFAULT_KUBE_VERSION`); one that is not built raises ControlPlaneError in one line."""
+    minor = os.environ.get(KUBE_VERSION_ENV, "").strip() or DEFAULT_KUBE_VERSION
+    known = kube_versions()
+    if minor not in known:
+        raise ControlPlaneError(
+            f"{KUBE_VERSION_ENV}={minor}: not a Kubernetes version of the test control plane"
+            f" (one of {', '.join(known)})"
+        )
+    return minor
+
+
+def _required(minor: str, module: str) -> str:
+    for line in (KUBE_MODULES / f"{minor}.mod").read_text().splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == module:
+            return words[1]
+    raise ControlPlaneError(f"testenv/kube/{minor}.mod requires no {module}")
+
+
+def kubernetes_release(minor: str | None = None) -> str:
+    """The ``k8s.io/kubernetes`` version the minor is built from, e.g. ``v1.33.13``."""
+    return _required(minor or kube_version(), "k8s.io/kubernetes")
+
+
+def etcd_release(minor: str | None = None) -> str:
+    """The etcd version the minor runs with, e.g. ``v3.5.24``."""
+    return _required(minor or kube_version(), "go.etcd.io/etcd/server/v3")
+
+
+def build_binaries(minor: str | None = None) -> Path:
+    """Runs the cached Go build of the minor's control plane (default :func:`kube_version`);
+    returns the directory with ``etcd``, ``kube-apiserver`` and ``kube-controller-manager``.
+    ``$SHARED_SVC_TESTENV_BIN`` names such a directory instead."""
     from testenv.builds import cached_build
 
+    minor = minor or kube_version()
     return cached_build(
         TESTENV_DIR / "build.sh",
+        minor,
         override_env="SHARED_SVC_TESTENV_BIN",
-        what="the test control plane",
+        what=f"the test control plane (Kubernetes {minor})",
         error=ControlPlaneError,
+    )
+
+
+def build_helmrender() -> Path:
+    """Runs the cached Go build of helmrender (Helm's renderer, one for every version);
+    returns the path of the binary."""
+    from testenv.builds import cached_build
+
+    return (
+        cached_build(
+            TESTENV_DIR / "helmrender" / "build.sh",
+            override_env=None,
+            what="helmrender",
+            error=ControlPlaneError,
+        )
+        / "helmrender"
     )
 
 
@@ -78,6 +146,7 @@ class ControlPlane:
     admin_token: str
     kubeconfig: Path
     etcd_url: str
+    kube_version: str = DEFAULT_KUBE_VERSION  # the minor it runs (kube/<minor>.mod)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _apiserver_args: list[str] = field(default_factory=list)
     _owns_workdir: bool = True
@@ -268,6 +337,13 @@ class ControlPlane:
         path.chmod(0o600)
         return path
 
+    def server_version(self) -> str:
+        """What the API server says it is (``/version``'s ``gitVersion``, e.g. ``v1.33.13``)."""
+        status, body = self.request("GET", "/version")
+        if status != 200 or not isinstance(body, dict):
+            raise ControlPlaneError(f"/version: {status} {body}")
+        return str(body.get("gitVersion"))
+
     def _path_for(self, doc: dict[str, Any]) -> str:
         api_version: str = doc["apiVersion"]
         kind: str = doc["kind"]
@@ -315,8 +391,11 @@ class ControlPlane:
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
-    def start_controller_manager(self, bindir: Path, sa_key: Path) -> None:
-        """Starts kube-controller-manager as the admin, and waits until it serves /healthz."""
+    def start_controller_manager(
+        self, bindir: Path, sa_key: Path, flags: Mapping[str, str | None] | None = None
+    ) -> None:
+        """Starts kube-controller-manager as the admin, and waits until it serves /healthz
+        (``flags``: as :func:`with_flags`)."""
         kubeconfig = self.kubeconfig
         port = free_port()
         args = [
@@ -337,7 +416,7 @@ class ControlPlane:
             "--v=1",
         ]
         self.processes["kube-controller-manager"] = _spawn(
-            args, self.workdir / "kube-controller-manager.log"
+            with_flags(args, flags or {}), self.workdir / "kube-controller-manager.log"
         )
         deadline = time.monotonic() + 60
         url = f"https://127.0.0.1:{port}/healthz"
@@ -384,6 +463,13 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def with_flags(args: list[str], flags: Mapping[str, str | None]) -> list[str]:
+    """``args`` (a program and its ``--flag=value`` arguments) with each of ``flags``
+    replacing the flag of that name, or added; a ``None`` value drops it."""
+    kept = [a for a in args if a.split("=", 1)[0] not in flags]
+    return kept + [f"{name}={value}" for name, value in flags.items() if value is not None]
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -481,16 +567,28 @@ def start(
     crds: bool = True,
     upstream_crds: Path | None = None,
     controller_manager: bool = False,
+    version: str | None = None,
+    address: str = "127.0.0.1",
+    apiserver_flags: Mapping[str, str | None] | None = None,
+    controller_manager_flags: Mapping[str, str | None] | None = None,
 ) -> ControlPlane:
     """Builds (cached) and starts etcd and kube-apiserver; installs the project's CRDs.
+
+    ``version``: the Kubernetes minor to run (default :func:`kube_version`, the run's).
 
     With ``controller_manager``, also kube-controller-manager running :data:`CONTROLLERS`
     (no kubelet, scheduler or DaemonSet controller: tests play those parts).
 
+    kube-apiserver serves on ``address`` (a local address; the real node's is the host end
+    of its veth, testenv/node). ``apiserver_flags`` and ``controller_manager_flags`` replace
+    or add flags (``{"--flag": value}``; ``None`` drops the flag), e.g. a cluster owner's
+    ``--feature-gates``.
+
     Raises ControlPlaneError with the reason (and the process log tail) on failure; all
     started processes are stopped before raising.
     """
-    bindir = build_binaries()
+    minor = version or kube_version()
+    bindir = build_binaries(minor)
     owns = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="shared-svc-testenv-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
@@ -525,8 +623,12 @@ def start(
         f"--etcd-servers={etcd_url}",
         f"--cert-dir={workdir / 'certs'}",
         f"--secure-port={api_port}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={address}",
+        f"--advertise-address={address}",
+        # The kubernetes Service gets no endpoints: a loopback address may not be one (1.36
+        # logs every failed sync, 1.37 refuses to start with the reconciler on), and nothing
+        # here reaches the API server through that Service.
+        "--endpoint-reconciler-type=none",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={sa_key}",
         f"--service-account-signing-key-file={sa_key}",
@@ -540,12 +642,14 @@ def start(
         "--event-ttl=1h",
         "--v=1",
     ]
+    apiserver_args = with_flags(apiserver_args, apiserver_flags or {})
     cp = ControlPlane(
         workdir=workdir,
-        url=f"https://127.0.0.1:{api_port}",
+        url=f"https://{address}:{api_port}",
         admin_token=admin_token,
         kubeconfig=workdir / "admin.kubeconfig",
         etcd_url=etcd_url,
+        kube_version=minor,
         _apiserver_args=apiserver_args,
         _owns_workdir=owns,
     )
@@ -559,7 +663,7 @@ def start(
         if upstream_crds is not None:
             cp.install_crds(sorted(upstream_crds.glob("*.yaml")))
         if controller_manager:
-            cp.start_controller_manager(bindir, sa_key)
+            cp.start_controller_manager(bindir, sa_key, controller_manager_flags or {})
     except BaseException:
         cp.stop()
         raise

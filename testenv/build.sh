@@ -1,39 +1,48 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver and kube-controller-manager from
-# k8s.io/kubernetes, etcd from
-# go.etcd.io/etcd/server/v3) and helmrender (Helm's chart renderer, from
-# helm.sh/helm/v3; its own module in helmrender/) with the machine's Go, into a cache
-# directory keyed by the modules' inputs (lib.sh: the cache and the lock, shared with
-# gpu-operator/build.sh). A second run with unchanged inputs costs a hash and a stat.
-# Builds of the same inputs take a lock: one started while another runs waits for it,
-# then uses its binaries.
+# Builds the test control plane of one Kubernetes version: kube-apiserver and
+# kube-controller-manager from k8s.io/kubernetes, and the etcd that version is tested with
+# (go.etcd.io/etcd/server/v3), with `go build -modfile=kube/<minor>.mod` (that version's
+# requirements, made by gen-gomod.sh from its own go.mod; cmd/ is shared), into a cache
+# directory keyed by the inputs (lib.sh: the cache and the lock, shared with the other
+# build scripts). A second run with unchanged inputs costs a hash and a stat. Builds of the
+# same inputs take a lock: one started while another runs waits for it, then uses its
+# binaries. Helm's renderer is a build of its own (helmrender/build.sh), once for every
+# version.
+#
+#   build.sh MINOR      # 1.33, 1.36, 1.37: one kube/<MINOR>.mod each
+#
+# Every version builds with the machine's Go (Go >= 1.26.0: v1.37.2's go.mod asks for
+# go 1.26.0).
 # Prints the directory holding the binaries on stdout; timings go to stderr.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+minor=${1:-}
+mod="$here/kube/$minor.mod"
+if [[ -z $minor || ! -f $mod ]]; then
+  known=$(cd "$here/kube" && ls -- *.mod | sed 's/\.mod$//' | sort -V | paste -sd' ')
+  echo "testenv: usage: build.sh MINOR (a Kubernetes version with a kube/<MINOR>.mod: $known)" >&2
+  exit 2
+fi
 source "$here/lib.sh"
 name=testenv kind=testenv
 key=$( {
   go version
-  cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/lib.sh"
+  cat "$here/go.mod" "$mod" "${mod%.mod}.sum" "$here/build.sh" "$here/lib.sh"
   find "$here/cmd" -name '*.go' -print0 | sort -z | xargs -0 cat
-  find "$here/helmrender" \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 | sort -z | xargs -0 cat
 } | sha256sum | cut -c1-16)
-k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$here/go.mod")
-helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v3"{print $3; exit} $1=="helm.sh/helm/v3"{print $2; exit}' "$here/helmrender/go.mod")
-what="kube-apiserver $k8s_version, helm $helm_version"
+k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$mod")
+etcd_version=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$mod")
+what="kube-apiserver $k8s_version, etcd $etcd_version"
 complete() {
-  [[ -x "$1/kube-apiserver" && -x "$1/kube-controller-manager" && -x "$1/etcd" && -x "$1/helmrender" ]]
+  [[ -x "$1/kube-apiserver" && -x "$1/kube-controller-manager" && -x "$1/etcd" ]]
 }
 cached_or_locked
 cd "$here"
 ver_flags="-X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
-echo "testenv: building kube-apiserver and kube-controller-manager ${k8s_version}, etcd and helmrender (helm ${helm_version}) (first build takes a while)..." >&2
-go build -mod=readonly -trimpath -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-apiserver" ./cmd/kube-apiserver
+echo "testenv: building kube-apiserver and kube-controller-manager ${k8s_version}, etcd ${etcd_version} (first build takes a while)..." >&2
+build() { go build -modfile="$mod" -mod=readonly -trimpath "$@"; }
+build -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-apiserver" ./cmd/kube-apiserver
 # The garbage collector and EndpointSlice controllers (tests of owner references and endpoints).
-go build -mod=readonly -trimpath -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-controller-manager" ./cmd/kube-controller-manager
-go build -mod=readonly -trimpath -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
-# As helm's Makefile does: the default Kubernetes version of rendering follows client-go's.
-client_go_minor=$(awk '$1=="k8s.io/client-go"{print $2; exit}' "$here/helmrender/go.mod" | cut -d. -f2)
-helm_flags="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${client_go_minor}"
-(cd "$here/helmrender" && go build -mod=readonly -trimpath -ldflags "-s -w ${helm_flags}" -o "$tmp/helmrender" .)
+build -ldflags "-s -w ${ver_flags}" -o "$tmp/kube-controller-manager" ./cmd/kube-controller-manager
+build -ldflags "-s -w" -o "$tmp/etcd" ./cmd/etcd
 publish

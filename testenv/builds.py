@@ -10,19 +10,23 @@ from testenv import ControlPlaneError
 
 
 def cached_build(
-    script: Path, *, override_env: str, what: str, error: type[ControlPlaneError]
+    script: Path,
+    *args: str,
+    override_env: str | None,
+    what: str,
+    error: type[ControlPlaneError],
 ) -> Path:
-    """Runs ``script`` (cached by content; ``nice -n 10``: it is heavy) and returns the
-    directory its last line of output names. ``$override_env`` names such a directory
-    instead. A missing script or a failed build raises ``error``, saying which (the build's
+    """Runs ``script`` with ``args`` (cached by content; ``nice -n 10``: it is heavy) and
+    returns the directory its last line of output names. ``$override_env`` names such a
+    directory instead. A missing script or a failed build raises ``error``, saying which (the build's
     own output has gone to stderr)."""
-    override = os.environ.get(override_env)
+    override = os.environ.get(override_env) if override_env else None
     if override:
         return Path(override)
     if not script.exists():
         raise error(f"{script} not found: {what} needs a source checkout")
     proc = subprocess.run(
-        ["nice", "-n", "10", "bash", str(script)],
+        ["nice", "-n", "10", "bash", str(script), *args],
         stdout=subprocess.PIPE,
         text=True,
         check=False,

@@ -39,6 +39,12 @@ def register(subparsers: Any) -> None:
                 action="store_true",
                 help="also run kube-controller-manager (garbage collector, EndpointSlices)",
             )
+            p.add_argument(
+                "--kube-version",
+                metavar="MINOR",
+                help=f"Kubernetes version ({', '.join(testenv.kube_versions())}; default "
+                f"${testenv.KUBE_VERSION_ENV}, else {testenv.DEFAULT_KUBE_VERSION})",
+            )
         if name == "stop":
             p.add_argument(
                 "--timeout",
@@ -86,11 +92,19 @@ def _start(args: argparse.Namespace) -> int:
     if state:
         _kill(args.dir, state)
     try:
+        if args.kube_version:
+            os.environ[testenv.KUBE_VERSION_ENV] = args.kube_version
         cp = testenv.start(workdir=args.dir / "cp", controller_manager=args.controller_manager)
     except testenv.ControlPlaneError as exc:
         raise UsageError(str(exc)) from exc
+    try:
+        version = cp.server_version()
+    except testenv.ControlPlaneError as exc:
+        cp.stop()
+        raise UsageError(str(exc)) from exc
     state = {
         "url": cp.url,
+        "kubeVersion": version,
         "kubeconfig": str(cp.kubeconfig),
         "workdir": str(cp.workdir),
         "pids": {name: proc.pid for name, proc in cp.processes.items()},
@@ -119,7 +133,13 @@ def _status(args: argparse.Namespace) -> int:
     alive = _alive(state)
     print(
         json.dumps(
-            {"url": state["url"], "kubeconfig": state["kubeconfig"], "running": alive}, indent=2
+            {
+                "url": state["url"],
+                "kubeVersion": state.get("kubeVersion"),
+                "kubeconfig": state["kubeconfig"],
+                "running": alive,
+            },
+            indent=2,
         )
     )
     return 0 if all(alive.values()) else 1

@@ -33,12 +33,22 @@ def register(subparsers: Any) -> None:
         help="instead: shared-svc next to the real gpu-operator with the chart's admission "
         "guard (builds gpu-operator from its Go module on first use: minutes)",
     )
+    parser.add_argument(
+        "--node",
+        action="store_true",
+        help="instead: the chart and the image on the real node (kubelet, containerd; "
+        "testenv/node, built on first use: about 20 minutes)",
+    )
     parser.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     import testenv
 
+    if args.node:
+        from testenv.node import demo as node_demo
+
+        return node_demo.run(keep=args.keep)
     if args.with_gpu_operator:
         from testenv import demo_gpu_operator
 

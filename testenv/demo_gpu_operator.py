@@ -74,7 +74,7 @@ def guard_manifests() -> list[dict[str, Any]]:
     import testenv
 
     chart = testenv.REPO_ROOT / "deploy" / "chart" / "shared-svc"
-    binary = testenv.build_binaries() / "helmrender"
+    binary = testenv.build_helmrender()
     if not chart.is_dir() or not binary.exists():
         raise UsageError(f"the chart ({chart}) and helmrender ({binary}) need a source checkout")
     args = [str(binary), "--name", "shared-svc", "--namespace", NS]

@@ -29,6 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -295,18 +296,34 @@ def start(
     only, when given), scraping through the proxies of ``stand_ins``. ``jobs=False``: no
     scrape jobs until :meth:`Prometheus.reload` brings a configuration (as prometheus-operator's
     config-reloader does)."""
-    bindir = build()
     workdir = Path(tempfile.mkdtemp(prefix="shared-svc-prometheus-"))
     kubeconfig = control_plane.write_kubeconfig(
         workdir / "kubeconfig", control_plane.admin_token, user="prometheus"
     )
-    config = workdir / "prometheus.yml"
     initial = (
         scrape_config(kubeconfig, stand_ins.proxies, namespace)
         if jobs
         else {"global": {"scrape_interval": SCRAPE_INTERVAL}, "scrape_configs": []}
     )
-    config.write_text(yaml.safe_dump(initial))
+    return _run(workdir, initial, timeout)
+
+
+def start_with(
+    config: dict[str, Any], files: Mapping[str, str] | None = None, timeout: float = 60.0
+) -> Prometheus:
+    """Prometheus on 127.0.0.1 with ``config`` as its prometheus.yml (for example static
+    targets and ``rule_files``), ``files`` (name -> text, such as rule files named there)
+    written beside it first."""
+    workdir = Path(tempfile.mkdtemp(prefix="shared-svc-prometheus-"))
+    for name, text in (files or {}).items():
+        (workdir / name).write_text(text)
+    return _run(workdir, config, timeout)
+
+
+def _run(workdir: Path, prometheus_yml: dict[str, Any], timeout: float) -> Prometheus:
+    bindir = build()
+    config = workdir / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_yml))
     port = free_port()
     args = [
         str(bindir / "prometheus"),

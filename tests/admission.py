@@ -93,11 +93,18 @@ def make_tls(directory: Path) -> Tls:
     return Tls(base64.b64encode(ca).decode(), f"{d}/tls.crt", f"{d}/tls.key")
 
 
-def guard_docs(namespace: str, *sets: str) -> list[Doc]:
-    """The admission objects of the chart rendered for ``namespace`` with ``sets``."""
+def guard_docs(
+    namespace: str, *sets: str, cluster: ControlPlane | None = None, flags: tuple[str, ...] = ()
+) -> list[Doc]:
+    """The admission objects of the chart rendered for ``namespace`` with ``sets``; with
+    ``cluster``, as ``helm install`` renders them there (that API server's version and
+    API versions decide ``admission.mutation: auto``); ``flags``: more helmrender flags."""
+    kubeconfig = cluster.kubeconfig if cluster is not None else None
     return [
         d
-        for d in render_docs(*sets, name="shared-svc", namespace=namespace)
+        for d in render_docs(
+            *sets, name="shared-svc", namespace=namespace, kubeconfig=kubeconfig, flags=flags
+        )
         if d["kind"] in ADMISSION_KINDS
     ]
 

@@ -9,7 +9,9 @@
   request ``429 Too Many Requests`` with ``Retry-After``, as a loaded API server does;
   it records every request's method and path (``requests``), and the encodings asked
   for and answered (``encodings``); ``fail_once(method, suffix)``
-  answers the next such request ``500 Internal Server Error`` (a transient server fault).
+  answers the next such request ``500 Internal Server Error`` (a transient server fault);
+  it records every ``Warning`` header the API server answers with (``warnings``), and
+  ``add_warning`` adds one to every answer (a server that warns about everything asked).
 """
 
 from __future__ import annotations
@@ -144,6 +146,9 @@ class ThrottlingProxy:
         # (method, path suffix, status) to answer once with that status (500 or 429)
         self._faults: list[tuple[str, str, int]] = []
         self.faulted: list[tuple[str, str]] = []  # (method, path) of the requests so answered
+        # (method, path, value) of every Warning header the API server answered with
+        self.warnings: list[tuple[str, str, str]] = []
+        self.add_warning: str | None = None  # a Warning header value added to every answer
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
         self.port = 0
@@ -199,10 +204,14 @@ class ThrottlingProxy:
                     upstream.headers.get("Content-Encoding", ""),
                 )
             )
-            resp = web.StreamResponse(
-                status=upstream.status,
-                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP},
-            )
+            for value in upstream.headers.getall("Warning", ()):
+                self.warnings.append((request.method, request.rel_url.path, value))
+            resp = web.StreamResponse(status=upstream.status)
+            for k, v in upstream.headers.items():  # every one: a header may come twice
+                if k.lower() not in _HOP:
+                    resp.headers.add(k, v)
+            if self.add_warning is not None:
+                resp.headers.add("Warning", self.add_warning)
             await resp.prepare(request)
             ender = asyncio.Event()
             self._enders.add(ender)

@@ -4,6 +4,7 @@ fixtures: a control plane with kube-controller-manager, the real gpu-operator.""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -14,9 +15,11 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from testenv import gpu_operator as gpu_env
+from testenv import node as node_env
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as prom_operator_env
 from testenv import upgrade_libs as libs_env
+from tests import compat
 from tests.kube import api_client, make_namespace, unique
 from tests.svc import Kube, running, service_config
 
@@ -24,17 +27,24 @@ from tests.svc import Kube, running, service_config
 UPSTREAM_CRDS = Path(__file__).resolve().parent / "data" / "upstream-crds"
 
 # A test that builds (or starts) the Go binaries of testenv/build.sh (etcd, kube-apiserver,
-# kube-controller-manager, helmrender), of testenv/gpu-operator/build.sh, of
-# testenv/prometheus/build.sh or of testenv/upgrade-libs/build.sh carries one of these
-# markers (pyproject.toml), so `-m "not apiserver and not controller_manager and not
-# gpu_operator and not helm and not prometheus and not upgrade_libs"` never starts a Go
-# build. Enforced: such a test without one fails.
+# kube-controller-manager), of testenv/helmrender/build.sh, of testenv/gpu-operator/build.sh,
+# of testenv/prometheus/build.sh, of testenv/upgrade-libs/build.sh or of testenv/node/ (the
+# real node and its images) carries one of these markers (pyproject.toml), so `-m "not
+# apiserver and not controller_manager and not gpu_operator and not helm and not
+# prometheus and not upgrade_libs and not node"` never starts a build. Enforced: such a
+# test without one fails.
 BUILD_MARKERS = {
-    "testenv/build.sh": frozenset({"apiserver", "controller_manager", "gpu_operator", "helm"}),
+    "testenv/build.sh": frozenset(
+        {"apiserver", "controller_manager", "gpu_operator", "helm", "node"}
+    ),
+    "testenv/helmrender/build.sh": frozenset(
+        {"apiserver", "controller_manager", "gpu_operator", "helm", "node"}
+    ),
     "testenv/gpu-operator/build.sh": frozenset({"gpu_operator"}),
     "testenv/prometheus/build.sh": frozenset({"prometheus"}),
     "testenv/upgrade-libs/build.sh": frozenset({"upgrade_libs"}),
     "testenv/prometheus-operator/build.sh": frozenset({"prometheus"}),
+    "testenv/node/build.sh": frozenset({"node"}),
 }
 _running: list[pytest.Item] = []
 
@@ -47,24 +57,65 @@ def unmarked_build(script: str, markers: Iterable[str]) -> str | None:
     return f"runs {script} (a Go build) without a marker: mark it {' or '.join(sorted(allowed))}"
 
 
-def _only_for_marked_tests(script: str, build: Callable[[], Path]) -> Callable[[], Path]:
-    def guarded() -> Path:
+def _only_for_marked_tests(script: str, build: Callable[..., Path]) -> Callable[..., Path]:
+    def guarded(*args: Any) -> Path:
         if _running:
             refusal = unmarked_build(script, (m.name for m in _running[0].iter_markers()))
             if refusal:
                 pytest.fail(f"{_running[0].nodeid} {refusal}", pytrace=False)
-        return build()
+        return build(*args)
 
     return guarded
 
 
 testenv.build_binaries = _only_for_marked_tests("testenv/build.sh", testenv.build_binaries)
+testenv.build_helmrender = _only_for_marked_tests(
+    "testenv/helmrender/build.sh", testenv.build_helmrender
+)
 gpu_env.build = _only_for_marked_tests("testenv/gpu-operator/build.sh", gpu_env.build)
 prom_env.build = _only_for_marked_tests("testenv/prometheus/build.sh", prom_env.build)
 libs_env.build = _only_for_marked_tests("testenv/upgrade-libs/build.sh", libs_env.build)
 prom_operator_env.build = _only_for_marked_tests(
     "testenv/prometheus-operator/build.sh", prom_operator_env.build
 )
+node_env.build = _only_for_marked_tests("testenv/node/build.sh", node_env.build)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kube-version",
+        metavar="MINOR",
+        help=f"Kubernetes version of every control plane of the run: sets "
+        f"{testenv.KUBE_VERSION_ENV} (one of {', '.join(testenv.kube_versions())}; "
+        f"default ${testenv.KUBE_VERSION_ENV}, else {testenv.DEFAULT_KUBE_VERSION})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--kube-version`` sets ``$SHARED_SVC_KUBE_VERSION`` for the run (its control planes
+    and every process it starts); a version that is not built is a usage error."""
+    minor = config.getoption("--kube-version")
+    if minor:
+        os.environ[testenv.KUBE_VERSION_ENV] = minor
+    try:
+        testenv.kube_version()
+    except testenv.ControlPlaneError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"Kubernetes {testenv.kube_version()} ({testenv.kubernetes_release()})"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the tests of the compatibility suite (tests/compat.py) ``compat``, before ``-m``
+    selects."""
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        name = getattr(item, "originalname", item.name)
+        if compat.in_suite(path, name):
+            item.add_marker(pytest.mark.compat)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,3 +260,48 @@ async def svc(kcm_plane: testenv.ControlPlane, kk: Kube) -> AsyncIterator[Servic
     """shared-svc running on ``kcm_plane`` for ``kk``'s namespace."""
     async with running(service_config(kcm_plane, kk.ns)) as service:
         yield service
+
+
+# --- the real node (testenv/node): one at a time on the machine, one per session ---
+
+
+class NodeSession:
+    """Starts the real node on first use and keeps it for the session; a node stopped by a
+    test (tests/test_real_node_teardown.py) is started again for any test after it. A node
+    that does not start fails every test that needs it, with the reason (never a skip)."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self.node: node_env.Node | None = None
+        self.failure: str | None = None
+
+    def get(self) -> node_env.Node:
+        if self.failure is not None:
+            pytest.fail(self.failure, pytrace=False)
+        if self.node is None or self.node.stopped:
+            try:
+                self.node = node_env.start(self.parent, keep_logs=self.parent / "logs")
+            except testenv.ControlPlaneError as exc:
+                self.failure = f"the real node did not start: {exc}"
+                pytest.fail(self.failure, pytrace=False)
+        return self.node
+
+    def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+
+
+@pytest.fixture(scope="session")
+def node_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSession]:
+    session = NodeSession(tmp_path_factory.mktemp("real-node"))
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def real_node(node_session: NodeSession) -> node_env.Node:
+    """The session's real node (testenv/node), with its own control plane
+    (``.control_plane``); its logs are kept under pytest's basetemp, ``real-node*/logs``."""
+    return node_session.get()

@@ -88,17 +88,23 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
         assert doc["metadata"]["labels"][GUARD_LABEL] == "ops"
         assert "ops" in doc["metadata"]["name"]
     policy = found["MutatingAdmissionPolicy"]["spec"]
-    conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
-    assert 'request.namespace == "ops"' in conditions["our-object"]
+    # The conditions are the mutation's own (no matchConditions: see admission-policy.yaml).
+    assert "matchConditions" not in policy
+    (mutation,) = policy["mutations"]
+    condition = mutation["jsonPatch"]["expression"].split(") ? (", 1)[0]
+    assert 'request.namespace == "ops"' in condition
     binding = found["MutatingAdmissionPolicyBinding"]["spec"]
     assert binding["policyName"] == found["MutatingAdmissionPolicy"]["metadata"]["name"]
     assert binding["matchResources"]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "ops"
     }
-    assert listed_names(conditions["our-object"]) == [
+    # The Services' and the ServiceMonitors' name lists, then the CR kinds.
+    assert listed_names(condition)[:2] == [
         set(GUARDED["Service"]),
         set(GUARDED["ServiceMonitor"]),
     ]
+    assert '"app.kubernetes.io/managed-by"].orValue("") == "shared-svc"' in condition
+    assert 'r.kind in ["ClusterPolicy", "GPUCluster"]' in condition
     mutating = kinds("admission.mutation=webhook", *WEBHOOK, namespace="ops")
     hook = mutating["MutatingWebhookConfiguration"]["webhooks"][0]
     ours = {c["name"]: c["expression"] for c in hook["matchConditions"]}["our-object"]

@@ -165,6 +165,7 @@ def test_unknown_variables_are_named_with_the_closest_setting() -> None:
         "SHARED_SVC_PORT": "1",  # a setting
         "SHARED_SVC_NAMESPACE": "ns",  # a setting's second name
         "SHARED_SVC_TESTENV_BIN": "/x",  # the dev tooling's
+        "SHARED_SVC_KUBE_VERSION": "1.33",  # the test run's Kubernetes (pytest --kube-version)
         "PATH": "/bin",
     }
     assert unknown_env(environ) == [

@@ -1,5 +1,5 @@
 """The Helm chart, rendered by Helm's own engine (``testenv/helmrender``, built from the
-helm.sh/helm/v3 Go module by ``testenv/build.sh``; no download at test time).
+helm.sh/helm/v3 Go module by ``testenv/helmrender/build.sh``; no download at test time).
 
 Also the rendering helpers used by ``test_deploy_rbac.py`` and ``test_config_doc.py``.
 """
@@ -42,17 +42,25 @@ class RenderError(Exception):
 
 @functools.cache
 def helmrender() -> Path:
-    binary = testenv.build_binaries() / "helmrender"
+    binary = testenv.build_helmrender()
     if not binary.exists():
-        raise AssertionError(
-            f"{binary} missing: testenv/build.sh builds it (SHARED_SVC_TESTENV_BIN set?)"
-        )
+        raise AssertionError(f"{binary} missing: testenv/helmrender/build.sh builds it")
     return binary
 
 
-def render(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> str:
-    """The chart's manifests as `helm template` prints them, with ``--set`` values."""
-    args = [str(helmrender()), "--name", name, "--namespace", namespace]
+def render(
+    *sets: str,
+    name: str = "shared-svc",
+    namespace: str = "gpu-operator",
+    kubeconfig: Path | None = None,
+    flags: tuple[str, ...] = (),
+) -> str:
+    """The chart's manifests as `helm template` prints them, with ``--set`` values; with
+    ``kubeconfig``, as `helm install` renders them on that cluster (its version and API
+    versions); ``flags``: more helmrender flags (``--kube-version``, ``--api-versions``)."""
+    args = [str(helmrender()), "--name", name, "--namespace", namespace, *flags]
+    if kubeconfig is not None:
+        args += ["--kubeconfig", str(kubeconfig)]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(
@@ -63,8 +71,15 @@ def render(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator"
     return proc.stdout
 
 
-def render_docs(*sets: str, name: str = "shared-svc", namespace: str = "gpu-operator") -> list[Doc]:
-    return [d for d in yaml.safe_load_all(render(*sets, name=name, namespace=namespace)) if d]
+def render_docs(
+    *sets: str,
+    name: str = "shared-svc",
+    namespace: str = "gpu-operator",
+    kubeconfig: Path | None = None,
+    flags: tuple[str, ...] = (),
+) -> list[Doc]:
+    text = render(*sets, name=name, namespace=namespace, kubeconfig=kubeconfig, flags=flags)
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
@@ -690,6 +705,29 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "tolerations[0].effect=NoSchedule",
     ),
     "prometheusRule.enabled": ("prometheusRule.enabled=true",),
+    "prometheusRule.release": ("prometheusRule.enabled=true", "prometheusRule.release=prom"),
+    "prometheusRule.job": ("prometheusRule.enabled=true", "prometheusRule.job=shared"),
+    "prometheusRule.runbookBaseUrl": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.runbookBaseUrl=https://git.example.com/shared-svc/docs/operations.md",
+    ),
+    "prometheusRule.disabled": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.disabled.SharedSvcLeaseErrors=true",
+    ),
+    "grafanaDashboard.enabled": ("grafanaDashboard.enabled=true",),
+    "grafanaDashboard.labels": (
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.labels.team=gpu",
+    ),
+    "grafanaDashboard.annotations": (
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.annotations.grafana_folder=GPU",
+    ),
+    "grafanaDashboard.namespace": (
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.namespace=monitoring",
+    ),
     "prometheusRule.labels": ("prometheusRule.enabled=true", "prometheusRule.labels.release=prom"),
     "prometheusRule.alertLabels": (
         "prometheusRule.enabled=true",
@@ -720,6 +758,7 @@ CONVENTION_KEYS = (
     "nodeSelector",
     "tolerations",
     "prometheusRule",
+    "grafanaDashboard",
     "networkPolicy",
 )
 OPAQUE = {"podSecurityContext", "securityContext", "affinity"}
@@ -757,7 +796,18 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
     default = render()
     for key, sets in CONVENTION_CASES.items():
         assert render(*sets) != default, f"{key}: no effect"
-    for key in ("prometheusRule.labels", "prometheusRule.alertLabels", "networkPolicy.metricsFrom"):
+    for key in (
+        "prometheusRule.labels",
+        "prometheusRule.alertLabels",
+        "prometheusRule.release",
+        "prometheusRule.job",
+        "prometheusRule.runbookBaseUrl",
+        "prometheusRule.disabled",
+        "grafanaDashboard.labels",
+        "grafanaDashboard.annotations",
+        "grafanaDashboard.namespace",
+        "networkPolicy.metricsFrom",
+    ):
         sets = CONVENTION_CASES[key]
         assert render(*sets) != render(sets[0]), f"{key}: no effect"
     # all at once: renders, the same every time (no lookup, nothing random)
@@ -894,42 +944,156 @@ def test_pod_placement_and_security_values_reach_every_pod() -> None:
     assert selector.items() <= template["metadata"]["labels"].items()
 
 
-def documented_alerts() -> list[str]:
-    """The expressions docs/operations.md lists under "Alerts worth having"."""
+def documented_alerts() -> dict[str, tuple[str, str, str]]:
+    """docs/operations.md's "Alerts" table: name -> (its expression's first code span, for,
+    severity)."""
     import re
 
     text = (REPO / "docs" / "operations.md").read_text()
-    section = text.split("Alerts worth having:", 1)[1].split("\n\n", 1)[0]
-    return re.findall(r"^- `([^`]+)`", section, re.M)
+    section = text.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \| (\w+) \| (\w+) \|$", section, re.M)
+    return {
+        name: (re.findall(r"`([^`]+)`", expr)[0].replace("\\|", "|"), for_, severity)
+        for name, expr, for_, severity in rows
+    }
+
+
+def bare(expr: str) -> str:
+    """An expression without its label matchers, in one line."""
+    import re
+
+    return " ".join(re.sub(r"\{[^}]*\}", "", expr).split())
 
 
 def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
-    import re
+    from tests.test_docs import anchors
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 4
+    assert len(documented) == 9
     docs = render_docs(
         "prometheusRule.enabled=true",
-        "prometheusRule.labels.release=prom",
+        "prometheusRule.labels.team=gpu-ops",
         "prometheusRule.alertLabels.team=gpu",
+        *UPGRADE_ON,
         namespace="ops",
     )
     rule = one(docs, "PrometheusRule")
-    assert (
-        rule["metadata"]["namespace"] == "ops" and rule["metadata"]["labels"]["release"] == "prom"
-    )
+    assert rule["metadata"]["namespace"] == "ops"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["labels"]["team"] == "gpu-ops"
     alerts = rule["spec"]["groups"][0]["rules"]
-    assert len(alerts) == len(documented)
-    for expr, alert in zip(documented, alerts, strict=True):
-        # the documented expression, scoped to the namespace by label matchers
-        assert 'namespace="ops"' in alert["expr"]
-        bare = " ".join(re.sub(r"\{[^}]*\}", "", alert["expr"]).split())
-        assert expr in bare, (expr, alert["expr"])
-        assert alert["labels"]["team"] == "gpu" and alert["labels"]["severity"]
-    by_name = {a["alert"]: a for a in alerts}
-    assert by_name["SharedSvcConfigConflicts"]["for"] == "30m"
-    assert "leader_election_master_status" in by_name["SharedSvcReconcileStale"]["expr"]
+    assert [a["alert"] for a in alerts] == list(documented)
+    sections = anchors((REPO / "docs" / "operations.md").read_text())
+    for alert in alerts:
+        expr, for_, severity = documented[alert["alert"]]
+        # the documented expression, pinned to the namespace and the job by label matchers
+        assert 'namespace="ops", job="shared-svc-metrics"' in alert["expr"]
+        assert bare(expr) in bare(alert["expr"]), (expr, alert["expr"])
+        assert (alert["for"], alert["labels"]["severity"]) == (for_, severity)
+        assert alert["labels"]["team"] == "gpu"
+        assert alert["annotations"]["runbook_url"] == f"docs/operations.md#{alert['alert'].lower()}"
+        assert alert["alert"].lower() in sections
+        assert alert["annotations"]["summary"] and "ops" in alert["annotations"]["description"]
+    stale = next(a for a in alerts if a["alert"] == "SharedSvcReconcileStale")
+    assert (
+        'leader_election_master_status{namespace="ops", job="shared-svc-metrics", name="shared-svc"}'
+        in stale["expr"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "missing"),
+    [
+        (
+            (),
+            {
+                "SharedSvcUpgradeEvictionBlocked",
+                "SharedSvcUpgradeConsumersNotLeaving",
+                "SharedSvcUpgradeGateMissing",
+            },
+        ),
+        (
+            ("controllers.services=false", *UPGRADE_ON),
+            {
+                "SharedSvcConfigConflicts",
+                "SharedSvcConflictingWriter",
+                "SharedSvcReconcileStale",
+                "SharedSvcAdmissionGuardNotServed",
+                "SharedSvcAdmissionGuardMissing",
+            },
+        ),
+        (("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON), {"SharedSvcLeaseErrors"}),
+        (
+            ("prometheusRule.disabled.SharedSvcConfigConflicts=true", *UPGRADE_ON),
+            {"SharedSvcConfigConflicts"},
+        ),
+    ],
+    ids=["services-only", "upgrade-only", "no-leader-election", "one-switched-off"],
+)
+def test_an_alert_is_rendered_only_where_its_metric_exists_and_not_when_switched_off(
+    sets: tuple[str, ...], missing: set[str]
+) -> None:
+    rule = one(render_docs("prometheusRule.enabled=true", *sets), "PrometheusRule")
+    names = {a["alert"] for a in rule["spec"]["groups"][0]["rules"]}
+    assert names == set(documented_alerts()) - missing
+    stale = [
+        a for a in rule["spec"]["groups"][0]["rules"] if a["alert"] == "SharedSvcReconcileStale"
+    ]
+    if "leaderElection.enabled=false" in sets:
+        assert "leader_election_master_status" not in stale[0]["expr"]
+
+
+def test_a_misspelt_alert_or_a_bad_release_is_refused() -> None:
+    with pytest.raises(RenderError, match="invalid propertyName 'SharedSvcLeaseError'"):
+        render("prometheusRule.enabled=true", "prometheusRule.disabled.SharedSvcLeaseError=true")
+    with pytest.raises(RenderError, match="release"):
+        render("prometheusRule.release=not a label")
+
+
+def test_the_release_label_and_its_override() -> None:
+    docs = render_docs("prometheusRule.enabled=true", "serviceMonitor.enabled=true")
+    for kind in ("PrometheusRule", "ServiceMonitor"):
+        assert one(docs, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    docs = render_docs(
+        "prometheusRule.enabled=true",
+        "prometheusRule.release=prom",
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.release=",
+        "serviceMonitor.labels.release=from-labels",
+    )
+    assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "prom"
+    assert one(docs, "ServiceMonitor")["metadata"]["labels"]["release"] == "from-labels"
+    bare_ = render_docs("prometheusRule.enabled=true", "prometheusRule.release=")
+    assert "release" not in one(bare_, "PrometheusRule")["metadata"]["labels"]
+
+
+DASHBOARD = CHART / "dashboards" / "shared-svc.json"
+
+
+def test_the_dashboard_configmap_is_the_plain_json_only_when_enabled() -> None:
+    import json
+
+    assert not find(render_docs(), "ConfigMap")
+    docs = render_docs(
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.namespace=monitoring",
+        "grafanaDashboard.annotations.grafana_folder=GPU",
+    )
+    cm = one(docs, "ConfigMap", "shared-svc-dashboard")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+    assert cm["data"] == {"shared-svc.json": DASHBOARD.read_text().rstrip("\n")}
+    dashboard = json.loads(cm["data"]["shared-svc.json"])
+    assert dashboard["uid"] == "shared-svc" and dashboard["panels"]
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {
+        "datasource",
+        "namespace",
+        "job",
+    }
+    default_ns = one(render_docs("grafanaDashboard.enabled=true"), "ConfigMap")
+    assert default_ns["metadata"]["namespace"] == "gpu-operator"
 
 
 def test_network_policy_admits_the_endpoints_only_when_enabled() -> None:

@@ -61,6 +61,7 @@ KINDS = {
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
     "Job": ("jobs", True),
     "NetworkPolicy": ("networkpolicies", True),
+    "ConfigMap": ("configmaps", True),
 }
 DRIVER = "rbactest"  # a driver name of its own: no other test's upgrade controller sees these nodes
 
@@ -149,6 +150,7 @@ def test_rendered_manifests_pass_server_side_dry_run(control_plane: ControlPlane
 
     control_plane.ensure_namespace("gpu-operator")
     control_plane.ensure_namespace("nvidia-gpu")  # namespaceOverride of ALL_CONVENTIONS
+    control_plane.ensure_namespace("monitoring")  # its grafanaDashboard.namespace
     sets = [
         *[
             (

@@ -1,5 +1,6 @@
-"""testenv/prometheus/build.sh: the cache and lock of testenv/lib.sh, its own kind and key, and
-the version it stamps (with a stand-in for go, as tests/test_testenv.py does)."""
+"""testenv/prometheus/build.sh: the cache and lock of testenv/lib.sh, its own kind and key, the
+two commands it builds (prometheus and promtool) and the version it stamps (with a stand-in
+for go, as tests/test_testenv.py does)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,18 @@ def test_prometheus_builds_started_at_once_build_once_into_their_own_cache_kind(
 ) -> None:
     env = fake_go_env(tmp_path)
     dirs, outputs = build_twice_at_once(BUILD, env)
-    (log,) = builds(tmp_path)
-    assert "-mod=readonly" in log and "github.com/prometheus/prometheus/cmd/prometheus" in log
-    assert "common/version.Version=3.5.0" in log, "v0.305.0 is Prometheus 3.5.0"
+    logs = builds(tmp_path)
+    assert len(logs) == 2, "prometheus and promtool, each built once"
+    for log, cmd in zip(logs, ("prometheus", "promtool"), strict=True):
+        assert "-mod=readonly" in log and f"github.com/prometheus/prometheus/cmd/{cmd}" in log
+        assert "common/version.Version=3.5.0" in log, "v0.305.0 is Prometheus 3.5.0"
     assert any("waiting for it" in err for _, err in outputs), "the second run waited"
     (directory,) = map(Path, dirs)
     assert directory.parent == tmp_path / "cache" / "prometheus"
-    assert os.access(directory / "prometheus", os.X_OK)
+    assert all(os.access(directory / cmd, os.X_OK) for cmd in ("prometheus", "promtool"))
 
     again = subprocess.run(
         ["bash", str(BUILD)], env=env, capture_output=True, text=True, check=True
     )
     assert again.stdout.strip() == str(directory) and "cached build" in again.stderr
-    assert len(builds(tmp_path)) == 1
+    assert len(builds(tmp_path)) == 2

@@ -27,6 +27,7 @@ from testenv import prometheus as prom_env
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "testenv" / "build.sh"
 GPU_OPERATOR_BUILD = REPO / "testenv" / "gpu-operator" / "build.sh"
+HELMRENDER_BUILD = REPO / "testenv" / "helmrender" / "build.sh"
 
 
 def spawn_detached(script: str, argv0: str) -> int:
@@ -139,7 +140,8 @@ def test_stop_keeps_the_directory_and_fails_while_a_process_survives(
 
 @pytest.mark.helm
 def test_a_marked_test_may_build() -> None:
-    assert (testenv.build_binaries() / "helmrender").exists()
+    assert testenv.build_helmrender().name == "helmrender"
+    assert testenv.build_helmrender().exists()
 
 
 def test_a_test_without_a_build_marker_cannot_start_a_go_build() -> None:
@@ -148,6 +150,8 @@ def test_a_test_without_a_build_marker_cannot_start_a_go_build() -> None:
     message = "runs testenv/build.sh \\(a Go build\\) without a marker: mark it apiserver or"
     with pytest.raises(pytest.fail.Exception, match=message):
         testenv.build_binaries()
+    with pytest.raises(pytest.fail.Exception, match=r"runs testenv/helmrender/build\.sh"):
+        testenv.build_helmrender()
     with pytest.raises(pytest.fail.Exception, match=r"mark it gpu_operator$"):
         gpu_env.build()
     with pytest.raises(pytest.fail.Exception, match=r"mark it prometheus$"):
@@ -203,7 +207,7 @@ FAKE_GO = """#!/usr/bin/env bash
 # as `go install`, in $GOBIN); `go mod download -json` names $FAKE_GO_MODULE as the source.
 if [[ $1 == version ]]; then echo "go version go0.0-fake linux/amd64"; exit 0; fi
 if [[ $1 == mod ]]; then printf '{\\n\\t"Dir": "%s",\\n}\\n' "$FAKE_GO_MODULE"; exit 0; fi
-echo "build $*" >> "$FAKE_GO_LOG"
+echo "build GOTOOLCHAIN=${GOTOOLCHAIN:-} $*" >> "$FAKE_GO_LOG"
 out="${GOBIN:-}/gpu-operator"
 while [[ $# -gt 0 ]]; do [[ $1 == -o ]] && out=$2; shift; done
 sleep 1
@@ -234,7 +238,11 @@ def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) 
     env = fake_go_env(tmp_path)
     runs = [
         subprocess.Popen(
-            ["bash", str(BUILD)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ["bash", str(BUILD), "1.36"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -242,24 +250,54 @@ def test_builds_of_the_same_inputs_started_at_once_compile_once(tmp_path: Path) 
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     dirs = {out.strip() for out, _ in outputs}
     assert len(dirs) == 1, dirs
-    assert len(builds(tmp_path)) == 4, (
-        "kube-apiserver, kube-controller-manager, etcd and helmrender, each built once"
-    )
+    assert len(builds(tmp_path)) == 3, "kube-apiserver, kube-controller-manager, etcd: once each"
     assert any("waiting for it" in err for _, err in outputs), "the second run waited"
     (directory,) = dirs
     assert sorted(p.name for p in Path(directory).iterdir()) == [
         "etcd",
-        "helmrender",
         "kube-apiserver",
         "kube-controller-manager",
     ]
 
     # The cached path: no build at all, the same directory.
     again = subprocess.run(
-        ["bash", str(BUILD)], env=env, capture_output=True, text=True, check=True
+        ["bash", str(BUILD), "1.36"], env=env, capture_output=True, text=True, check=True
     )
     assert again.stdout.strip() == directory and "cached build" in again.stderr
-    assert len(builds(tmp_path)) == 4
+    assert len(builds(tmp_path)) == 3
+
+
+def test_each_kubernetes_version_is_a_build_of_its_own_module_file(tmp_path: Path) -> None:
+    """build.sh MINOR builds with that version's kube/<MINOR>.mod, into a directory of its
+    own, with the machine's Go (no GOTOOLCHAIN); helmrender is one build of its own for all
+    of them; an unknown version is a usage error."""
+    env = fake_go_env(tmp_path)
+    dirs = {}
+    for minor in testenv.kube_versions():
+        out = subprocess.run(
+            ["bash", str(BUILD), minor], env=env, capture_output=True, text=True, check=True
+        )
+        dirs[minor] = out.stdout.strip()
+    assert len(set(dirs.values())) == len(dirs) == 3, dirs
+    for minor in testenv.kube_versions():
+        mod = REPO / "testenv" / "kube" / f"{minor}.mod"
+        mine = [b for b in builds(tmp_path) if f"-modfile={mod} " in b]
+        assert len(mine) == 3, builds(tmp_path)
+        assert {b.split()[1] for b in mine} == {"GOTOOLCHAIN="}
+    helm = [
+        subprocess.run(
+            ["bash", str(HELMRENDER_BUILD)], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    assert helm[0] == helm[1] and sorted(p.name for p in Path(helm[0]).iterdir()) == ["helmrender"]
+    assert len([b for b in builds(tmp_path) if "-modfile" not in b]) == 1
+    bad = subprocess.run(["bash", str(BUILD), "1.34"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr == (
+        "testenv: usage: build.sh MINOR (a Kubernetes version with a kube/<MINOR>.mod:"
+        " 1.33 1.36 1.37)\n"
+    )
 
 
 def fake_gpu_operator_module(root: Path) -> Path:

@@ -77,6 +77,7 @@ class GuardMonitor(Runnable):
         is_leader: Callable[[], bool],
         interval: float,
         webhook_serving: Callable[[], bool],
+        on_checked: Callable[[GuardMonitor], None] | None = None,
     ) -> None:
         self._api = api
         self._ns = namespace
@@ -86,11 +87,13 @@ class GuardMonitor(Runnable):
         self._is_leader = is_leader
         self._interval = interval
         self._webhook_serving = webhook_serving
+        self._on_checked = on_checked  # the metrics (shared_svc.service_metrics.publish_guard)
         self.found: dict[str, list[str] | None] = {}
         self.errors: dict[str, str] = {}
         self.checked_at: str | None = None
         self.warned: bool = False  # the Warning of the current episode is written
         self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
+        self.writers: list[str] = []  # our objects gpu-operator writes with no guard active
 
     async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
         """Our guard objects of one kind; [] when the kind is not served."""
@@ -126,6 +129,8 @@ class GuardMonitor(Runnable):
         configurations = {k: v for k, v in listed.items() if k in ("webhook", "delete")}
         if all(v is not None for v in configurations.values()):
             await self._probe(configurations)
+        if self._on_checked is not None:
+            self._on_checked(self)
 
     async def _probe(self, configurations: Mapping[str, list[dict[str, Any]] | None]) -> None:
         """Asks each configured webhook with a ``url`` whether it is served (probe.py);
@@ -193,6 +198,7 @@ class GuardMonitor(Runnable):
         if self.mode == "unknown" or (objects is None and self.mode == "none"):
             return  # nothing known: the episode goes on as it was
         writers = operator_writes(objects or (), self._manager) if self.mode == "none" else []
+        self.writers = writers
         if writers and not self._is_leader():
             return
         report = self._missing_report(objects or (), writers) if writers else None
@@ -264,6 +270,7 @@ class AdmissionGuard:
         objects: Callable[[], Sequence[Mapping[str, Any]] | None],
         needed_by: Callable[[], NeededBy | None],
         is_leader: Callable[[], bool],
+        on_checked: Callable[[GuardMonitor], None] | None = None,
     ) -> None:
         self._config = config
         self._needed_by = needed_by
@@ -281,6 +288,7 @@ class AdmissionGuard:
             is_leader=is_leader,
             interval=config.discovery_seconds,
             webhook_serving=lambda: self.webhook_port is not None,
+            on_checked=on_checked,
         )
 
     def runnables(self) -> list[Runnable]:

@@ -87,6 +87,7 @@ class Controller(Generic[K]):
         self._only_when_synced = only_when_synced
         self._reconcile = reconcile
         self._metrics = metrics
+        metrics.declare(name)
         self.queue: WorkQueue[K] = WorkQueue(name, rate_limiter=rate_limiter, metrics=metrics)
         self.workers = workers
         self._cooldown = cooldown

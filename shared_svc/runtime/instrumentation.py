@@ -49,6 +49,17 @@ class RuntimeMetrics:
             registry=r,
         )
 
+    def declare(self, controller: str) -> None:
+        """A controller's series, there at 0 from its start (as controller-runtime and
+        client-go's work queue create theirs), so a dashboard or an alert on retries or
+        errors never meets a missing series; its queue has the controller's name."""
+        self.reconcile_errors.labels(controller)
+        for result in ("success", "error"):
+            self.reconcile_total.labels(controller, result)
+        self.workqueue_depth.labels(controller).set(0)
+        self.workqueue_adds.labels(controller)
+        self.workqueue_retries.labels(controller)
+
     @classmethod
     def of(cls, registry: CollectorRegistry) -> RuntimeMetrics:
         metrics = _BY_REGISTRY.get(registry)

@@ -2,8 +2,14 @@
 // using Helm's own chart loader, values coalescing, template engine and manifest
 // sorter (helm.sh/helm/v3), without a cluster, a repository or a download.
 //
-//	helmrender [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR
+//	helmrender [--name NAME] [--namespace NS] [--kube-version V] [--api-versions GV[/KIND]]... [--kubeconfig FILE] [-f values.yaml]... [--set k=v]... CHART_DIR
 //	helmrender --lint [--strict] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR
+//
+// .Capabilities are helm template's offline defaults, with --kube-version and
+// --api-versions as `helm template` takes them; or, with --kubeconfig, what `helm install`
+// reads from the cluster (pkg/action's getCapabilities: the server's /version and every
+// group/version and group/version/Kind its discovery serves), so a chart that decides by
+// .Capabilities renders here what helm install renders on that cluster.
 //
 // Output: the rendered manifests in install order, each as
 // "---\n# Source: <chart>/templates/<file>\n<yaml>\n" (helm template's format).
@@ -30,6 +36,8 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/strvals"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 type multi []string
@@ -63,11 +71,13 @@ func run() error {
 	kubeVersion := flag.String("kube-version", "", "Kubernetes version of .Capabilities (default: the client-go version built in)")
 	lintMode := flag.Bool("lint", false, "run helm lint on the chart instead of rendering it")
 	strict := flag.Bool("strict", false, "with --lint: fail on warnings too (helm lint --strict)")
-	var files, sets multi
+	kubeconfig := flag.String("kubeconfig", "", "take .Capabilities from this cluster, as helm install does")
+	var files, sets, apiVersions multi
+	flag.Var(&apiVersions, "api-versions", "add an API version (group/version or group/version/Kind) to .Capabilities.APIVersions (repeatable), as helm template --api-versions")
 	flag.Var(&files, "f", "values file (repeatable; later files win)")
 	flag.Var(&sets, "set", "value key=val (repeatable; after the files, later wins)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: helmrender [--lint [--strict]] [--name NAME] [--namespace NS] [--kube-version V] [-f values.yaml]... [--set k=v]... CHART_DIR")
+		fmt.Fprintln(os.Stderr, "usage: helmrender [--lint [--strict]] [--name NAME] [--namespace NS] [--kube-version V] [--api-versions GV]... [--kubeconfig FILE] [-f values.yaml]... [--set k=v]... CHART_DIR")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -99,6 +109,12 @@ func run() error {
 		return fmt.Errorf("dependencies: %w", err)
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
+	if *kubeconfig != "" {
+		if caps, err = clusterCapabilities(*kubeconfig); err != nil {
+			return err
+		}
+	}
+	caps.APIVersions = append(caps.APIVersions, apiVersions...)
 	if *kubeVersion != "" {
 		kv, err := chartutil.ParseKubeVersion(*kubeVersion)
 		if err != nil {
@@ -136,6 +152,59 @@ func run() error {
 	}
 	_, err = os.Stdout.WriteString(b.String())
 	return err
+}
+
+// clusterCapabilities is helm's pkg/action (*Configuration).getCapabilities with
+// GetVersionSet (v3.22.0, action.go), for the cluster of a kubeconfig: the server's version,
+// and every group/version it serves and every group/version/Kind of its resources. (Not
+// imported: pkg/action brings some 50 more modules to this small build.)
+func clusterCapabilities(kubeconfig string) (*chartutil.Capabilities, error) {
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("could not get Kubernetes discovery client: %w", err)
+	}
+	kubeVersion, err := dc.ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("could not get server version from Kubernetes: %w", err)
+	}
+	groups, resources, err := dc.ServerGroupsAndResources()
+	if err != nil && !discovery.IsGroupDiscoveryFailedError(err) {
+		return nil, fmt.Errorf("could not get apiVersions from Kubernetes: %w", err)
+	}
+	versions := chartutil.DefaultVersionSet
+	if len(groups) > 0 || len(resources) > 0 {
+		seen := map[string]bool{}
+		versions = nil
+		add := func(id string) {
+			if !seen[id] {
+				seen[id] = true
+				versions = append(versions, id)
+			}
+		}
+		for _, g := range groups {
+			for _, gv := range g.Versions {
+				add(gv.GroupVersion)
+			}
+		}
+		for _, r := range resources {
+			for _, rl := range r.APIResources {
+				add(path.Join(r.GroupVersion, rl.Kind))
+			}
+		}
+	}
+	return &chartutil.Capabilities{
+		APIVersions: versions,
+		KubeVersion: chartutil.KubeVersion{
+			Version: kubeVersion.GitVersion,
+			Major:   kubeVersion.Major,
+			Minor:   kubeVersion.Minor,
+		},
+		HelmVersion: chartutil.DefaultCapabilities.HelmVersion,
+	}, nil
 }
 
 // runLint is `helm lint CHART_DIR` (pkg/action.Lint on a directory): helm's own rules

@@ -4,14 +4,28 @@ Registered on the registry the service runner passes (one per running service, s
 ``shared_svc.service_metrics``), or on a private one. Its reconcile loop is counted by
 the runtime's metrics (``controller_runtime_*{controller="shared-services"}``,
 ``workqueue_*{name="shared-services"}``, ``shared_svc.runtime.instrumentation``); these
-are what is proper to the Services it manages.
+are what is proper to the Services it manages. Every value of a labelled gauge whose
+values are known is there from the start (0), so a dashboard or an alert never meets a
+missing series (docs/operations.md, "Metrics").
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from shared_svc.reconcile.names import SERVICE_NAMES
+
 CONTROLLER = "shared-services"  # the ``controller`` / ``name`` label of the runtime's metrics
+# shared_svc_pending{reason}: the reasons a plan can hold an object back (reconcile.planner,
+# reconcile.monitoring).
+PENDING_REASONS = (
+    "SelectorMigrationPending",
+    "ServiceNotAdopted",
+    "ServiceMonitorNotAdopted",
+    "DuplicateScrapeTarget",
+)
+# shared_svc_service_selector{service,mode}: what a Service's selector selects by.
+SELECTOR_MODES = ("common", "app")
 
 
 class ServicesMetrics:
@@ -28,6 +42,13 @@ class ServicesMetrics:
             "shared_svc_pending",
             "Pending items in the last plan, by reason.",
             ["reason"],
+            registry=r,
+        )
+        self.service_selector = Gauge(
+            "shared_svc_service_selector",
+            "1 for what each DCGM Service's selector selects by: the common label or the "
+            "stack's app label (0 and 0: the Service is not managed).",
+            ["service", "mode"],
             registry=r,
         )
         self.spec_errors = Gauge(
@@ -49,3 +70,8 @@ class ServicesMetrics:
             "Unix time of the last successful reconcile.",
             registry=r,
         )
+        for reason in PENDING_REASONS:
+            self.pending.labels(reason).set(0)
+        for service in SERVICE_NAMES:
+            for mode in SELECTOR_MODES:
+                self.service_selector.labels(service, mode).set(0)

@@ -13,18 +13,25 @@ from typing import Any
 
 from shared_svc.config import Config
 from shared_svc.controllers.services.executor import ObjectChanged
-from shared_svc.controllers.services.metrics import CONTROLLER, ServicesMetrics
+from shared_svc.controllers.services.metrics import (
+    CONTROLLER,
+    PENDING_REASONS,
+    SELECTOR_MODES,
+    ServicesMetrics,
+)
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.failures import namespace_missing_reports
 from shared_svc.reconcile.fight import occurrences
 from shared_svc.reconcile.model import Plan, World
+from shared_svc.reconcile.names import COMMON_LABEL, SERVICE_NAMES
 
 log = logging.getLogger("shared_svc.controller")
 
-# Event publisher scopes (shared_svc.kube.recorder.EventPublisher)
+# Event publisher scopes (shared_svc.kube.events.EventPublisher)
 OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
 NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
 DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"
+COMMON_LABELS = frozenset(COMMON_LABEL.values())
 # A write meeting a concurrent change of the same object this many reconciles in a row is
 # no longer a race (said at INFO) but a problem (a WARNING).
 CHANGED_WARN_AFTER = 5
@@ -35,7 +42,8 @@ class Outcomes:
         self._config = config
         self._events = events
         self._metrics = metrics
-        self._pending_reasons: set[str] = set()  # every pending reason reported (gauge labels)
+        # every pending reason reported (gauge labels), the known ones from the start
+        self._pending_reasons: set[str] = set(PENDING_REASONS)
         self._changed: Counter[str] = Counter()  # object -> reconciles in a row it changed
         self._namespace_said = False  # the missing operator namespace was logged (episode)
 
@@ -45,6 +53,14 @@ class Outcomes:
             m.managed_objects.labels(kind).set(
                 sum(1 for o in plan.objects if o.get("kind") == kind)
             )
+        modes = {
+            o.name: "common" if set(o.selector or ()) & COMMON_LABELS else "app"
+            for o in plan.status
+            if o.kind == "Service"
+        }
+        for service in SERVICE_NAMES:
+            for mode in SELECTOR_MODES:
+                m.service_selector.labels(service, mode).set(1 if modes.get(service) == mode else 0)
         m.conflicts.set(len(plan.conflicts))
         reasons = Counter(p.reason for p in plan.pending)
         # Reasons that went away are set to 0, not left at their last value.

@@ -246,8 +246,10 @@ class UpgradeController:
         return self._ds_index_cache
 
     def _publish(self) -> None:
-        phases: Counter[str] = Counter(s.phase for s in self._statuses.values())
-        for phase in PHASES:
-            self.metrics.nodes.labels(phase=phase).set(phases.get(phase, 0))
-        self.metrics.pending_pods.set(sum(len(s.pending) for s in self._statuses.values()))
-        self.metrics.blocked_pods.set(sum(len(s.blocked) for s in self._statuses.values()))
+        gate = self.gate_review.gate
+        self.metrics.publish(
+            self._statuses.values(),
+            gate=None if gate is None else gate.state,
+            now=self._clock(),
+            eviction_timeout=self.settings.eviction_timeout_seconds,
+        )

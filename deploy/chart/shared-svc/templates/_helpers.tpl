@@ -162,6 +162,7 @@ the Deployment (its affinity is the Deployment's own spreading: not here). */}}
 restartPolicy: Never
 serviceAccountName: {{ .sa }}
 automountServiceAccountToken: true
+enableServiceLinks: false
 {{- with .root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
@@ -197,4 +198,37 @@ containers:
     securityContext:
       {{- toYaml . | nindent 6 }}
     {{- end }}
+{{- end -}}
+
+{{/* One alert of the PrometheusRule, unless prometheusRule.disabled.<name>: its severity
+and prometheusRule.alertLabels (the severity wins), summary, description (%s: the
+namespace) and runbook_url (prometheusRule.runbookBaseUrl#<name in lower case>: the
+alert's section of docs/operations.md). */}}
+{{- define "shared-svc.alert" -}}
+{{- $v := .root.Values.prometheusRule -}}
+{{- if not (index ($v.disabled | default dict) .name) -}}
+- alert: {{ .name }}
+  expr: |-
+    {{- .expr | nindent 4 }}
+  for: {{ .for }}
+  labels:
+    {{- toYaml (merge (dict "severity" .severity) $v.alertLabels) | nindent 4 }}
+  annotations:
+    summary: {{ .summary | quote }}
+    description: {{ printf .description .ns | quote }}
+    runbook_url: {{ printf "%s#%s" $v.runbookBaseUrl (lower .name) | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels a Prometheus (kube-prometheus-stack's) selects a ServiceMonitor or a
+PrometheusRule by: release: <.release> (unless empty), then .labels (which win), as YAML
+lines; nothing when both are empty. */}}
+{{- define "shared-svc.monitoringLabels" -}}
+{{- $out := deepCopy (.labels | default dict) -}}
+{{- if and .release (not (hasKey $out "release")) -}}
+{{- $_ := set $out "release" .release -}}
+{{- end -}}
+{{- with $out -}}
+{{- toYaml . -}}
+{{- end -}}
 {{- end -}}
