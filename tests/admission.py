@@ -345,8 +345,20 @@ class SimulatedGpuCluster:
             return {}
         answered = {}
         for obj in self.render(gc, monitors=await self.monitors_served()):
-            answered[f"{obj['kind']}/{obj['metadata']['name']}"] = await self.write(obj)
+            answered[f"{obj['kind']}/{obj['metadata']['name']}"] = await self.requeued(obj)
         return answered
+
+    async def requeued(self, obj: dict[str, Any], attempts: int = 5) -> dict[str, Any]:
+        """``write`` again when its PUT meets a newer resourceVersion (409 Conflict: the
+        object changed between its GET and its PUT, as shared-svc may write it then), as
+        controller-runtime requeues the reconcile that returned the error."""
+        for _ in range(attempts - 1):
+            try:
+                return await self.write(obj)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        return await self.write(obj)
 
     async def write(self, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Create; on 409 GET and PUT the whole object (its ``mergeObjects``: only the
