@@ -10,8 +10,9 @@ gpu-feature-discovery; ``tests/realistic.api_pod``, 15-22 KiB, spec as created a
 written through the status subresource), and two other pods per node in another namespace
 (GPU workloads, not declared consumers). One ClusterPolicy with auto-upgrade on (its gate
 selects ``nvidia.com/gpu-driver-upgrade.consumer=true``) and the exporter Service's
-``internalTrafficPolicy`` set. The first ``--wave`` nodes carry
-``nvidia.com/gpu-driver-upgrade-state=upgrade-required``.
+``internalTrafficPolicy`` set. Every node carries
+``nvidia.com/gpu-driver-upgrade-state``, as gpu-operator with auto-upgrade on leaves a fleet
+(issue 33): the first ``--wave`` nodes ``upgrade-required``, every other ``upgrade-done``.
 
 ``--world``: ``fleet`` is 5,000 nodes (40,000 operator-namespace pods, 10,000 others);
 ``issue12`` is 1,000 nodes (8,000 operator-namespace pods, 2,000 others: the counts of issue
@@ -39,12 +40,17 @@ In each world, in the same process after the window:
   starts): makespan, ratio.
 
 Each figure is printed with its n and its budget (issues 22 and 32), with the date, the
-machine, the commit and the load average before and after. ``--trace FILE`` runs shared-svc
+machine, the commit and the load average before and after. ``--profile FILE`` runs
+shared-svc under cProfile (``benchmarks/profiled_run.py``), switched on only for
+``--profile-window`` seconds after the measured window (whose CPU figure it leaves alone),
+and prints the top functions and the time of garbage collection (FILE.<nodes> per world).
+``--trace FILE`` runs shared-svc
 through ``benchmarks/traced_run.py`` (FILE.<nodes> per world) and prints where the time of
 the CR change and of the chain goes (``bench_controller.print_breakdown``).
 
     .venv/bin/python benchmarks/bench_fleet.py [--world fleet|issue12|both] [--scale 1]
         [--window 600] [--changes 60] [--wave 500] [--runs 3] [--width 32]
+        [--profile FILE [--profile-window 240]] [--trace FILE]
 """
 
 from __future__ import annotations
@@ -142,7 +148,9 @@ async def populate(api: ApiClient, lo: int, hi: int, wave: int, width: int) -> N
 
     await _many(
         [
-            create_gpu_node(api, node_name(i), **({STATE: "upgrade-required"} if i < wave else {}))
+            create_gpu_node(
+                api, node_name(i), **{STATE: "upgrade-required" if i < wave else "upgrade-done"}
+            )
             for i in range(lo, hi)
         ],
         width,
@@ -235,8 +243,16 @@ async def main(args: argparse.Namespace) -> None:
                 )
             then = in_world(api, cp, watcher if last else None, wave, args, cluster_policy)
             trace = f"{args.trace}.{nodes}" if args.trace else None
+            profile = f"{args.profile}.{nodes}" if args.profile else None
             results[nodes] = await measure_big(
-                cp, OPERATOR_NS, None, args.window, then=then, trace=trace
+                cp,
+                OPERATOR_NS,
+                None,
+                args.window,
+                profile,
+                then=then,
+                trace=trace,
+                profile_window=args.profile_window,
             )
             scalars = {k: v for k, v in results[nodes].items() if not isinstance(v, list)}
             print(f"{nodes} nodes: {scalars}", flush=True)
@@ -382,7 +398,15 @@ if __name__ == "__main__":
     parser.add_argument("--timeout", type=float, default=300, help="per wait, seconds")
     parser.add_argument("--width", type=int, default=32, help="requests at a time, populating")
     parser.add_argument("--trace", help="time shared-svc's steps into FILE.<nodes>")
+    parser.add_argument("--profile", help="cProfile shared-svc after the window into FILE.<nodes>")
+    parser.add_argument(
+        "--profile-window", type=float, default=240.0, help="profiled seconds (with --profile)"
+    )
     args = parser.parse_args()
-    if args.scale <= 0 or args.window <= 0 or args.width < 1 or min(args.changes, args.runs) < 0:
-        parser.error("--scale, --window and --width must be positive, --changes and --runs >= 0")
+    if min(args.scale, args.window, args.profile_window) <= 0 or args.width < 1:
+        parser.error("--scale, --window, --profile-window and --width must be positive")
+    if min(args.changes, args.runs) < 0:
+        parser.error("--changes and --runs must be >= 0")
+    if args.profile and args.trace:
+        parser.error("--profile and --trace each run shared-svc their own way: one at a time")
     asyncio.run(main(args))

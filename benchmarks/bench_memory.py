@@ -343,9 +343,12 @@ async def measure_big(
     profile: str | None = None,
     then: Callable[[Run], Awaitable[dict[str, Any]]] | None = None,
     trace: str | None = None,
+    profile_window: float = 0.0,
 ) -> dict[str, Any]:
     """Starts ``run``, measures as the module says; then, if given, ``then(run)`` in the
-    same process (its figures join the result)."""
+    same process (its figures join the result). ``profile_window`` > 0: the measured
+    window runs unprofiled, and cProfile covers that many seconds after it instead (the
+    result's ``cpu_profiled``: the CPU of that window, profiler included)."""
     run = Run(cp, ns, pythonpath, profile, trace)
     try:
         started = time.monotonic()
@@ -353,17 +356,14 @@ async def measure_big(
         synced_in = time.monotonic() - started
         await asyncio.sleep(10)
         after = memory(run.proc.pid)
-        if profile:
+        if profile and not profile_window:
             run.proc.send_signal(signal.SIGUSR1)
         writes0, cpu0, t0 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
         await asyncio.sleep(window)
         writes1, cpu1, t1 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
+        profiled: dict[str, Any] = {}
         if profile:
-            run.proc.send_signal(signal.SIGUSR2)
-            await asyncio.sleep(2)
-            stats = pstats.Stats(profile)
-            stats.sort_stats("tottime").print_stats(25)
-            stats.sort_stats("cumulative").print_stats(40)
+            profiled = await _profiled(run, profile, profile_window)
         end = memory(run.proc.pid)
         writes = {
             r: writes1.get(r, 0) - writes0.get(r, 0)
@@ -378,12 +378,38 @@ async def measure_big(
             "lease_writes": writes.pop("leases", 0),
             "other_writes": writes,
             "cpu": 100 * (cpu1 - cpu0) / (t1 - t0),
+            **profiled,
         }
         if then is not None:
             out.update(await then(run))
         return out
     finally:
         run.stop()
+
+
+async def _profiled(run: Run, profile: str, seconds: float) -> dict[str, Any]:
+    """Stop the profile started before the window (``seconds`` 0), or profile ``seconds``
+    more now; print the top functions and what ``profiled_run`` wrote of garbage
+    collection (FILE.gc)."""
+    out: dict[str, Any] = {}
+    if seconds:
+        cpu0, t0 = cpu_seconds(run.proc.pid), time.monotonic()
+        run.proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(seconds)
+        out["cpu_profiled"] = 100 * (cpu_seconds(run.proc.pid) - cpu0) / (time.monotonic() - t0)
+    run.proc.send_signal(signal.SIGUSR2)
+    await asyncio.sleep(2)
+    print_profile(profile)
+    return out
+
+
+def print_profile(profile: str) -> None:
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    gc_file = Path(f"{profile}.gc")
+    if gc_file.exists():
+        print(f"garbage collection in the profiled window: {gc_file.read_text().strip()}")
 
 
 def worktree(ref: str) -> str:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from shared_svc.upgrade import daemonsets as daemonsets_module
 from shared_svc.upgrade import record, states
 from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node, pods_read
+from shared_svc.upgrade.resync import at_rest, resync_keys, settled
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -169,6 +170,55 @@ def test_any_sequence_is_undone_touches_only_consumers_and_is_idempotent(
             assert again.reports == ()
 
     assert comparable(node) == before
+
+
+# --- issue 33: the resync leaves out only the nodes a pass cannot change ---
+
+
+@given(
+    pod_traits=st.lists(traits, max_size=5),
+    steps=st.lists(step, min_size=1, max_size=10),
+    detection=st.sampled_from(["off", "report", "evict"]),
+    parked_before=st.booleans(),
+    later=st.integers(0, 10_000),
+    kubelet_later=st.booleans(),
+)
+def test_a_node_the_resync_leaves_out_would_plan_nothing_and_show_the_same(
+    pod_traits: list[Traits],
+    steps: list[tuple[str | None, int, str, bool]],
+    detection: str,
+    parked_before: bool,
+    later: int,
+    kubelet_later: bool,
+) -> None:
+    """After any step (its plan landed fully, partly or not at all), the controller holds
+    the status of that pass and the cache the node as it is now. If ``resync_keys`` leaves
+    the node out, a pass on it at any later time, whatever the pods did meanwhile, plans no
+    write, no Event and no notice, and shows what is shown."""
+    settings = UpgradeSettings(detection=detection)  # type: ignore[arg-type]
+    node = ex.node(state=None, parked=parked_before)
+    pods = [build_pod(i, t) for i, t in enumerate(pod_traits)]
+    blocked = frozenset(f"ml/p{i}" for i, t in enumerate(pod_traits) if t.blocked)
+    now = 1_700_000_000.0
+    for state, dt, how, kubelet in steps:
+        now += dt
+        if kubelet:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        node = with_state(node, state)
+        plan = plan_node(node, pods, [], settings, now)
+        node, pods = apply(node, pods, plan, how, blocked)
+        shown = {"node-1": plan.status}
+        if "node-1" in resync_keys([node], shown, "gpu"):
+            continue
+        assert at_rest(node, "gpu") and settled(plan.status)
+        if kubelet_later:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        again = plan_node(node, pods, [], settings, now + later)
+        assert (again.patch, again.pod_actions, again.reports, again.notices) == (None, (), (), ())
+        assert again.status == plan.status
+        assert not pods_read(node, {}, settings).needed
+    # A node shown that is no longer cached is always looked at again (its pass drops it).
+    assert resync_keys([], {"node-1": plan.status}, "gpu") == {"node-1"}
 
 
 # --- issue 19: a failed delete after the eviction timeout ---

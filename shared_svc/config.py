@@ -205,7 +205,7 @@ class Config(BaseSettings):
     upgrade_resync_seconds: float = Field(
         default=120.0,
         gt=0,
-        description="Reconcile every upgrading node again from the caches (gpu-operator requeues every 2 min).",
+        description="Reconcile again from the caches every node in an upgrade or holding something of ours (gpu-operator requeues every 2 min).",
     )
     upgrade_workers: int = Field(
         default=64,

@@ -24,6 +24,7 @@ from shared_svc.config import Config
 from shared_svc.controllers import shared_caches
 from shared_svc.controllers.upgrade.caches import UpgradeCaches
 from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
+from shared_svc.k8s.objects import name_of
 from shared_svc.kube.writer import Writer
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.planner import NodePatch, PodAction
@@ -469,7 +470,7 @@ async def test_upgrade_permissions_exist_only_when_the_controller_is_on(
         caches = UpgradeCaches.of(registry, DRIVER)
         async with managed(registry.runnables()):
             await eventually(lambda: _true(all(c.synced.is_set() for c in caches.all())), 15)
-            assert caches.node_names() == {node}
+            assert {name_of(n) for n in caches.cached_nodes()} == {node}
             assert all(c.last_error is None for c in caches.all())
         # Still nothing beyond the grant: no node writes other than patch, no pods outside
         # list/delete, and no GET of a node (the controller reads nodes from its cache).

@@ -89,6 +89,35 @@ def test_stalled_nodes_are_freeing_past_the_timeout_with_no_eviction_refused() -
     assert all(value(r, "shared_svc_upgrade_gate", state=s) == 0 for s in GATE_STATES)
 
 
+def test_a_beat_with_no_status_changed_counts_nothing_again_but_time_still_moves() -> None:
+    """Issue 33: the statuses are tallied when their version changed; in between a beat
+    sets only what time moves (a node being freed goes past the timeout) and the gate."""
+    m = UpgradeMetrics()
+    r = m.registry
+    young = status("young", "cordon-required", "freeing", NOW - 100, pending=("ml/c",))
+    idle = [status(f"n{i}", "upgrade-done", "idle") for i in range(3)]
+
+    class Counted(list[NodeStatus]):
+        passes = 0
+
+        def __iter__(self) -> Any:
+            Counted.passes += 1
+            return super().__iter__()
+
+    statuses = Counted([young, *idle])
+    m.publish(statuses, version=1, gate="ok", now=NOW, eviction_timeout=TIMEOUT)
+    assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
+    assert value(r, "shared_svc_upgrade_nodes_by_state", state="upgrade-done") == 3
+    m.publish(statuses, version=1, gate="missing", now=NOW + 300, eviction_timeout=TIMEOUT)
+    assert Counted.passes == 1, "the statuses were counted again with nothing changed"
+    assert value(r, "shared_svc_upgrade_stalled_nodes") == 1  # past the timeout now
+    assert value(r, "shared_svc_upgrade_gate", state="missing") == 1
+    m.publish(Counted(idle), version=2, gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
+    assert Counted.passes == 2
+    assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
+    assert value(r, "shared_svc_upgrade_nodes", phase="freeing") == 0
+
+
 def test_every_known_series_is_there_at_zero_from_the_start() -> None:
     m = Metrics()
     ServicesMetrics(m.registry)

@@ -161,9 +161,17 @@ def test_patches_of_foreign_keys_are_refused() -> None:
         raise AssertionError(f"{labels} accepted")
 
 
-async def test_trigger_requeues_every_known_node() -> None:
+async def test_trigger_requeues_every_node_a_pass_can_change() -> None:
+    """``a`` is being freed; ``b`` is at rest (``upgrade-done``, nothing of ours) and shown
+    idle already, so a pass on it would change nothing (issue 33); ``c`` is at rest but not
+    looked at yet."""
     io = ex.FakeUpgradeIO(
-        [ex.node("a", state="cordon-required"), ex.node("b", state="upgrade-done")], []
+        [
+            ex.node("a", state="cordon-required"),
+            ex.node("b", state="upgrade-done"),
+            ex.node("c", state="upgrade-done"),
+        ],
+        [],
     )
     controller, _ = make(io, leader=False)
     await controller.reconcile("a")

@@ -20,6 +20,9 @@ from shared_svc.controllers.upgrade.reconciler import UpgradeController
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Cache
+from shared_svc.upgrade import record
+from shared_svc.upgrade.record import record_annotation_key
+from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.parts import managed
@@ -125,8 +128,9 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
 
 
 async def test_the_resync_enqueues_every_cached_node_once() -> None:
-    """The resync (``trigger``) replays the caches, as client-go's does: every node once,
-    a node in both caches once; it is the one path that reads the whole node cache."""
+    """The resync (``trigger``) replays the caches, as client-go's does: before any pass,
+    every node once, a node in both caches once; it is the one path that reads the whole
+    node cache."""
     io = ex.FakeUpgradeIO([], [])
     controller = UpgradeController(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
@@ -137,3 +141,81 @@ async def test_the_resync_enqueues_every_cached_node_once() -> None:
     _fill(parked_cache, nodes[:3])
     controller.trigger()
     assert queued(controller) == 10
+
+
+PERIOD = 0.3  # upgrade_resync_seconds of the next test
+AT_REST = 2_000
+
+
+async def test_the_resync_follows_the_nodes_in_an_upgrade_not_the_fleet_at_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33: gpu-operator leaves every GPU node ``upgrade-done``. Among 2,000 such nodes
+    and a few that are in an upgrade or hold something of ours, the resync's passes are
+    the few's. What the resync guarantees holds: a node whose cached copy changed without
+    its event is planned within one period, and a shown node that left the caches is
+    dropped."""
+    planned: list[str] = []
+    real_plan = controller_module.plan_node
+
+    def plan_node(node: K8sObject, *args: Any, **kwargs: Any) -> Any:
+        planned.append(node["metadata"]["name"])
+        return real_plan(node, *args, **kwargs)
+
+    monkeypatch.setattr(controller_module, "plan_node", plan_node)
+    freed = real_plan(
+        ex.node("recorded", state="cordon-required"),
+        [ex.declared_pod("a", node_name="recorded")],
+        [],
+        UpgradeSettings(),
+        now=1_700_000_000.0,
+    )
+    assert freed.record is not None
+    few = [
+        ex.node("upgrading-1", state="cordon-required"),
+        ex.node("upgrading-2", state="upgrade-required", annotations={}),
+        ex.node("parked", state="upgrade-done", parked=True),
+        ex.node(
+            "recorded",
+            state="validation-required",
+            annotations={record_annotation_key("gpu"): record.encode(freed.record)},
+        ),
+        ex.node(
+            "unreadable", state="upgrade-done", annotations={record_annotation_key("gpu"): "x"}
+        ),
+    ]
+    # upgrade-required with nothing of ours is at rest too: only four of the five follow.
+    following = {"upgrading-1", "parked", "recorded", "unreadable"}
+    rest = [ex.node(f"node-{i:05}", state="upgrade-done") for i in range(AT_REST)]
+    io = ex.FakeUpgradeIO([*rest, *few], [])
+    controller = UpgradeController(
+        Config(upgrade_controller=True, upgrade_resync_seconds=PERIOD),
+        Recorder(),
+        caches=io.caches,
+        io=io,
+        is_leader=no,
+    )
+    state_cache, _ = controller.caches.nodes
+    assert isinstance(state_cache, Cache)
+    async with managed(controller.runnables(), is_leader=no):
+        await eventually(lambda: _true(controller.reconciles >= AT_REST + len(few)))
+        planned.clear()
+        await asyncio.sleep(3 * PERIOD)  # three resyncs
+        assert following <= set(planned), "a node in an upgrade was not looked at again"
+        assert set(planned) == following, sorted(set(planned) - following)[:5]
+
+        # A node at rest leaves rest, and its event is lost: the cache holds it all the same.
+        lost = ex.node("node-00007", state="cordon-required", resource_version="9")
+        gone = ("", "node-00008")
+        items = {**state_cache._items, ("", "node-00007"): state_cache.resource.kept(lost)}
+        del items[gone]  # and another leaves the caches unseen
+        state_cache._items = items
+        assert "node-00008" in controller.status()["nodes"]
+        planned.clear()
+        await eventually(lambda: _true("node-00007" in planned), timeout=10 * PERIOD)
+        status = controller.status()
+        assert status["nodes"]["node-00007"]["state"] == "cordon-required"
+        await eventually(
+            lambda: _true("node-00008" not in controller.status()["nodes"]), timeout=10 * PERIOD
+        )
+        assert set(planned) <= {*following, "node-00007"}

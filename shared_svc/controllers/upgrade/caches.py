@@ -8,6 +8,7 @@ What is watched and why: docs/decisions.md, "What is watched".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shared_svc.controllers.shared_caches import ALL_DAEMONSETS, CLUSTER_POLICIES
@@ -82,6 +83,8 @@ class UpgradeCaches:
         copies = [n for n in (cache.get(name) for cache in self.nodes) if n is not None]
         return max(copies, key=_rv, default=None)
 
-    def node_names(self) -> set[str]:
-        """Every node that is upgrading or parked (the resync's list: not read per event)."""
-        return {name for cache in self.nodes for _, name in cache.cached_keys()}
+    def cached_nodes(self) -> Iterator[K8sObject]:
+        """Every cached node that is upgrading or parked, a node in both caches twice (the
+        resync's list, ``planner.resync_keys``: not read per event)."""
+        for cache in self.nodes:
+            yield from cache.items()

@@ -151,17 +151,32 @@ class UpgradeMetrics:
             self.nodes_by_state.labels(state=state).set(0)
         for state in GATE_STATES:
             self.gate.labels(state=state).set(0)
+        self._version: int | None = None  # of the statuses last tallied (``publish``)
+        self._freeing: list[NodeStatus] = []
 
     def publish(
         self,
         statuses: Iterable[NodeStatus],
         *,
+        version: int | None = None,
         gate: str | None,
         now: float,
         eviction_timeout: float,
     ) -> None:
         """The gauges from the node statuses and the gate's verdict (None: not reviewed
-        yet); one pass over the statuses (a beat a second, 5,000 nodes)."""
+        yet), a beat a second. One pass over the statuses when ``version`` (a count of
+        their changes) is new or None; otherwise only the gauges that time moves (the
+        nodes being freed, kept from that pass) and the gate: a fleet at rest, 5,000
+        nodes shown idle, costs nothing a second (issue 33)."""
+        if version is None or version != self._version:
+            self._freeing = self._tally(statuses)
+            self._version = version
+        self.stalled_nodes.set(stalled(self._freeing, now, eviction_timeout))
+        for state in GATE_STATES:
+            self.gate.labels(state=state).set(1 if state == gate else 0)
+
+    def _tally(self, statuses: Iterable[NodeStatus]) -> list[NodeStatus]:
+        """The gauges of counts; returns the nodes being freed."""
         phases: Tally[str] = Tally()
         by_state: Tally[str] = Tally()
         pending = blocked = stuck = 0
@@ -181,6 +196,4 @@ class UpgradeMetrics:
         self.pending_pods.set(pending)
         self.blocked_pods.set(blocked)
         self.stuck_pods.set(stuck)
-        self.stalled_nodes.set(stalled(freeing, now, eviction_timeout))
-        for state in GATE_STATES:
-            self.gate.labels(state=state).set(1 if state == gate else 0)
+        return freeing

@@ -6,8 +6,9 @@ What it reads, declared (``runtime.controller.Controller.watch``): the two node 
 resourceVersion newer than any seen for that node (of the two node caches, the first
 copy counts) and is not the echo of this controller's own node patch. No event reads the
 cache, so its cost does not depend on the number of nodes. The resync
-(``upgrade_resync_seconds``) enqueues every cached node, as client-go's resync replays
-its cache. The runtime adds the handlers, waits for every cache to sync, then starts the
+(``upgrade_resync_seconds``) enqueues the cached nodes a pass can still change
+(``upgrade/resync.py``: not those at rest, ``upgrade-done`` with nothing of ours, as
+gpu-operator leaves a fleet), as client-go's resync replays its cache. The runtime adds the handlers, waits for every cache to sync, then starts the
 workers; the upgrade flow's gate is reviewed by a Runnable of its own
 (``gate_review.py``), run by the Manager beside this controller (:meth:`runnables`).
 
@@ -49,6 +50,7 @@ from shared_svc.runtime.manager import Runnable
 from shared_svc.runtime.source import Enqueue, NewestVersions
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
+from shared_svc.upgrade.resync import resync_keys
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
@@ -126,6 +128,7 @@ class UpgradeController:
             seconds=lambda: config.upgrade_resync_seconds,
         )
         self._statuses: dict[str, NodeStatus] = {}
+        self._status_changes = 0  # changes of ``_statuses`` so far (the beat's ``publish``)
         self._errors: dict[str, str] = {}
         self.reconciles = 0
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
@@ -152,11 +155,11 @@ class UpgradeController:
             self.trigger()  # what the last leader left half done
 
     def trigger(self) -> None:
-        """Look at every known node again now (the resync, becoming leader)."""
+        """Look again now at every node a pass can change (the resync, becoming leader)."""
         self._runtime.enqueue_all()
 
     def _known_nodes(self) -> set[str]:
-        return {*self.caches.node_names(), *self._statuses}
+        return resync_keys(self.caches.cached_nodes(), self._statuses, self.settings.driver_name)
 
     def status(self) -> dict[str, Any]:
         phases: Counter[str] = Counter(s.phase for s in self._statuses.values())
@@ -211,7 +214,8 @@ class UpgradeController:
         self.reconciles += 1
         node = self.caches.get_node(name)  # the node cache's copy: no request
         if node is None:
-            self._statuses.pop(name, None)
+            if self._statuses.pop(name, None) is not None:
+                self._status_changes += 1
             self._executor.forget(name)  # what was said, Events about a node that is gone
             self._newest.forget(name)
             self._own.forget(name)
@@ -228,7 +232,9 @@ class UpgradeController:
         # The pass holds its plan, not the pods, while its writes go out: 64 passes of a
         # wave at once each held a node's list of whole pods (issue 22: the wave's peak).
         del pods
-        self._statuses[name] = plan.status
+        if self._statuses.get(name) != plan.status:
+            self._statuses[name] = plan.status
+            self._status_changes += 1
         if self._writing():
             await self._executor.carry_out(plan)
         else:
@@ -249,6 +255,7 @@ class UpgradeController:
         gate = self.gate_review.gate
         self.metrics.publish(
             self._statuses.values(),
+            version=self._status_changes,
             gate=None if gate is None else gate.state,
             now=self._clock(),
             eviction_timeout=self.settings.eviction_timeout_seconds,
