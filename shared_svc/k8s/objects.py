@@ -31,6 +31,14 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _str_map(meta(obj).get("annotations"))
 
 
+def label_value(obj: Mapping[str, Any], key: str, field: str = "labels") -> str | None:
+    """``labels_of(obj).get(key)`` (``field="annotations"``: of the annotations) without
+    copying the map: for a pass over every cached node."""
+    values = meta(obj).get(field)
+    value = values.get(key) if isinstance(values, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def owner_refs(obj: Mapping[str, Any], kind: str | None = None) -> list[dict[str, Any]]:
     """The object's owner references (of ``kind`` only, when given)."""
     refs = meta(obj).get("ownerReferences")
