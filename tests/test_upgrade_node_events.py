@@ -21,6 +21,7 @@ from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Cache
 from shared_svc.upgrade import record
+from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.record import record_annotation_key
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
@@ -69,10 +70,8 @@ def no() -> bool:
     return False
 
 
-async def test_one_label_change_among_5000_nodes_plans_that_node_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    io = ex.FakeUpgradeIO([], [])  # no pods; the caches are filled here
+def counted_plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the nodes the controller plans from now on, in order."""
     planned: list[str] = []
     real_plan = controller_module.plan_node
 
@@ -81,6 +80,14 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
         return real_plan(node, *args, **kwargs)
 
     monkeypatch.setattr(controller_module, "plan_node", plan_node)
+    return planned
+
+
+async def test_one_label_change_among_5000_nodes_plans_that_node_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    io = ex.FakeUpgradeIO([], [])  # no pods; the caches are filled here
+    planned = counted_plans(monkeypatch)
     controller = UpgradeController(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
     )
@@ -155,15 +162,8 @@ async def test_the_resync_follows_the_nodes_in_an_upgrade_not_the_fleet_at_rest(
     the few's. What the resync guarantees holds: a node whose cached copy changed without
     its event is planned within one period, and a shown node that left the caches is
     dropped."""
-    planned: list[str] = []
-    real_plan = controller_module.plan_node
-
-    def plan_node(node: K8sObject, *args: Any, **kwargs: Any) -> Any:
-        planned.append(node["metadata"]["name"])
-        return real_plan(node, *args, **kwargs)
-
-    monkeypatch.setattr(controller_module, "plan_node", plan_node)
-    freed = real_plan(
+    planned = counted_plans(monkeypatch)
+    freed = plan_node(
         ex.node("recorded", state="cordon-required"),
         [ex.declared_pod("a", node_name="recorded")],
         [],
