@@ -31,12 +31,20 @@ def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return _str_map(meta(obj).get("annotations"))
 
 
-def label_value(obj: Mapping[str, Any], key: str, field: str = "labels") -> str | None:
-    """``labels_of(obj).get(key)`` (``field="annotations"``: of the annotations) without
-    copying the map: for a pass over every cached node."""
+def _map_str(obj: Mapping[str, Any], field: str, key: str) -> str | None:
     values = meta(obj).get(field)
     value = values.get(key) if isinstance(values, dict) else None
     return value if isinstance(value, str) else None
+
+
+def label(obj: Mapping[str, Any], key: str) -> str | None:
+    """``labels_of(obj).get(key)`` without copying the map (a pass over every cached node)."""
+    return _map_str(obj, "labels", key)
+
+
+def annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    """``annotations_of(obj).get(key)`` without copying the map."""
+    return _map_str(obj, "annotations", key)
 
 
 def owner_refs(obj: Mapping[str, Any], kind: str | None = None) -> list[dict[str, Any]]:

@@ -33,12 +33,11 @@ def at_rest(node: K8sObject, driver_name: str) -> bool:
     """Nothing of ours on the node and nothing to free or keep: no record annotation (a
     readable one or not), no parked label, and a state that frees and keeps nothing
     (``upgrade-done``, ``upgrade-required``, libs' unknown ``""``, or no label at all)."""
-    key = record.record_annotation_key(driver_name)
-    if objects.label_value(node, key, "annotations") is not None:
+    if objects.annotation(node, record.record_annotation_key(driver_name)) is not None:
         return False
-    if objects.label_value(node, daemonsets.parked_label_key(driver_name)) is not None:
+    if objects.label(node, daemonsets.parked_label_key(driver_name)) is not None:
         return False
-    state = objects.label_value(node, states.state_label_key(driver_name))
+    state = objects.label(node, states.state_label_key(driver_name))
     return states.mode_for(state) in ("restore", "nothing", "abort")
 
 

@@ -85,6 +85,6 @@ class UpgradeCaches:
 
     def cached_nodes(self) -> Iterator[K8sObject]:
         """Every cached node that is upgrading or parked, a node in both caches twice (the
-        resync's list, ``planner.resync_keys``: not read per event)."""
+        resync's list, ``upgrade.resync.resync_keys``: not read per event)."""
         for cache in self.nodes:
             yield from cache.items()

@@ -8,8 +8,8 @@ copy counts) and is not the echo of this controller's own node patch. No event r
 cache, so its cost does not depend on the number of nodes. The resync
 (``upgrade_resync_seconds``) enqueues the cached nodes a pass can still change
 (``upgrade/resync.py``: not those at rest, ``upgrade-done`` with nothing of ours, as
-gpu-operator leaves a fleet), as client-go's resync replays its cache. The runtime adds the handlers, waits for every cache to sync, then starts the
-workers; the upgrade flow's gate is reviewed by a Runnable of its own
+gpu-operator leaves a fleet), as client-go's resync replays its cache. The runtime adds
+the handlers, waits for every cache to sync, then starts the workers; the upgrade flow's gate is reviewed by a Runnable of its own
 (``gate_review.py``), run by the Manager beside this controller (:meth:`runnables`).
 
 Nodes are independent: the runtime's work queue hands each node to one worker at a time
