@@ -7,7 +7,6 @@ object, then the writes that bring the live objects there, in a coverage-safe or
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 
@@ -354,12 +353,12 @@ class _Planner:
         )
 
     def manifest(self, desired: Desired) -> K8sObject:
-        """What the object will be: our intent plus the foreign references that are kept."""
-        body = copy.deepcopy(desired.body)
-        body["metadata"]["ownerReferences"] = kept_owner_refs(
-            self.live.get((desired.kind, desired.name)), desired.owners
-        )
-        return body
+        """What the object will be: our intent plus the foreign references that are kept.
+        Not a deep copy: it shares the intent's nested values with the apply body (a
+        plan's objects and actions are read, never changed)."""
+        body = desired.body
+        refs = kept_owner_refs(self.live.get((desired.kind, desired.name)), desired.owners)
+        return {**body, "metadata": {**body["metadata"], "ownerReferences": refs}}
 
     def status(self) -> tuple[ObjectStatus, ...]:
         keys = set(self.needs.by_object) | {k for k, v in self.live.items() if is_managed(v)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,10 +34,14 @@ def managed_labels(name: str) -> dict[str, str]:
 
 
 def intent_hash(body: K8sObject) -> str:
-    """Hash of an apply body without its own hash annotation."""
-    bare = copy.deepcopy(body)
-    bare.get("metadata", {}).get("annotations", {}).pop(INTENT_HASH_ANNOTATION, None)
-    return stable_digest(bare)
+    """Hash of an apply body without its own hash annotation (the body is not copied:
+    only the two maps on the way to the annotation are, when it is there)."""
+    metadata = body.get("metadata", {})
+    annotations = metadata.get("annotations", {})
+    if INTENT_HASH_ANNOTATION in annotations:
+        others = {k: v for k, v in annotations.items() if k != INTENT_HASH_ANNOTATION}
+        body = {**body, "metadata": {**metadata, "annotations": others}}
+    return stable_digest(body)
 
 
 def with_intent_hash(body: K8sObject) -> K8sObject:
