@@ -14,17 +14,23 @@ its writes are applied fully, partly (a crash after the node patch) or not at al
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
+from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from proptests.strategies import json_values, set_at
+from shared_svc.controllers.upgrade.io import PASS_PODS
 from shared_svc.upgrade import daemonsets as daemonsets_module
 from shared_svc.upgrade import record, states
+from shared_svc.upgrade.consumers import POD_READS
 from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node, pods_read
 from shared_svc.upgrade.resync import at_rest, resync_keys, settled
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
+from tests.realistic import api_pod
 
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
@@ -518,3 +524,163 @@ def test_the_restart_only_path_frees_nothing_and_the_full_path_frees_whatever_sh
 def new_pod(driver: dict) -> dict:
     digest = driver["spec"]["template"]["spec"]["containers"][0]["env"][-1]["value"]
     return ex.driver_pod(driver, digest=digest, generation=2, suffix="new")
+
+
+# --- the wave: a pass decodes only the fields of its pods the planner reads ---
+
+# Where an odd value (any JSON) may sit: fields the planner reads and fields it does not.
+POD_PATHS = (
+    ("metadata",),
+    ("metadata", "labels"),
+    ("metadata", "annotations"),
+    ("metadata", "ownerReferences"),
+    ("metadata", "deletionTimestamp"),
+    ("metadata", "deletionGracePeriodSeconds"),
+    ("metadata", "uid"),
+    ("metadata", "managedFields"),
+    ("spec",),
+    ("spec", "containers"),
+    ("spec", "initContainers"),
+    ("spec", "volumes"),
+    ("spec", "runtimeClassName"),
+    ("spec", "nodeSelector"),
+    ("spec", "resourceClaims"),
+    ("spec", "tolerations"),
+    ("status",),
+    ("status", "phase"),
+    ("status", "conditions"),
+    ("zzz",),
+)
+
+
+def fleshed(pod: dict, i: int) -> dict:
+    """``pod`` with the fields the API server adds to a workload's pod that a pass does not
+    read (``tests/realistic``: managedFields, images, mounts, probes, conditions...), and
+    none of the ones it reads (those stay the example's)."""
+    full = api_pod("gpu-job", f"p{i}", "node-1", common=False)
+
+    def extra(part: dict, read: dict) -> dict:
+        return {k: v for k, v in part.items() if k not in read}
+
+    out = {**extra(full, POD_READS), **pod}
+    out["metadata"] = {**extra(full["metadata"], POD_READS["metadata"]), **pod["metadata"]}
+    out["spec"] = {**extra(full["spec"], POD_READS["spec"]), **pod["spec"]}
+    container = extra(full["spec"]["containers"][0], POD_READS["spec"]["containers"][0])
+    out["spec"]["containers"] = [{**container, **c} for c in pod["spec"]["containers"]]
+    out["status"] = {**extra(full["status"], POD_READS["status"]), **pod["status"]}
+    return out
+
+
+def planned(node: dict, pods: Any, settings: UpgradeSettings, now: float) -> Any:
+    """The plan, or the error it raises (an odd value may break a read: then it must
+    break the same way on both)."""
+    try:
+        return plan_node(node, pods, [], settings, now)
+    except Exception as exc:  # compared, not hidden
+        return type(exc)
+
+
+# What a pod may carry besides its traits, in fields the planner reads.
+POD_EXTRAS = {
+    "init-signal": ("spec", "initContainers"),
+    "terminating": ("metadata", "deletionTimestamp"),
+    "grace": ("metadata", "deletionGracePeriodSeconds"),
+}
+
+
+def with_extra(pod: dict, extra: str) -> None:
+    if extra == "init-signal":
+        env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        pod["spec"]["initContainers"] = [{"name": "init", "image": "x", "env": env}]
+    elif extra == "terminating":
+        pod["metadata"]["deletionTimestamp"] = "2025-12-31T23:50:00Z"
+    else:
+        pod["metadata"]["deletionGracePeriodSeconds"] = 3600
+
+
+@example(  # a detected consumer by its init container's env alone
+    pod_traits=[Traits(False, None, None, False)],
+    extras=[(0, "init-signal")],
+    odd=[],
+    states_seen=[],
+    steps_apart=60,
+    detection="evict",
+    indent=None,
+)
+@example(  # evicted, then terminating past the timeout by its grace period alone
+    pod_traits=[Traits(True, None, None, False)],
+    extras=[(0, "grace")],
+    odd=[],
+    states_seen=["cordon-required", "cordon-required"],
+    steps_apart=60,
+    detection="off",
+    indent=None,
+)
+@given(
+    pod_traits=st.lists(traits, min_size=1, max_size=5),
+    extras=st.lists(st.tuples(st.integers(0, 4), st.sampled_from(sorted(POD_EXTRAS))), max_size=3),
+    odd=st.lists(st.tuples(st.integers(0, 4), st.sampled_from(POD_PATHS), json_values), max_size=2),
+    states_seen=st.lists(st.sampled_from([*sorted(states.ALL_STATES), None]), max_size=6),
+    steps_apart=st.sampled_from([60, 4000]),  # seconds: within the eviction timeout, or past it
+    detection=st.sampled_from(["off", "report", "evict"]),
+    indent=st.sampled_from([None, 2]),
+)
+def test_a_plan_over_the_fields_a_pass_decodes_is_the_plan_over_whole_pods(
+    pod_traits: list[Traits],
+    extras: list[tuple[int, str]],
+    odd: list[tuple[int, tuple[str, ...], Any]],
+    states_seen: list[str | None],
+    steps_apart: int,
+    detection: str,
+    indent: int | None,
+) -> None:
+    """``io.PASS_PODS`` (msgspec, ``consumers.POD_READS``) decodes of a pass's pod list
+    only what the planner reads, or leaves the text to ``json.loads``: whatever the pods
+    (realistic, with odd values in read and unread fields) and the node's states and
+    record, each pass (the pods listed again, as the API server writes them) plans what
+    it plans over the whole pods."""
+    pods = [fleshed(build_pod(i, t), i) for i, t in enumerate(pod_traits)]
+    for i, extra in extras:
+        if i < len(pods):
+            with_extra(pods[i], extra)
+    for i, path, value in odd:
+        if i < len(pods):
+            set_at(pods[i], path, value)
+    settings = UpgradeSettings(detection=detection, delete_after_timeout=True)  # type: ignore[arg-type]
+    # Just before the deletionTimestamp an accepted eviction sets (``ex.apply_pod_action``).
+    node, now = ex.node(state=None), 1_767_225_500.0
+    for state in ["cordon-required", *states_seen]:  # freeing first: every pod is read
+        now += steps_apart
+        node = with_state(node, state)
+        text = json.dumps({"kind": "PodList", "items": pods}, indent=indent).encode()
+        decoded = PASS_PODS.page(text)
+        plan = planned(node, json.loads(text)["items"], settings, now)
+        if decoded is not None:
+            assert planned(node, decoded["items"], settings, now) == plan
+        if isinstance(plan, NodePlan):
+            node = ex.apply_patch(node, plan.patch) if plan.patch is not None else node
+            pods = [terminated(p, plan) for p in pods]
+
+
+def terminated(pod: Any, plan: NodePlan) -> Any:
+    """``pod`` after the plan's evictions and deletes are accepted (odd pods as they are)."""
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    if not isinstance(meta, dict):
+        return pod
+    hit = any(
+        (meta.get("namespace"), meta.get("name"), meta.get("uid")) == (a.namespace, a.name, a.uid)
+        for a in plan.pod_actions
+    )
+    return (
+        {**pod, "metadata": {**meta, "deletionTimestamp": "2026-01-01T00:00:00Z"}} if hit else pod
+    )
+
+
+def test_a_realistic_pod_list_is_decoded_by_the_pass_not_left_to_json() -> None:
+    """So the property above does not hold by always reading the exact way; and the
+    decoded pods keep nothing the planner does not read."""
+    pods = [fleshed(build_pod(i, Traits(True, "runtime", None, False)), i) for i in range(3)]
+    decoded = PASS_PODS.page(json.dumps({"items": pods}).encode())
+    assert decoded is not None and len(decoded["items"]) == 3
+    assert "managedFields" not in decoded["items"][0]["metadata"]
+    assert "image" not in decoded["items"][0]["spec"]["containers"][0]

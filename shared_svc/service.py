@@ -25,6 +25,7 @@ from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.recorder import EventPublisher, EventRecorder
 from shared_svc.kube.writer import Writer
 from shared_svc.kubeconfig import api_client, small_tls_reads, without_compression
+from shared_svc.runtime import heap
 from shared_svc.runtime.manager import Manager, Runnable
 from shared_svc.service_metrics import Metrics
 
@@ -40,8 +41,13 @@ class ControllerCrashed(RuntimeError):
 
 
 class Service:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, freeze_heap: bool = True) -> None:
+        """``freeze_heap``: once every cache has synced, freeze what they hold out of the
+        garbage collector's scans (``runtime.heap``): the process's own heap, as
+        ``shared-svc run`` is; off for a service run inside another program (the tests,
+        the demo), whose heap is not the service's to freeze."""
         self.config = config
+        self._freeze_heap = freeze_heap
         self.metrics = Metrics()
         self.api: ApiClient | None = None
         self.elector: LeaseElector | None = None
@@ -148,8 +154,14 @@ class Service:
         else:
             self.metrics.leader.labels(cfg.lease_name).set(1)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
-        # the registry reports each one's sync (shared_svc_cache_synced).
-        caches = shared_caches.registry(api, cfg, on_synced=self.metrics.cache_synced_changed)
+        # the registry reports each one's sync (shared_svc_cache_synced) and, once all
+        # have synced, what they hold is frozen out of the garbage collector's scans.
+        caches = shared_caches.registry(
+            api,
+            cfg,
+            on_synced=self.metrics.cache_synced_changed,
+            on_all_synced=heap.freeze if self._freeze_heap else None,
+        )
         if cfg.services_controller:
             self.controller = ServicesController(
                 api,

@@ -15,8 +15,9 @@ async def running(config: Config, *, timeout: float = 30.0) -> AsyncIterator[Ser
     """Runs the service in this event loop until the block ends (then a graceful stop).
 
     Raises what stopped the service if it ends before it has started, and
-    :class:`TimeoutError` if it has not started within ``timeout`` seconds."""
-    service = Service(config)
+    :class:`TimeoutError` if it has not started within ``timeout`` seconds. The caller's
+    heap is not frozen (``Service``'s ``freeze_heap``: ``shared-svc run`` freezes its own)."""
+    service = Service(config, freeze_heap=False)
     stop = asyncio.Event()
     task = asyncio.ensure_future(service.run(stop))
     started = asyncio.ensure_future(service.started.wait())

@@ -227,6 +227,10 @@ async def test_sigterm_finishes_and_exits_zero(
     assert code == 0, log
     assert '"msg": "lease released"' in log and '"msg": "stopped"' in log
     assert "Traceback" not in log
+    # Its own process: what the caches listed is frozen out of the collector's scans
+    # once they have synced (runtime/heap.py), once here (no cache re-listed).
+    frozen = [json.loads(line) for line in log.splitlines() if "are frozen out of" in line]
+    assert len(frozen) == 1 and frozen[0]["objects"] > 10_000, log
 
 
 ListKey = tuple[str, str]  # (collection path, label selector) of a list request

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from shared_svc.config import Config
 from shared_svc.controllers.services.metrics import PENDING_REASONS, ServicesMetrics
 from shared_svc.controllers.services.outcomes import Outcomes
-from shared_svc.controllers.upgrade.metrics import GATE_STATES, NODE_STATES, UpgradeMetrics
+from shared_svc.controllers.upgrade.metrics import GATE_STATES, NODE_STATES, PHASES, UpgradeMetrics
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.model import ObjectStatus, Plan
 from shared_svc.runtime.controller import Controller, Result
@@ -68,7 +68,9 @@ def test_stalled_nodes_are_freeing_past_the_timeout_with_no_eviction_refused() -
         status("newer-state", "a-future-state-required", "parked", NOW - 10),
         status("label-gone", None, "aborting", NOW - 10),
     ]
-    m.publish(statuses, gate="missing", now=NOW, eviction_timeout=TIMEOUT)
+    for shown in statuses:
+        m.changed(None, shown)
+    m.publish(gate="missing", now=NOW, eviction_timeout=TIMEOUT)
     r = m.registry
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 2
     assert value(r, "shared_svc_upgrade_blocked_pods") == 1
@@ -84,38 +86,45 @@ def test_stalled_nodes_are_freeing_past_the_timeout_with_no_eviction_refused() -
         s: 1.0 if s == "missing" else 0.0 for s in GATE_STATES
     }
     # once the consumers leave, and before the gate is reviewed
-    m.publish([], gate=None, now=NOW, eviction_timeout=TIMEOUT)
+    for shown in statuses:
+        m.changed(shown, None)
+    m.publish(gate=None, now=NOW, eviction_timeout=TIMEOUT)
+    assert value(r, "shared_svc_upgrade_pending_pods") == 0
+    assert all(value(r, "shared_svc_upgrade_nodes", phase=p) == 0 for p in PHASES)
+    assert all(value(r, "shared_svc_upgrade_nodes_by_state", state=s) == 0 for s in NODE_STATES)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
     assert all(value(r, "shared_svc_upgrade_gate", state=s) == 0 for s in GATE_STATES)
 
 
-def test_a_beat_with_no_status_changed_counts_nothing_again_but_time_still_moves() -> None:
-    """Issue 33: the statuses are tallied when their version changed; in between a beat
-    sets only what time moves (a node being freed goes past the timeout) and the gate."""
+def test_the_counts_follow_each_change_and_a_beat_walks_only_the_nodes_being_freed() -> None:
+    """Issues 33 and the wave: a status change updates the counts (no walk over the 5,000
+    statuses shown); a beat sets the gauges from them and looks only at the nodes being
+    freed, whose stalled count time moves."""
     m = UpgradeMetrics()
     r = m.registry
     young = status("young", "cordon-required", "freeing", NOW - 100, pending=("ml/c",))
     idle = [status(f"n{i}", "upgrade-done", "idle") for i in range(3)]
-
-    class Counted(list[NodeStatus]):
-        passes = 0
-
-        def __iter__(self) -> Any:
-            Counted.passes += 1
-            return super().__iter__()
-
-    statuses = Counted([young, *idle])
-    m.publish(statuses, version=1, gate="ok", now=NOW, eviction_timeout=TIMEOUT)
+    for shown in (young, *idle):
+        m.changed(None, shown)
+    m.publish(gate="ok", now=NOW, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
     assert value(r, "shared_svc_upgrade_nodes_by_state", state="upgrade-done") == 3
-    m.publish(statuses, version=1, gate="missing", now=NOW + 300, eviction_timeout=TIMEOUT)
-    assert Counted.passes == 1, "the statuses were counted again with nothing changed"
+    assert value(r, "shared_svc_upgrade_pending_pods") == 1
+    m.publish(gate="missing", now=NOW + 300, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 1  # past the timeout now
     assert value(r, "shared_svc_upgrade_gate", state="missing") == 1
-    m.publish(Counted(idle), version=2, gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
-    assert Counted.passes == 2
+    freed = status("young", "cordon-required", "freed", NOW - 100)
+    m.changed(young, freed)  # its consumer left
+    m.publish(gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
     assert value(r, "shared_svc_upgrade_nodes", phase="freeing") == 0
+    assert value(r, "shared_svc_upgrade_nodes", phase="freed") == 1
+    assert value(r, "shared_svc_upgrade_pending_pods") == 0
+    assert value(r, "shared_svc_upgrade_nodes_by_state", state="cordon-required") == 1
+    m.changed(idle[0], None)  # the node left the caches
+    m.publish(gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
+    assert value(r, "shared_svc_upgrade_nodes_by_state", state="upgrade-done") == 2
+    assert value(r, "shared_svc_upgrade_nodes", phase="idle") == 2
 
 
 def test_every_known_series_is_there_at_zero_from_the_start() -> None:

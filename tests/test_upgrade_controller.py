@@ -62,6 +62,17 @@ def events_of(controller: UpgradeController) -> tuple[int, int]:
     return sum(h.events for h in handlers), sum(h.enqueued for h in handlers)
 
 
+def gauges_follow_status(controller: UpgradeController) -> None:
+    """The metrics' counts, kept as each status changes, are those of the statuses shown."""
+    controller.metrics.publish(gate=None, now=1000.0, eviction_timeout=600.0)
+    registry = controller.metrics.registry
+    shown = controller.status()
+    for phase, count in shown["phases"].items():
+        assert registry.get_sample_value("shared_svc_upgrade_nodes", {"phase": phase}) == count
+    pending = sum(len(n["pending"]) for n in shown["nodes"].values())
+    assert registry.get_sample_value("shared_svc_upgrade_pending_pods") == pending
+
+
 async def test_reconcile_writes_plan_and_emits_after_writes() -> None:
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, recorder = make(io)
@@ -70,11 +81,13 @@ async def test_reconcile_writes_plan_and_emits_after_writes() -> None:
     assert io.nodes["node-1"]["metadata"]["labels"][PARKED] == "true"
     assert requeue == 5.0
     assert await controller.reconcile("node-1") == 5.0 and len(io.writes) == 2  # idempotent
+    gauges_follow_status(controller)
     io.pods["node-1"] = []
     await controller.reconcile("node-1")
     assert [r.reason for r in recorder.reports] == ["GPUConsumersFreed"]
     status = controller.status()
     assert status["nodes"]["node-1"]["phase"] == "freed" and status["phases"]["freed"] == 1
+    gauges_follow_status(controller)
 
 
 async def test_follower_and_dry_run_write_nothing() -> None:
@@ -119,9 +132,11 @@ async def test_node_gone_forgets_status() -> None:
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [])
     controller, _ = make(io)
     await controller.reconcile("node-1")
+    gauges_follow_status(controller)
     io.delete_node("node-1")  # no longer upgrading nor parked: in neither node cache
     assert await controller.reconcile("node-1") is None
     assert controller.status()["nodes"] == {}
+    gauges_follow_status(controller)  # all back to 0
 
 
 async def test_run_handles_nodes_retries_failures_and_stops() -> None:

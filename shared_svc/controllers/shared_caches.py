@@ -63,14 +63,20 @@ def daemonsets_read(config: Config) -> Resource:
 
 
 def registry(
-    api: ApiClient, config: Config, *, on_synced: Callable[[str, bool], None] | None = None
+    api: ApiClient,
+    config: Config,
+    *,
+    on_synced: Callable[[str, bool], None] | None = None,
+    on_all_synced: Callable[[], None] | None = None,
 ) -> CacheRegistry:
     """The one registry of caches of a process, shared by its controllers, which only ask
     it for caches and read them; the service hands its caches to the Manager
     (``CacheRegistry.runnables``), which starts them before the controllers.
-    ``on_synced``: the ``shared_svc_cache_synced`` gauge, set for every cache."""
+    ``on_synced``: the ``shared_svc_cache_synced`` gauge, set for every cache;
+    ``on_all_synced``: every cache it runs is synced (the service freezes the heap)."""
     return CacheRegistry(
         api,
         backoff_max_seconds=min(CACHE_BACKOFF_MAX_SECONDS, config.backoff_max_seconds),
         on_synced=on_synced,
+        on_all_synced=on_all_synced,
     )

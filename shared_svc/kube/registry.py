@@ -1,7 +1,8 @@
 """The registry of caches: one per declaration, shared by the controllers that read it
 (client-go's shared informer factory), each cache a Runnable of the Manager
 (controller-runtime's cache is one), and the one place that reports whether each cache
-is synced (``on_synced``: the ``shared_svc_cache_synced`` gauge)."""
+is synced (``on_synced``: the ``shared_svc_cache_synced`` gauge) and when every cache it
+runs has synced (``on_all_synced``: at the start, and again after a cache re-listed)."""
 
 from __future__ import annotations
 
@@ -56,10 +57,16 @@ class CacheRegistry:
         *,
         backoff_max_seconds: float = 30.0,
         on_synced: Callable[[str, bool], None] | None = None,
+        on_all_synced: Callable[[], None] | None = None,
     ) -> None:
         self._api = api
         self._backoff_max = backoff_max_seconds  # every cache's reconnects: one option
         self._on_synced = on_synced  # (cache name, synced): the gauge of every cache
+        # Every cache the registry runs is synced now (it was not a moment ago): the
+        # objects listed are what the process keeps (``runtime.heap.freeze``).
+        self._on_all_synced = on_all_synced
+        self._synced: dict[Resource, bool] = {}
+        self._every_one_synced = False  # of the caches it runs, as last reported
         self._caches: dict[Resource, CacheRunnable] = {}
         self._own: set[Resource] = set()  # run by the registry's Manager
         self._handed_out = False  # runnables() was called: no new cache after
@@ -75,17 +82,28 @@ class CacheRegistry:
                 raise RuntimeError(
                     f"cache {resource.describe()} asked for after the caches were started"
                 )
-            report = self._on_synced
             cache = (UnionCache if resource.any_of else Cache)(
                 self._api,
                 resource,
-                on_synced=None if report is None else _reporter(report, resource.cache_name),
+                on_synced=lambda synced: self._synced_changed(resource, synced),
                 backoff_max_seconds=self._backoff_max,
             )
             self._caches[resource] = entry = CacheRunnable(cache)
         if runs:
             self._own.add(resource)
         return entry.cache
+
+    def _synced_changed(self, resource: Resource, synced: bool) -> None:
+        self._synced[resource] = synced
+        if self._on_synced is not None:
+            self._on_synced(resource.cache_name, synced)
+        were, self._every_one_synced = self._every_one_synced, self._all_synced()
+        if self._every_one_synced and not were and self._on_all_synced is not None:
+            self._on_all_synced()
+
+    def _all_synced(self) -> bool:
+        """Every cache the registry runs is synced, once they run (after :meth:`runnables`)."""
+        return self._handed_out and all(self._synced.get(r, False) for r in self._own)
 
     def caches(self) -> list[AnyCache]:
         """Every cache made, in the order first asked for."""
@@ -100,7 +118,3 @@ class CacheRegistry:
         first asked for)."""
         self._handed_out = True
         return [entry for resource, entry in self._caches.items() if resource in self._own]
-
-
-def _reporter(report: Callable[[str, bool], None], name: str) -> Callable[[bool], None]:
-    return lambda synced: report(name, synced)

@@ -689,8 +689,8 @@ def pods_read(
       list) for a node in ``pod-restart-required`` without a record: they tell its path
       (``paths.decide``), once; the verdict is then recorded.
     """
-    raw = objects.annotations_of(node).get(record.record_annotation_key(settings.driver_name))
-    state = objects.labels_of(node).get(states.state_label_key(settings.driver_name))
+    raw = objects.annotation(node, record.record_annotation_key(settings.driver_name))
+    state = objects.label(node, states.state_label_key(settings.driver_name))
     mode = states.mode_for(state)
     if mode != "free" and raw is None:
         return PodRead(needed=False)
@@ -735,7 +735,7 @@ def plan_node(
     record_key = record.record_annotation_key(settings.driver_name)
     state = labels.get(states.state_label_key(settings.driver_name))
     mode = states.mode_for(state)
-    raw = objects.annotations_of(node).get(record_key)
+    raw = objects.annotation(node, record_key)
     current, record_error = _read_record(raw)
     b = _Builder(node, settings, now, current, {}, [], [])
     if record_error is not None and mode in ("free", "restore", "abort"):
@@ -899,7 +899,7 @@ def recorded_status(
     DaemonSets.
     """
     labels = objects.labels_of(node)
-    raw = objects.annotations_of(node).get(record.record_annotation_key(driver_name))
+    raw = objects.annotation(node, record.record_annotation_key(driver_name))
     rec, record_error = _read_record(raw)
     state = labels.get(states.state_label_key(driver_name))
     mode = states.mode_for(state)

@@ -19,8 +19,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
+from shared_svc.kube.decode import Decoder
 from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES, PODS
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
+from shared_svc.upgrade.consumers import POD_READS
 from shared_svc.upgrade.daemonsets import CLIENT_HOOK_KEY, parked_label_key
 from shared_svc.upgrade.paths import driver_pod_selector
 from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
@@ -83,13 +85,18 @@ def pods_field_selector(node: str, skip_namespace: str | None = None) -> str:
     return selector + (f",metadata.namespace!={skip_namespace}" if skip_namespace else "")
 
 
+# A pass's pod lists: of each pod, only what the planner reads (``consumers.POD_READS``).
+PASS_PODS = Decoder(POD_READS)
+
+
 async def pods_on_node(
     api: ApiClient, node: str, skip_namespace: str | None = None
 ) -> list[K8sObject]:
     """A consistent list (no ``resourceVersion``: as of now, served from the API server's
-    watch cache once it has caught up; docs/decisions.md): a pod bound just before is in it."""
+    watch cache once it has caught up; docs/decisions.md): a pod bound just before is in it.
+    Of each pod, the fields the planner reads (:data:`PASS_PODS`)."""
     query = [("fieldSelector", pods_field_selector(node, skip_namespace))]
-    data = await raw_request(api, "GET", PODS.collection(), query=query)
+    data = await raw_request(api, "GET", PODS.collection(), query=query, fast=PASS_PODS.page)
     return list(data.get("items") or [])
 
 
@@ -100,7 +107,9 @@ async def driver_pods_on_node(api: ApiClient, node: str, namespace: str) -> list
         ("fieldSelector", pods_field_selector(node)),
         ("labelSelector", driver_pod_selector()),
     ]
-    data = await raw_request(api, "GET", PODS.collection(namespace), query=query)
+    data = await raw_request(
+        api, "GET", PODS.collection(namespace), query=query, fast=PASS_PODS.page
+    )
     return list(data.get("items") or [])
 
 

@@ -127,8 +127,7 @@ class UpgradeController:
             self._announcer,
             seconds=lambda: config.upgrade_resync_seconds,
         )
-        self._statuses: dict[str, NodeStatus] = {}
-        self._status_changes = 0  # changes of ``_statuses`` so far (the beat's ``publish``)
+        self._statuses: dict[str, NodeStatus] = {}  # shown; each change told to the metrics
         self._errors: dict[str, str] = {}
         self.reconciles = 0
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
@@ -214,8 +213,8 @@ class UpgradeController:
         self.reconciles += 1
         node = self.caches.get_node(name)  # the node cache's copy: no request
         if node is None:
-            if self._statuses.pop(name, None) is not None:
-                self._status_changes += 1
+            if (shown := self._statuses.pop(name, None)) is not None:
+                self.metrics.changed(shown, None)
             self._executor.forget(name)  # what was said, Events about a node that is gone
             self._newest.forget(name)
             self._own.forget(name)
@@ -232,9 +231,9 @@ class UpgradeController:
         # The pass holds its plan, not the pods, while its writes go out: 64 passes of a
         # wave at once each held a node's list of whole pods (issue 22: the wave's peak).
         del pods
-        if self._statuses.get(name) != plan.status:
+        if (shown := self._statuses.get(name)) != plan.status:
             self._statuses[name] = plan.status
-            self._status_changes += 1
+            self.metrics.changed(shown, plan.status)
         if self._writing():
             await self._executor.carry_out(plan)
         else:
@@ -254,8 +253,6 @@ class UpgradeController:
     def _publish(self) -> None:
         gate = self.gate_review.gate
         self.metrics.publish(
-            self._statuses.values(),
-            version=self._status_changes,
             gate=None if gate is None else gate.state,
             now=self._clock(),
             eviction_timeout=self.settings.eviction_timeout_seconds,
