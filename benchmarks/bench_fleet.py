@@ -36,8 +36,10 @@ In each world, in the same process after the window:
   and p99, ratios to the chain (goal: median <= 1.15x, p99 <= 1.5x) and to the bare write;
 - in the last world only, the first ``--wave`` nodes entering ``cordon-required`` at once
   with 2 declared consumers each, ``--runs`` times (``bench_upgrade.shared_runs``), against
-  the bare wave of the same run (``bench_upgrade.bare_runs``, sent before shared-svc
-  starts): makespan, ratio.
+  the bare waves of the same run (``bench_upgrade.bare_runs``), ``--runs`` sent before
+  shared-svc starts and ``--runs`` after it stops: the API server drifts over a run (its
+  heap, etcd, the Events left), and a floor measured only before would hide it. Makespan,
+  ratio to all the bare waves (and to each half, printed).
 
 Each figure is printed with its n and its budget (issues 22 and 32), with the date, the
 machine, the commit and the load average before and after. ``--profile FILE`` runs
@@ -47,10 +49,17 @@ and prints the top functions and the time of garbage collection (FILE.<nodes> pe
 ``--trace FILE`` runs shared-svc
 through ``benchmarks/traced_run.py`` (FILE.<nodes> per world) and prints where the time of
 the CR change and of the chain goes (``bench_controller.print_breakdown``).
+``--wave-profile FILE`` runs shared-svc under cProfile in the last world, switched on only
+for the last wave (until every record says freedAt: its makespan is the profiler's, the
+other waves' are not), and prints the top functions and the garbage collections.
+``--apiserver-profile FILE`` saves kube-apiserver's CPU profile of the first
+``--apiserver-seconds`` of the last wave of each kind (FILE.bare, FILE.shared,
+FILE.bare-after; ``go tool pprof -top``).
 
     .venv/bin/python benchmarks/bench_fleet.py [--world fleet|issue12|both] [--scale 1]
         [--window 600] [--changes 60] [--wave 500] [--runs 3] [--width 32]
-        [--profile FILE [--profile-window 240]] [--trace FILE]
+        [--profile FILE [--profile-window 240]] [--trace FILE] [--wave-profile FILE]
+        [--apiserver-profile FILE [--apiserver-seconds 10]]
 """
 
 from __future__ import annotations
@@ -91,6 +100,7 @@ from bench_memory import (
     measure_big,
     measure_small,
     memory,
+    print_profile,
 )
 from bench_upgrade import (
     CONSUMER,
@@ -200,6 +210,7 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[int, dict[str, Any]] = {}
     watcher: Watcher | None = None
     bare: list[float] = []
+    bare_after: list[float] = []
     try:
         for ns in (OPERATOR_NS, CONSUMERS_NS, OTHERS_NS):
             await make_namespace(api, ns)
@@ -238,12 +249,12 @@ async def main(args: argparse.Namespace) -> None:
             if last and args.runs:
                 watcher = Watcher(api)
                 await watcher.start()
-                bare, _ = await bare_runs(
-                    api, cp, watcher, wave, CONSUMERS_PER_NODE, args.runs, args.timeout
-                )
+                bare = await bare_floor(api, cp, watcher, wave, args, "bare")
             then = in_world(api, cp, watcher if last else None, wave, args, cluster_policy)
             trace = f"{args.trace}.{nodes}" if args.trace else None
             profile = f"{args.profile}.{nodes}" if args.profile else None
+            if last and args.wave_profile:
+                profile = args.wave_profile
             results[nodes] = await measure_big(
                 cp,
                 OPERATOR_NS,
@@ -253,7 +264,14 @@ async def main(args: argparse.Namespace) -> None:
                 then=then,
                 trace=trace,
                 profile_window=args.profile_window,
+                profile_rest=not (last and args.wave_profile),
             )
+            if last and args.runs:
+                # The floor again, now that shared-svc has gone: the API server's own drift
+                # over the run (its heap, etcd's size, the Events left) shows as the
+                # difference between the bare waves before and after.
+                assert watcher is not None
+                bare_after = await bare_floor(api, cp, watcher, wave, args, "bare-after")
             scalars = {k: v for k, v in results[nodes].items() if not isinstance(v, list)}
             print(f"{nodes} nodes: {scalars}", flush=True)
     finally:
@@ -261,7 +279,37 @@ async def main(args: argparse.Namespace) -> None:
             await watcher.stop()
         await api.close()
         cp.stop()
-    report(args, sizes, wave, idle, results, bare, started_at, load_before)
+    report(args, sizes, wave, idle, results, (bare, bare_after), started_at, load_before)
+
+
+def server_profile(args: argparse.Namespace, kind: str) -> str | None:
+    """Where kube-apiserver's CPU profile of the last wave of a kind goes (``--apiserver-profile``)."""
+    return f"{args.apiserver_profile}.{kind}" if args.apiserver_profile else None
+
+
+async def bare_floor(
+    api: ApiClient,
+    cp: testenv.ControlPlane,
+    watcher: Watcher,
+    wave: int,
+    args: argparse.Namespace,
+    kind: str,
+) -> list[float]:
+    """``--runs`` bare waves (``kind``: "bare" before shared-svc starts, "bare-after" once it
+    has stopped), their makespans."""
+    makespans, _ = await bare_runs(
+        api,
+        cp,
+        watcher,
+        wave,
+        CONSUMERS_PER_NODE,
+        args.runs,
+        args.timeout,
+        apiserver_profile=server_profile(args, kind),
+        apiserver_seconds=args.apiserver_seconds,
+        first_run=0 if kind == "bare" else args.runs,
+    )
+    return makespans
 
 
 def in_world(
@@ -289,8 +337,21 @@ def in_world(
             await asyncio.gather(task, return_exceptions=True)
         if watcher is not None:
             out["makespans"], _, out["per_node"], _ = await shared_runs(
-                api, cp, run, watcher, wave, CONSUMERS_PER_NODE, args.runs, args.timeout
+                api,
+                cp,
+                run,
+                watcher,
+                wave,
+                CONSUMERS_PER_NODE,
+                args.runs,
+                args.timeout,
+                args.wave_profile,
+                server_profile(args, "shared"),
+                args.apiserver_seconds,
             )
+            if args.wave_profile:
+                await asyncio.sleep(2)
+                print_profile(args.wave_profile)
         out["hwm_after"] = memory(run.proc.pid)["VmHWM"]
         return out
 
@@ -303,7 +364,7 @@ def report(
     wave: int,
     idle: float,
     results: dict[int, dict[str, Any]],
-    bare: list[float],
+    bares: tuple[list[float], list[float]],
     started_at: str,
     load_before: str,
 ) -> None:
@@ -373,14 +434,23 @@ def report(
             print_breakdown(Path(f"{args.trace}.{nodes}"), r["marks"], r["chain_steps"])
     last = results[sizes[-1]]
     if "makespans" in last:
+        before, after = bares
+        bare = before + after
         m = statistics.median(last["makespans"])
         ratio = m / statistics.median(bare)
         print(
             f"{wave} nodes enter cordon-required at once, {CONSUMERS_PER_NODE} declared "
-            f"consumers each, n = {len(last['makespans'])} waves (bare n = {len(bare)}): "
-            f"makespan median {m:.2f} s vs bare {statistics.median(bare):.2f} s = {ratio:.2f}x "
-            f"({budget(ratio, WAVE_X)}); per node median "
-            f"{statistics.median(last['per_node']):.2f} s (n = {len(last['per_node'])})"
+            f"consumers each, n = {len(last['makespans'])} waves (bare n = {len(bare)}, half "
+            f"before shared-svc starts, half after it stops): makespan median {m:.2f} s vs "
+            f"bare {statistics.median(bare):.2f} s = {ratio:.2f}x ({budget(ratio, WAVE_X)}); "
+            f"per node median {statistics.median(last['per_node']):.2f} s "
+            f"(n = {len(last['per_node'])})"
+        )
+        print(
+            f"  waves {', '.join(f'{x:.2f}' for x in last['makespans'])} s; bare before "
+            f"{', '.join(f'{x:.2f}' for x in before)} s, after "
+            f"{', '.join(f'{x:.2f}' for x in after)} s; against the bare waves before alone "
+            f"{m / statistics.median(before):.2f}x, after alone {m / statistics.median(after):.2f}x"
         )
 
 
@@ -402,11 +472,28 @@ if __name__ == "__main__":
     parser.add_argument(
         "--profile-window", type=float, default=240.0, help="profiled seconds (with --profile)"
     )
+    parser.add_argument(
+        "--wave-profile",
+        help="cProfile shared-svc during the last wave into FILE (the last world; print the top)",
+    )
+    parser.add_argument(
+        "--apiserver-profile",
+        help="kube-apiserver's CPU profile of the last wave of each kind into FILE.bare, "
+        "FILE.shared and FILE.bare-after (go tool pprof -top FILE.kind)",
+    )
+    parser.add_argument(
+        "--apiserver-seconds",
+        type=int,
+        default=10,
+        help="seconds of each kube-apiserver profile (from the wave's first patch)",
+    )
     args = parser.parse_args()
     if min(args.scale, args.window, args.profile_window) <= 0 or args.width < 1:
         parser.error("--scale, --window, --profile-window and --width must be positive")
     if min(args.changes, args.runs) < 0:
         parser.error("--changes and --runs must be >= 0")
-    if args.profile and args.trace:
-        parser.error("--profile and --trace each run shared-svc their own way: one at a time")
+    if sum(map(bool, (args.profile, args.trace, args.wave_profile))) > 1:
+        parser.error(
+            "--profile, --wave-profile and --trace each run shared-svc their own way: one at a time"
+        )
     asyncio.run(main(args))

@@ -344,25 +344,29 @@ async def measure_big(
     then: Callable[[Run], Awaitable[dict[str, Any]]] | None = None,
     trace: str | None = None,
     profile_window: float = 0.0,
+    profile_rest: bool = True,
 ) -> dict[str, Any]:
     """Starts ``run``, measures as the module says; then, if given, ``then(run)`` in the
     same process (its figures join the result). ``profile_window`` > 0: the measured
     window runs unprofiled, and cProfile covers that many seconds after it instead (the
-    result's ``cpu_profiled``: the CPU of that window, profiler included)."""
+    result's ``cpu_profiled``: the CPU of that window, profiler included).
+    ``profile_rest`` False: the process runs under ``profiled_run`` but nothing at rest is
+    profiled (``then`` switches the profile on and off itself)."""
     run = Run(cp, ns, pythonpath, profile, trace)
+    profile_rest = profile_rest and profile is not None
     try:
         started = time.monotonic()
         await run.ready()
         synced_in = time.monotonic() - started
         await asyncio.sleep(10)
         after = memory(run.proc.pid)
-        if profile and not profile_window:
+        if profile_rest and not profile_window:
             run.proc.send_signal(signal.SIGUSR1)
         writes0, cpu0, t0 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
         await asyncio.sleep(window)
         writes1, cpu1, t1 = writes_by_resource(cp), cpu_seconds(run.proc.pid), time.monotonic()
         profiled: dict[str, Any] = {}
-        if profile:
+        if profile and profile_rest:
             profiled = await _profiled(run, profile, profile_window)
         end = memory(run.proc.pid)
         writes = {

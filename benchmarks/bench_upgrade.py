@@ -357,17 +357,32 @@ async def records_gone(api: ApiClient, nodes: int, timeout: float = 120) -> None
 APISERVER_PROFILE_SECONDS = 4
 
 
-def fetch_apiserver_profile(cp: testenv.ControlPlane, out: str) -> None:
-    """kube-apiserver's own CPU profile (``/debug/pprof/profile``) of the first
-    APISERVER_PROFILE_SECONDS of a wave, written to ``out`` (read it with ``go tool pprof``)."""
+def fetch_apiserver_profile(
+    cp: testenv.ControlPlane, out: str, seconds: int = APISERVER_PROFILE_SECONDS
+) -> None:
+    """kube-apiserver's own CPU profile (``/debug/pprof/profile``) of the first ``seconds``
+    of a wave, written to ``out`` (read it with ``go tool pprof``)."""
     req = urllib.request.Request(
-        f"{cp.url}/debug/pprof/profile?seconds={APISERVER_PROFILE_SECONDS}",
+        f"{cp.url}/debug/pprof/profile?seconds={seconds}",
         headers={"Authorization": f"Bearer {cp.admin_token}"},
     )
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # 127.0.0.1, its own CA
-    with urllib.request.urlopen(req, context=context, timeout=APISERVER_PROFILE_SECONDS + 30) as r:
+    with urllib.request.urlopen(req, context=context, timeout=seconds + 30) as r:
         Path(out).write_bytes(r.read())
+
+
+async def start_apiserver_profile(
+    cp: testenv.ControlPlane, out: str | None, seconds: int
+) -> asyncio.Future[None] | None:
+    """``fetch_apiserver_profile`` in a thread, once the profile has started (None: no ``out``)."""
+    if out is None:
+        return None
+    fetched = asyncio.get_running_loop().run_in_executor(
+        None, fetch_apiserver_profile, cp, out, seconds
+    )
+    await asyncio.sleep(0.2)  # the profile has started
+    return fetched
 
 
 def cpu_of(pids: dict[str, int]) -> dict[str, float]:
@@ -404,19 +419,29 @@ async def bare_runs(
     per_node: int,
     runs: int,
     timeout: float,
+    apiserver_profile: str | None = None,
+    apiserver_seconds: int = APISERVER_PROFILE_SECONDS,
+    first_run: int = 0,
 ) -> tuple[list[float], dict[str, float]]:
     """``runs`` bare waves (``bare_wave``) over the first ``nodes`` nodes, without shared-svc:
-    each one's makespan, and the CPU seconds of the control plane and the benchmark summed."""
+    each one's makespan, and the CPU seconds of the control plane and the benchmark summed.
+    ``apiserver_profile``: kube-apiserver's CPU profile of the first ``apiserver_seconds``
+    of the last wave, into that file. ``first_run``: the number of bare waves before these
+    (their consumer pods' names, their lines)."""
     bare_pids = {name: proc.pid for name, proc in cp.processes.items()}
     bare_pids["benchmark"] = os.getpid()
     bare_cpu: dict[str, float] = {}
     bare: list[float] = []
     for rep in range(runs):
-        pods = consumer_pods(1000 + rep, nodes, per_node)
+        pods = consumer_pods(1000 + first_run + rep, nodes, per_node)
         await create_consumers(api, pods)
         await asyncio.sleep(2)
         watcher.reset()
         by_node = by_node_of(pods, nodes)
+        last = rep == runs - 1
+        profiled = await start_apiserver_profile(
+            cp, apiserver_profile if last else None, apiserver_seconds
+        )
         cpu_before = cpu_of(bare_pids)
         t0 = time.monotonic()
         await bare_wave(api, nodes, by_node)
@@ -432,10 +457,12 @@ async def bare_runs(
         for k, v in cpu.items():
             bare_cpu[k] = bare_cpu.get(k, 0.0) + v
         print(
-            f"bare run {rep + 1}: makespan {bare[-1]:.2f} s; CPU seconds: "
+            f"bare run {first_run + rep + 1}: makespan {bare[-1]:.2f} s; CPU seconds: "
             + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
             flush=True,
         )
+        if profiled is not None:
+            await profiled
         await set_state(api, nodes, "upgrade-done")
         await clear_bare(api, nodes)
         await set_state(api, nodes, "upgrade-required")
@@ -453,9 +480,13 @@ async def shared_runs(
     timeout: float,
     profile: str | None = None,
     apiserver_profile: str | None = None,
+    apiserver_seconds: int = APISERVER_PROFILE_SECONDS,
 ) -> tuple[list[float], list[float], list[float], dict[str, float]]:
     """``runs`` waves over the first ``nodes`` nodes with ``run`` (shared-svc) doing the work:
-    the makespans, the freed times, the per-node times and the CPU seconds summed."""
+    the makespans, the freed times, the per-node times and the CPU seconds summed.
+    ``profile``: shared-svc (under ``profiled_run``) profiled in the last wave until every
+    record says freedAt; ``apiserver_profile``: kube-apiserver's CPU profile of the first
+    ``apiserver_seconds`` of the last wave."""
     pids = {name: proc.pid for name, proc in cp.processes.items()}
     pids |= {"shared-svc": run.proc.pid, "benchmark": os.getpid()}
     cpu_totals: dict[str, float] = {}
@@ -471,12 +502,9 @@ async def shared_runs(
         before = upgrade_counters(run)
         if profile and rep == runs - 1:
             run.proc.send_signal(signal.SIGUSR1)
-        server_profile = None
-        if apiserver_profile and rep == runs - 1:
-            server_profile = asyncio.get_running_loop().run_in_executor(
-                None, fetch_apiserver_profile, cp, apiserver_profile
-            )
-            await asyncio.sleep(0.2)  # the profile has started
+        server_profile = await start_apiserver_profile(
+            cp, apiserver_profile if rep == runs - 1 else None, apiserver_seconds
+        )
         requests_before = request_counts(cp)
         cpu_before = cpu_of(pids)
         t0 = time.monotonic()
