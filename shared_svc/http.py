@@ -38,7 +38,10 @@ def make_app(
 
     async def readyz(_: web.Request) -> web.Response:
         ok = ready()
-        return web.Response(text="ok\n" if ok else "caches not synced\n", status=200 if ok else 503)
+        return web.Response(
+            text="ok\n" if ok else "not ready: caches not synced or not planned yet\n",
+            status=200 if ok else 503,
+        )
 
     async def status_view(_: web.Request) -> web.Response:
         # msgspec, not json.dumps(indent=2) (pure Python with an indent: 60 ms of the event

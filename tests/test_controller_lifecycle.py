@@ -102,6 +102,45 @@ async def test_http_endpoints(control_plane: ControlPlane, kube: Kube) -> None:
 
 
 @pytest.mark.apiserver
+async def test_a_replica_is_ready_only_once_it_has_planned(
+    control_plane: ControlPlane, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every replica serves the delete guard's webhook, which answers from the last plan
+    (``needed_by``; none yet: allowed). Synced caches are not enough for Ready: a pod
+    taking the API server's calls before its first plan would let gpu-operator's delete
+    through."""
+    hold = asyncio.Event()
+    planning = asyncio.Event()
+    original = ServicesController._plan_and_act
+
+    async def held(self: ServicesController, world: Any) -> tuple[str, int]:
+        planning.set()
+        await hold.wait()
+        return await original(self, world)
+
+    monkeypatch.setattr(ServicesController, "_plan_and_act", held)
+    await kube.create_cr(cp_body())
+    async with running(service_config(control_plane, kube.ns)) as svc:
+        try:
+            await asyncio.wait_for(planning.wait(), timeout=30)
+            ctrl = svc.controller
+            assert ctrl is not None and ctrl.caches_synced() and ctrl.needed_by() is None
+            # every other part ready (ServiceMonitor discovery may still switch its cache)
+            others = [r for r in svc.runnables() if r is not ctrl]
+            await eventually(lambda: _true(all(r.ready() for r in others)), timeout=30)
+            port = svc.port or 0
+            assert (await http_get(port, "/readyz"))[0] == 503
+            assert not svc.ready()
+        finally:
+            hold.set()
+        await eventually(lambda: _true(svc.ready()), timeout=30)
+        assert (await http_get(port, "/readyz"))[0] == 200
+        needed = ctrl.needed_by()
+        assert needed is not None
+        assert needed[("Service", "nvidia-dcgm")] == ("ClusterPolicy/cluster-policy",)
+
+
+@pytest.mark.apiserver
 async def test_two_replicas_one_writer_and_handover(
     control_plane: ControlPlane, kube: Kube
 ) -> None:

@@ -440,7 +440,12 @@ def test_deployment_is_hardened_and_probed() -> None:
     lease_duration = yaml.safe_load((CHART / "values.yaml").read_text())["leaderElection"][
         "leaseDurationSeconds"
     ]
-    assert pod["terminationGracePeriodSeconds"] >= DRAIN_SECONDS + lease_duration
+    delay = yaml.safe_load((CHART / "values.yaml").read_text())["shutdownDelaySeconds"]
+    assert delay > 0, "on by default"
+    assert pod["terminationGracePeriodSeconds"] >= delay + DRAIN_SECONDS + lease_duration
+    # A stopping pod serves on (its webhook above all) while the API server's view of the
+    # endpoints drops it; the kubelet's own sleep, no binary in the image (docs/install.md).
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": delay}}}
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
     service = one(docs, "Service", "shared-svc-metrics")
@@ -699,6 +704,7 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
     ),
     "nodeSelector": ("nodeSelector.kubernetes\\.io/os=linux",),
+    "shutdownDelaySeconds": ("shutdownDelaySeconds=0",),
     "tolerations": (
         "tolerations[0].key=node-role.kubernetes.io/control-plane",
         "tolerations[0].operator=Exists",
@@ -745,6 +751,7 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
 }
 # top-level values of the conventions; these hold free-form Kubernetes objects (one leaf each)
 CONVENTION_KEYS = (
+    "shutdownDelaySeconds",
     "nameOverride",
     "fullnameOverride",
     "namespaceOverride",
@@ -913,6 +920,24 @@ def test_image_digest_wins_over_the_tag() -> None:
     }
     with pytest.raises(RenderError, match="digest"):
         render("image.digest=latest")
+
+
+def test_shutdown_delay_is_a_prestop_sleep_inside_the_grace_period() -> None:
+    def pod_of(*sets: str) -> dict[str, Any]:
+        spec: dict[str, Any] = one(render_docs(*sets), "Deployment")["spec"]["template"]["spec"]
+        return spec
+
+    default = pod_of()
+    longer = pod_of("shutdownDelaySeconds=20")
+    assert longer["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 20}}}
+    assert (
+        longer["terminationGracePeriodSeconds"] - default["terminationGracePeriodSeconds"] == 15
+    ), "the delay adds to the grace period: the drain and the release keep their time"
+    none = pod_of("shutdownDelaySeconds=0")
+    assert "lifecycle" not in none["containers"][0], "0: no hook (a zero sleep needs 1.33's gate)"
+    assert none["terminationGracePeriodSeconds"] == 45
+    with pytest.raises(RenderError, match="shutdownDelaySeconds"):
+        render("shutdownDelaySeconds=-1")
 
 
 def test_pod_placement_and_security_values_reach_every_pod() -> None:

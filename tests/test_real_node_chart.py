@@ -96,6 +96,37 @@ def release(real_node: Node, world: OperatorWorld) -> Any:
         uninstall(real_node)
 
 
+class DeleteProbe:
+    """gpu-operator's delete of ``nvidia-dcgm`` (a dry run), every 0.2 s while the block
+    runs: ``answers`` are the codes, ``fail_open`` the API server's calls of the guard that
+    reached no server meanwhile (its ``apiserver_admission_webhook_fail_open_count``)."""
+
+    def __init__(self, cp: Any, world: OperatorWorld) -> None:
+        self.cp, self.world = cp, world
+        self.answers: list[int] = []
+        self.fail_open = 0.0
+
+    async def __aenter__(self) -> DeleteProbe:
+        self._before = guard_answers(self.cp).get("fail-open", 0)
+        self._done = asyncio.Event()
+        self._task = asyncio.create_task(self._probe())
+        return self
+
+    async def _probe(self) -> None:
+        while not self._done.is_set():
+            self.answers.append(await self.world.writer.delete("nvidia-dcgm", dry_run=True))
+            await asyncio.sleep(0.2)
+
+    async def __aexit__(self, *_: object) -> None:
+        self._done.set()
+        await self._task
+        self.fail_open = guard_answers(self.cp).get("fail-open", 0) - self._before
+
+    def held(self) -> bool:
+        """Every delete answered 404 by a serving replica."""
+        return bool(self.answers) and set(self.answers) == {404} and self.fail_open == 0
+
+
 def deployment(node: Node) -> dict[str, Any]:
     body = get(node.control_plane, f"/apis/apps/v1/namespaces/{NS}/deployments/{RELEASE}")
     assert body is not None
@@ -253,17 +284,24 @@ async def test_failover_by_pod_delete_and_by_container_kill_converges_once(
         # 1. The leader's pod deleted: it releases the Lease on SIGTERM and another replica
         #    takes it: the standby (warm caches) or the Deployment's replacement pod,
         #    whichever campaigns first; a CR change made meanwhile converges.
-        status, out = cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{first}")
-        assert status == 200, out
-        set_traffic_policy("Local")
-
+        #    gpu-operator's deletes meanwhile all meet a serving replica (the stopping pod
+        #    serves through its preStop sleep).
         def new_leader() -> bool:
             lead = holder(cp)
             return (
                 bool(lead) and lead != first and lead in {p["metadata"]["name"] for p in pods(cp)}
             )
 
-        await eventually(lambda: asyncio.sleep(0, new_leader()), timeout=60, interval=0.2)
+        async with DeleteProbe(cp, world) as probe:
+            status, out = cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{first}")
+            assert status == 200, out
+            set_traffic_policy("Local")
+            await eventually(lambda: asyncio.sleep(0, new_leader()), timeout=60, interval=0.2)
+            await eventually(
+                lambda: asyncio.sleep(0, first not in {p["metadata"]["name"] for p in pods(cp)}),
+                timeout=90,
+            )
+        assert probe.held(), (probe.fail_open, probe.answers)
         other = holder(cp)
         await eventually(lambda: asyncio.sleep(0, exporter_policy() == "Local"), timeout=60)
 
@@ -321,32 +359,21 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
     await release.ensure()
     old = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["imageID"] for p in pods(cp)}
     before = {n: service(cp, n) for n in SERVICES}
-    answers: list[int] = []
-    done = asyncio.Event()
-
-    async def probe() -> None:  # gpu-operator's delete, all through the roll
-        while not done.is_set():
-            answers.append(await world.writer.delete("nvidia-dcgm", dry_run=True))
-            await asyncio.sleep(0.2)
 
     async with (
         watching(cp, services_of, NS) as services,
         watching(cp, pods_of, NS, label_selector=SELECTOR) as rolled,
+        DeleteProbe(cp, world) as probe,  # gpu-operator's delete, all through the roll
     ):
-        task = asyncio.create_task(probe())
-        try:
-            await asyncio.to_thread(
-                helm, real_node, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
-                "--set", f"image.tag={REBUILT}", "--wait", "--timeout", "5m",
-            )  # fmt: skip
-            new = {p["metadata"]["name"] for p in pods(cp)}
-            await eventually(
-                lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=120
-            )
-            await asyncio.sleep(1)
-        finally:
-            done.set()
-            await task
+        await asyncio.to_thread(
+            helm, real_node, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            "--set", f"image.tag={REBUILT}", "--wait", "--timeout", "5m",
+        )  # fmt: skip
+        new = {p["metadata"]["name"] for p in pods(cp)}
+        await eventually(
+            lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=120
+        )
+        await asyncio.sleep(1)
 
     # The new pods run the rebuilt image.
     now = pods(cp)
@@ -364,8 +391,10 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
         if i + 1 >= rolled.listed:
             counts.append(sum(readiness.values()))
     assert len(counts) > 4 and min(counts) >= 1, f"ready replicas after each event: {counts}"
-    # The guard served throughout: no delete got through while the pods rolled.
-    assert answers and set(answers) == {404}, answers
+    # The guard served throughout: no delete got through while the pods rolled, and no
+    # call of the API server's found a stopped server (the preStop sleep; a new pod Ready
+    # only once it has planned).
+    assert probe.held(), (probe.fail_open, probe.answers)
     # No Service changed.
     assert services.kinds("nvidia-dcgm") == ["ADDED"] and services.kinds(
         "nvidia-dcgm-exporter"

@@ -152,7 +152,9 @@ class ServicesController:
         return [self.discovery, self.discovery.cache_runnable, self]
 
     def ready(self) -> bool:
-        return self.caches_synced()
+        """Synced and planned once: the admission guard's webhook, served by every replica,
+        then knows who needs each Service (``needed_by``) before the pod takes its calls."""
+        return self.caches_synced() and self.last_plan is not None
 
     def alive(self) -> bool:
         return self._runtime.alive()
