@@ -255,6 +255,8 @@ async def main(args: argparse.Namespace) -> None:
             profile = f"{args.profile}.{nodes}" if args.profile else None
             if last and args.wave_profile:
                 profile = args.wave_profile
+            if args.startup_profile:
+                profile = f"{args.startup_profile}.{nodes}"
             results[nodes] = await measure_big(
                 cp,
                 OPERATOR_NS,
@@ -265,6 +267,7 @@ async def main(args: argparse.Namespace) -> None:
                 trace=trace,
                 profile_window=args.profile_window,
                 profile_rest=not (last and args.wave_profile),
+                profile_startup=bool(args.startup_profile),
             )
             if last and args.runs:
                 # The floor again, now that shared-svc has gone: the API server's own drift
@@ -473,6 +476,10 @@ if __name__ == "__main__":
         "--profile-window", type=float, default=240.0, help="profiled seconds (with --profile)"
     )
     parser.add_argument(
+        "--startup-profile",
+        help="cProfile shared-svc from its start until ready into FILE.<nodes> (print the top)",
+    )
+    parser.add_argument(
         "--wave-profile",
         help="cProfile shared-svc during the last wave into FILE (the last world; print the top)",
     )
@@ -492,8 +499,9 @@ if __name__ == "__main__":
         parser.error("--scale, --window, --profile-window and --width must be positive")
     if min(args.changes, args.runs) < 0:
         parser.error("--changes and --runs must be >= 0")
-    if sum(map(bool, (args.profile, args.trace, args.wave_profile))) > 1:
+    if sum(map(bool, (args.profile, args.trace, args.wave_profile, args.startup_profile))) > 1:
         parser.error(
-            "--profile, --wave-profile and --trace each run shared-svc their own way: one at a time"
+            "--profile, --wave-profile, --startup-profile and --trace each run shared-svc "
+            "their own way: one at a time"
         )
     asyncio.run(main(args))

@@ -279,6 +279,7 @@ class Run:
         pythonpath: str | None,
         profile: str | None = None,
         trace: str | None = None,
+        profile_startup: bool = False,
     ) -> None:
         self.port = testenv.free_port()
         env = {
@@ -298,6 +299,8 @@ class Run:
         argv = [str(exe), "run"]
         if profile:  # cProfile of the measured window (benchmarks/profiled_run.py)
             env["BENCH_PROFILE_OUT"] = profile
+            if profile_startup:
+                env["BENCH_PROFILE_FROM_START"] = "1"
             env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
             argv = [sys.executable, str(ROOT / "benchmarks" / "profiled_run.py")]
         elif trace:  # a timestamp per reconcile step (benchmarks/traced_run.py)
@@ -345,19 +348,32 @@ async def measure_big(
     trace: str | None = None,
     profile_window: float = 0.0,
     profile_rest: bool = True,
+    profile_startup: bool = False,
 ) -> dict[str, Any]:
     """Starts ``run``, measures as the module says; then, if given, ``then(run)`` in the
     same process (its figures join the result). ``profile_window`` > 0: the measured
     window runs unprofiled, and cProfile covers that many seconds after it instead (the
     result's ``cpu_profiled``: the CPU of that window, profiler included).
     ``profile_rest`` False: the process runs under ``profiled_run`` but nothing at rest is
-    profiled (``then`` switches the profile on and off itself)."""
-    run = Run(cp, ns, pythonpath, profile, trace)
-    profile_rest = profile_rest and profile is not None
+    profiled (``then`` switches the profile on and off itself). ``profile_startup`` (with
+    ``profile``): cProfile from the process's start until ready, printed, and nothing else
+    profiled. The result's ``cpu_to_ready``: CPU seconds until ready of shared-svc and of
+    each control-plane process."""
+    profile_startup = profile_startup and profile is not None
+    profile_rest = profile_rest and profile is not None and not profile_startup
+    servers = {name: proc.pid for name, proc in cp.processes.items()}
+    server_cpu0 = {name: cpu_seconds(pid) for name, pid in servers.items()}
+    run = Run(cp, ns, pythonpath, profile, trace, profile_startup)
     try:
         started = time.monotonic()
         await run.ready()
         synced_in = time.monotonic() - started
+        cpu_to_ready = {"shared-svc": cpu_seconds(run.proc.pid)} | {
+            name: cpu_seconds(pid) - server_cpu0[name] for name, pid in servers.items()
+        }
+        if profile_startup:
+            assert profile is not None
+            await _profiled(run, profile, 0.0)
         await asyncio.sleep(10)
         after = memory(run.proc.pid)
         if profile_rest and not profile_window:
@@ -376,6 +392,7 @@ async def measure_big(
         }
         out = {
             "synced_in": synced_in,
+            "cpu_to_ready": {k: round(v, 2) for k, v in cpu_to_ready.items()},
             "rss_after_sync": after["VmRSS"],
             "hwm": end["VmHWM"],
             "rss_end": end["VmRSS"],

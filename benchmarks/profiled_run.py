@@ -2,7 +2,8 @@
 and ``bench_fleet.py --profile``.
 
 SIGUSR1 starts profiling the main thread (the event loop) and timing the garbage
-collector (``gc.callbacks``: cProfile does not see a collection, it is charged to whatever
+collector (at once, before the service's imports, when ``BENCH_PROFILE_FROM_START`` is set:
+the start-up, for ``bench_fleet.py --startup-profile``) (``gc.callbacks``: cProfile does not see a collection, it is charged to whatever
 function allocated at the time); SIGUSR2 stops both, writes the stats to the file named by
 ``BENCH_PROFILE_OUT`` and the collections (count and seconds per generation) to that name
 with ``.gc`` appended. Not part of the product.
@@ -59,4 +60,6 @@ def _stop(_sig: int, _frame: FrameType | None) -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGUSR1, _start)
     signal.signal(signal.SIGUSR2, _stop)
+    if os.environ.get("BENCH_PROFILE_FROM_START"):
+        _start(signal.SIGUSR1, None)
     sys.exit(main(["run"]))
