@@ -70,6 +70,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,11 +97,13 @@ from bench_memory import (
     _daemonset,
     _many,
     _pod,
+    cpu_seconds,
     create_gpu_node,
     measure_big,
     measure_small,
     memory,
     print_profile,
+    worktree,
 )
 from bench_upgrade import (
     CONSUMER,
@@ -246,6 +249,8 @@ async def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
             last = nodes == sizes[-1]
+            if last and args.before:
+                await side_by_side_startups(cp, args.before, args.startups)
             if last and args.runs:
                 watcher = Watcher(api)
                 await watcher.start()
@@ -283,6 +288,42 @@ async def main(args: argparse.Namespace) -> None:
         await api.close()
         cp.stop()
     report(args, sizes, wave, idle, results, (bare, bare_after), started_at, load_before)
+
+
+async def side_by_side_startups(cp: testenv.ControlPlane, ref: str, n: int) -> None:
+    """``n`` start-ups of ``ref``'s tree and of this one, alternating, in the world as it
+    is (its Services already in place): start -> ready, and the CPU seconds until ready
+    of shared-svc and of kube-apiserver; printed with the medians."""
+    tree = worktree(ref)
+    runs: dict[str, list[tuple[float, float, float]]] = {ref: [], "this tree": []}
+    try:
+        for _ in range(n):
+            for label, path in ((ref, tree), ("this tree", None)):
+                apiserver = cp.processes["kube-apiserver"].pid
+                server0, t0 = cpu_seconds(apiserver), time.monotonic()
+                run = Run(cp, OPERATOR_NS, path)
+                try:
+                    await run.ready()
+                    ready = time.monotonic() - t0
+                    own, server = cpu_seconds(run.proc.pid), cpu_seconds(apiserver) - server0
+                finally:
+                    run.stop()
+                runs[label].append((ready, own, server))
+                print(
+                    f"start-up, {label}: ready in {ready:.2f} s; CPU until ready: shared-svc "
+                    f"{own:.2f} s, kube-apiserver {server:.2f} s",
+                    flush=True,
+                )
+                await asyncio.sleep(5)  # the stopped process's watches gone
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tree], check=False)
+    for label, measured in runs.items():
+        ready, own, server = (statistics.median(m[i] for m in measured) for i in range(3))
+        print(
+            f"start-up medians, {label} (n = {n}): ready {ready:.2f} s, shared-svc CPU "
+            f"{own:.2f} s, kube-apiserver CPU {server:.2f} s",
+            flush=True,
+        )
 
 
 def server_profile(args: argparse.Namespace, kind: str) -> str | None:
@@ -474,6 +515,13 @@ if __name__ == "__main__":
     parser.add_argument("--profile", help="cProfile shared-svc after the window into FILE.<nodes>")
     parser.add_argument(
         "--profile-window", type=float, default=240.0, help="profiled seconds (with --profile)"
+    )
+    parser.add_argument(
+        "--before",
+        help="git ref: its start -> ready against this tree's, side by side in the last world",
+    )
+    parser.add_argument(
+        "--startups", type=int, default=3, help="start-ups of each tree (with --before)"
     )
     parser.add_argument(
         "--startup-profile",

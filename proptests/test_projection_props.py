@@ -202,7 +202,7 @@ def test_a_plan_over_the_dcgm_pods_is_the_plan_over_every_pod_of_the_namespace(
 ) -> None:
     """Planning reads the pods of the four DCGM apps (the gate) and the pods a rule
     selector (an ``app`` or a common label) selects (the hold): the cache of the union of
-    the three selectors plans as the whole namespace does, other operands included."""
+    the six selectors plans as the whole namespace does, other operands included."""
     # Each pod again as another operand's (another ``app``, or none), with its common
     # labels or others drawn: the pods of the namespace a DCGM-only cache must not miss
     # (a common label alone) and those it must not need (neither).

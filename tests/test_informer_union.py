@@ -1,5 +1,5 @@
 """The operator-pod cache holds the DCGM pods only (issue 22), on the real API server: the
-union of ``app in (the four DCGM apps)`` and the two common labels, as three disjoint
+union of the four DCGM apps (``app=`` each) and the two common labels, as six disjoint
 list+watches merged into one store (``shared_svc.controllers.services.caches.operator_pods``); the other
 operands' pods are neither listed nor kept, and planning over the cache is planning over
 every pod of the namespace."""
@@ -82,11 +82,14 @@ async def test_the_pod_cache_holds_the_dcgm_pods_and_plans_as_every_pod_does(kub
     config = Config(namespace=kube.ns)
     registry = shared_caches.registry(kube.api, config)
     cache = registry.cache(caches.declare(config)["pods"])
-    assert isinstance(cache, UnionCache) and len(cache.parts) == 3
+    assert isinstance(cache, UnionCache) and len(cache.parts) == 6
     async with managed(registry.runnables()):
         await eventually(lambda: _true(cache.synced.is_set()), timeout=30)
         assert _names(cache) == WATCHED
         assert _disjoint(cache) and sum(len(part._items) for part in cache.parts) == len(WATCHED)
+        # The four apps' pods are four lists (read at once), one app each.
+        by_part = [{name for _, name in part._items} for part in cache.parts]
+        assert by_part[:4] == [{"dcgm-0"}, {"dcgm-dra-0"}, {"exporter-0"}, {"exporter-dra-0"}]
 
         # The plan over the cache is the plan over every pod of the namespace.
         live = (await raw_request(kube.api, "GET", f"/api/v1/namespaces/{kube.ns}/pods"))["items"]
@@ -130,4 +133,4 @@ async def test_the_pod_cache_holds_the_dcgm_pods_and_plans_as_every_pod_does(kub
         # app part (its old part drops it on its own watch, so wait for both).
         expected = (WATCHED | {"driver-0"}) - {"exporter-0"}
         await eventually(lambda: _true(_names(cache) == expected and _disjoint(cache)), timeout=30)
-        assert (kube.ns, "common-both") in cache.parts[0]._items
+        assert (kube.ns, "common-both") in cache.parts[0]._items  # app=nvidia-dcgm

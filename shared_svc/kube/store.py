@@ -52,23 +52,35 @@ class SharedValues:
 
     def _share(self, value: Any, depth: int, *, unique: bool = False) -> tuple[Any, Any]:
         """The shared value and its content key (hashable, type-exact: 1, 1.0 and True
-        differ)."""
+        differ). A string (most leaves: label keys and values, condition types) is its
+        own key, interned where it is met rather than in a call of its own."""
         if isinstance(value, str):
             value = sys.intern(value)
             return value, value
+        intern = sys.intern
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
             parts = []
             for k, v in value.items():
-                k = sys.intern(k) if isinstance(k, str) else k
-                out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
+                k = intern(k) if isinstance(k, str) else k
+                if type(v) is str:
+                    out[k] = key = intern(v)
+                else:
+                    out[k], key = self._share(
+                        v, depth + 1, unique=depth == 0 and k == "metadata"
+                    )
                 parts.append((k, key))
             return self._canonical(out, ("d", tuple(parts)), unique)
         if isinstance(value, list):
-            shared = [self._share(v, depth + 1) for v in value]
-            return self._canonical(
-                [v for v, _ in shared], ("l", tuple(k for _, k in shared)), unique
-            )
+            items, keys = [], []
+            for v in value:
+                if type(v) is str:
+                    v = key = intern(v)
+                else:
+                    v, key = self._share(v, depth + 1)
+                items.append(v)
+                keys.append(key)
+            return self._canonical(items, ("l", tuple(keys)), unique)
         return value, (type(value), value)
 
     def _canonical(self, value: Any, key: Any, unique: bool) -> tuple[Any, Any]:

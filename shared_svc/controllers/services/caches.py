@@ -31,17 +31,21 @@ POD_DECODER = Decoder(
 
 
 def dcgm_pod_selectors() -> tuple[str, ...]:
-    """The DCGM pods as three disjoint label selectors: the pods whose ``app`` is one of
-    the four DCGM apps (the gate's), then those of the others that carry the DCGM common
-    label, then those of the rest that carry the exporter's common label (the hold's:
-    a rule selector is an ``app`` or a common label). Their union is every pod planning
-    reads; disjoint, each pod is listed, watched and kept once."""
-    apps = ",".join(sorted({*LEGACY_APP.values(), *DRA_APP.values()}))
+    """The DCGM pods as disjoint label selectors: the pods of each of the four DCGM apps
+    (the gate's), one selector per ``app``, then those of the other pods that carry the
+    DCGM common label, then those of the rest that carry the exporter's common label (the
+    hold's: a rule selector is an ``app`` or a common label). Their union is every pod
+    planning reads; disjoint, each pod is listed, watched and kept once. One selector per
+    app, not ``app in (...)``: each is listed page after page on its own, so the four
+    DaemonSets' pods (one per GPU node each) are four lists at once, the API server
+    answering one while shared-svc reads another (docs/decisions.md, "What is watched")."""
+    apps = sorted({*LEGACY_APP.values(), *DRA_APP.values()})
     dcgm, exporter = COMMON_LABEL["dcgm"], COMMON_LABEL["exporter"]
+    others = f"{APP_LABEL} notin ({','.join(apps)})"
     return (
-        f"{APP_LABEL} in ({apps})",
-        f"{dcgm}=true,{APP_LABEL} notin ({apps})",
-        f"{exporter}=true,{dcgm}!=true,{APP_LABEL} notin ({apps})",
+        *(f"{APP_LABEL}={app}" for app in apps),
+        f"{dcgm}=true,{others}",
+        f"{exporter}=true,{dcgm}!=true,{others}",
     )
 
 
