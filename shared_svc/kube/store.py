@@ -66,9 +66,7 @@ class SharedValues:
                 if type(v) is str:
                     out[k] = key = intern(v)
                 else:
-                    out[k], key = self._share(
-                        v, depth + 1, unique=depth == 0 and k == "metadata"
-                    )
+                    out[k], key = self._share(v, depth + 1, unique=depth == 0 and k == "metadata")
                 parts.append((k, key))
             return self._canonical(out, ("d", tuple(parts)), unique)
         if isinstance(value, list):
