@@ -345,7 +345,7 @@ async def test_every_cache_is_listed_once_and_all_at_once_though_both_controller
         | {(r.path, r.label_selector or "") for r in expected if not r.any_of}
     )
     assert {key: lists.get(key) for key in proxy.held} == dict.fromkeys(proxy.held, 1)
-    assert proxy.most_in_flight == len(proxy.held) == 9, "every cache lists at once"
+    assert proxy.most_in_flight == len(proxy.held) == 12, "every cache lists at once"
 
 
 @pytest.mark.apiserver
