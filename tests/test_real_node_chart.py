@@ -373,6 +373,12 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
         await eventually(
             lambda: asyncio.sleep(0, len([p for p in pods(cp) if ready(p)]) == 2), timeout=120
         )
+        # The old pods gone, not only terminating (each serves through its preStop sleep,
+        # then stops: the probe runs until then).
+        await eventually(
+            lambda: asyncio.sleep(0, not set(old) & {p["metadata"]["name"] for p in pods(cp)}),
+            timeout=120,
+        )
         await asyncio.sleep(1)
 
     # The new pods run the rebuilt image.
