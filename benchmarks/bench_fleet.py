@@ -70,7 +70,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -103,6 +102,7 @@ from bench_memory import (
     measure_small,
     memory,
     print_profile,
+    remove_worktree,
     worktree,
 )
 from bench_upgrade import (
@@ -316,7 +316,7 @@ async def side_by_side_startups(cp: testenv.ControlPlane, ref: str, n: int) -> N
                 )
                 await asyncio.sleep(5)  # the stopped process's watches gone
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", tree], check=False)
+        remove_worktree(tree)
     for label, measured in runs.items():
         ready, own, server = (statistics.median(m[i] for m in measured) for i in range(3))
         print(

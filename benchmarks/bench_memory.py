@@ -443,6 +443,10 @@ def worktree(ref: str) -> str:
     return path
 
 
+def remove_worktree(path: str) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", path], check=False)
+
+
 async def main(before: str | None, window: float, profile: str | None = None) -> None:
     tree = worktree(before) if before else None
     variants: list[tuple[str, str | None]] = [*([(f"before ({before})", tree)] if tree else [])]
@@ -466,9 +470,7 @@ async def main(before: str | None, window: float, profile: str | None = None) ->
     finally:
         cp.stop()
         if tree:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", tree], check=False
-            )
+            remove_worktree(tree)
 
     labels = [label for label, _ in variants]
     print()
