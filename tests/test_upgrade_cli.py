@@ -46,6 +46,8 @@ STATUS_NODE_KEYS = {
     "driverDaemonset",
     "unknownState",
     "recordError",
+    "policy",
+    "noFlow",
 }
 STATUS_GATE_KEYS = {"state", "policy", "podSelector", "timeoutSeconds", "wanted", "message"}
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
