@@ -208,7 +208,9 @@ def test_a_node_no_flow_moves_is_not_freed_and_what_was_parked_is_restored() -> 
     freed = plan_node(
         owned("node-1", "a"), [triton], [], S, T0, flow=found.flow({OWNER_LABEL: "a"})
     )
-    assert [a.verb for a in freed.pod_actions] == ["evict"] and freed.status.policy == "NVIDIADriver/a"
+    assert [a.verb for a in freed.pod_actions] == [
+        "evict"
+    ] and freed.status.policy == "NVIDIADriver/a"
     for owner in (None, "off", "gone"):
         node = owned("node-1", owner)
         flow = found.flow(node["metadata"]["labels"])
