@@ -16,7 +16,8 @@ In the order a cluster lives them, on one control plane:
 1. A running ClusterPolicy cluster switched to ``useNvidiaDriverCRD: true``: ``configure-gate``
    writes the ClusterPolicy in its mode, the NVIDIADriver after the switch (the ClusterPolicy's
    gate then shown unread, the NVIDIADriver's verdict missing until it is set); the switch
-   orphans the ClusterPolicy's driver pods and every node goes through the flow under the
+   orphans the ClusterPolicy's driver pods (its nodes annotated upgrade-requested, as the libs
+   mean orphaned pods to be handed over) and every node goes through the flow under the
    NVIDIADriver's gate: each waits in ``wait-for-jobs-required`` until every freed consumer is
    gone, none is left at the driver unload, all is restored at ``upgrade-done``. On today's code
    configure-gate writes the ClusterPolicy again, the NVIDIADriver's gate stays empty, and the
@@ -91,6 +92,7 @@ DEPLOY_VALIDATOR = "nvidia.com/gpu.deploy.operator-validator"
 CONSUMER = "nvidia.com/gpu-driver-upgrade.consumer=true"
 DRIVER_STOP_SECONDS = 1.5
 REQUEUE_SECONDS = 30.0
+REQUESTED = "nvidia.com/gpu-driver-upgrade-requested"  # the libs' "upgrade this node" annotation
 
 
 def nvd_ds_name(nvd: str) -> str:
@@ -259,6 +261,20 @@ async def _label_nodes(w: World, nodes: tuple[str, ...], owner: str) -> None:
         await _merge(w, f"/api/v1/nodes/{node}", {"metadata": {"labels": {OWNER_LABEL: owner}}})
 
 
+async def _orphan(w: World, name: str) -> None:
+    """Deletes a DaemonSet leaving its pods (``propagationPolicy: Orphan``), and does what the
+    garbage collector (not run here) does then: drops the pods' owner reference to it and
+    the DaemonSet's ``orphan`` finalizer. Its pods are orphaned driver pods for the libs."""
+    ds = await _get(w, f"{DS_PATH}/{name}")
+    await raw_request(w.api, "DELETE", f"{DS_PATH}/{name}", body={"propagationPolicy": "Orphan"})
+    for pod in await list_items(w.api, f"/api/v1/namespaces/{OPERATOR_NS}/pods"):
+        refs = pod["metadata"].get("ownerReferences") or []
+        if any(r.get("uid") == ds["metadata"]["uid"] for r in refs):
+            path = f"/api/v1/namespaces/{OPERATOR_NS}/pods/{pod['metadata']['name']}"
+            await _merge(w, path, {"metadata": {"ownerReferences": None}})
+    await _merge(w, f"{DS_PATH}/{name}", {"metadata": {"finalizers": None}})
+
+
 async def _change_driver(w: World, ds_name: str, version: str) -> int:
     """A new driver version in a driver DaemonSet (a new digest); the patch's resourceVersion."""
     w.versions[ds_name] = version
@@ -327,6 +343,8 @@ def _assert_held(
                 assert cordon < asked < restart, (node, pod["metadata"]["name"], asked)
                 assert waiting < gone < deleting < restart, (node, pod["metadata"]["name"], gone)
             parked = [(rv, v) for rv, v in rec.label_changes(node, PARKED) if rv > started]
+            while parked and parked[0][1] is None:  # the recorder's first look: not parked
+                parked.pop(0)
             assert [v for _, v in parked] == ["true", None], parked
             assert cordon < parked[0][0] < restart and parked[1][0] > done, parked
             # 0 consumers on the node when the driver unloaded.
@@ -380,15 +398,19 @@ async def test_a_switch_to_nvidiadriver_mode_is_gated_where_gpu_operator_reads(
         await _verdicts(service, [("NVIDIADriver/default", "ok")])
         code, out = await _cli_out(w, "upgrade", "configure-gate", "--apply")
         assert code == 0 and "nothing to do" in out, out  # idempotent
-        # gpu-operator orphans its ClusterPolicy driver pods and the NVIDIADriver's
-        # DaemonSet takes the nodes it owns: every node goes through the flow.
+        # gpu-operator hands its ClusterPolicy driver over as the libs mean orphaned pods to
+        # be (as the network operator's migration does): the nodes running it are annotated
+        # upgrade-requested, the DaemonSet deleted with its pods orphaned; the NVIDIADriver's
+        # DaemonSet takes the nodes it owns. Every node goes through the flow.
         declared, exporter, _ = await workloads(w.api)
         w.cluster.at_unload.clear()
         async with recording(w.api) as rec:
             started = int((await _get(w, CP_PATH))["metadata"]["resourceVersion"])
-            await raw_request(
-                w.api, "DELETE", f"{DS_PATH}/{DRIVER_DS}", body={"propagationPolicy": "Orphan"}
-            )
+            for node in NODES:
+                await _merge(
+                    w, f"/api/v1/nodes/{node}", {"metadata": {"annotations": {REQUESTED: "true"}}}
+                )
+            await _orphan(w, DRIVER_DS)
             await _label_nodes(w, NODES, "default")
             w.versions[nvd_ds_name("default")] = "580.95.05"
             await post(

@@ -320,3 +320,29 @@ async def test_a_change_of_the_sources_plans_every_node_again() -> None:
     io.set_nvidia_drivers([ex.nvidia_driver("a", auto_upgrade=False)])
     await controller.gate_review.review()
     assert triggered == [True]
+
+
+# --- an NVIDIADriver's driver DaemonSet is a driver DaemonSet ---
+
+
+def test_an_nvidiadrivers_driver_daemonset_tells_the_path_like_the_cluster_policys() -> None:
+    """``nvidia-gpu-driver-<os><version>-<hash>``, labelled ``app=<its name>`` and
+    ``app.kubernetes.io/component=nvidia-driver``: its old driver pod with the template's
+    digest is the restart-only path (nothing freed), a new digest the full path."""
+    name = "nvidia-gpu-driver-ubuntu22.04-7c9d8f6b5"
+    labels = {"app": name, "app.kubernetes.io/component": "nvidia-driver"}
+    for digest, path in (("d1", "restart-only"), ("d2", "full")):
+        ds = ex.driver_daemonset(digest, name=name, generation=2)
+        ds["metadata"]["labels"] = dict(labels)
+        ds["spec"]["template"]["metadata"]["labels"] = dict(labels)
+        old = ex.driver_pod(ds, digest="d1", generation=1, terminating=True)
+        old["metadata"]["labels"] = {**labels, "pod-template-generation": "1"}
+        node = owned("node-1", "default", state="pod-restart-required")
+        flow = policy_sources([], [ex.nvidia_driver("default")], driver_policy=True).flow(
+            {OWNER_LABEL: "default"}
+        )
+        p = plan_node(node, [old, ex.declared_pod("triton")], [ds], S, T0, flow=flow)
+        assert p.status.path == path
+        assert [a.name for a in p.pod_actions] == ([] if path == "restart-only" else ["triton"])
+        if path == "restart-only":
+            assert p.status.driver_daemonset == f"gpu-operator/{name}"
