@@ -510,6 +510,10 @@ def test_configure_gate_without_a_cluster_policy_is_one_line(
     control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
     code = main(["upgrade", "configure-gate", "--kubeconfig", str(control_plane.kubeconfig)])
     err = capsys.readouterr().err
-    assert code == 2 and "no upgrade policy gpu-operator reads" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and "no upgrade policy gpu-operator reads" in err
+        and len(err.strip().splitlines()) == 1
+    )
     code = main(["upgrade", "configure-gate", "--timeout-seconds", "0"])
     assert code == 2 and "--timeout-seconds must be > 0" in capsys.readouterr().err
