@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared_svc.controllers.upgrade.caches import UpgradeCaches
+from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.paths import is_driver_pod
@@ -260,16 +261,7 @@ def cluster_policy(
 ) -> K8sObject:
     """A ClusterPolicy with the fields the gate check reads (None leaves a field out);
     ``use_nvidia_driver_crd``: NVIDIADriver mode; ``sandbox``: sandbox workloads on."""
-    upgrade: dict[str, Any] = {}
-    if auto_upgrade is not None:
-        upgrade["autoUpgrade"] = auto_upgrade
-    wait: dict[str, Any] = {}
-    if pod_selector is not None:
-        wait["podSelector"] = pod_selector
-    if timeout_seconds is not None:
-        wait["timeoutSeconds"] = timeout_seconds
-    if wait:
-        upgrade["waitForCompletion"] = wait
+    upgrade = wait_policy(auto_upgrade, pod_selector, timeout_seconds)
     driver: dict[str, Any] = {"upgradePolicy": upgrade} if upgrade else {}
     if use_nvidia_driver_crd:
         driver["useNvidiaDriverCRD"] = True
@@ -408,6 +400,17 @@ def apply_pod_action(
             p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         result.append(p)
     return result
+
+
+class ReportRecorder:
+    """An Event emitter that keeps what it is given (``reports``) and never fails."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    async def emit(self, report: Report) -> bool:
+        self.reports.append(report)
+        return True
 
 
 class FakeUpgradeIO:

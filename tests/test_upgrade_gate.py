@@ -329,13 +329,7 @@ def test_record_restart_race_round_trips_and_old_records_stay_byte_for_byte() ->
 # --- the controller: the gate Warning and /status ---
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    async def emit(self, report: Report) -> bool:
-        self.reports.append(report)
-        return True
+Recorder = ex.ReportRecorder
 
 
 async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None:

@@ -49,7 +49,6 @@ from tests.upgrade_flow import (
     PARKED,
     RECORD,
     UPGRADE_POLICY,
-    VALIDATOR_APP,
     Cluster,
     K8sObject,
     Recorder,
@@ -63,6 +62,7 @@ from tests.upgrade_flow import (
     recording,
     unsettled_nodes,
     upgrade_service_config,
+    validator_daemonset,
     wait_until,
     workloads,
 )
@@ -114,28 +114,6 @@ def _driver_daemonset(w: World) -> dict[str, Any]:
     return ds
 
 
-def _validator_daemonset() -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {
-            "name": VALIDATOR_APP,
-            "namespace": OPERATOR_NS,
-            "labels": {"app": VALIDATOR_APP},
-        },
-        "spec": {
-            "selector": {"matchLabels": {"app": VALIDATOR_APP}},
-            "template": {
-                "metadata": {"labels": {"app": VALIDATOR_APP}},
-                "spec": {
-                    "nodeSelector": {DEPLOY_VALIDATOR: "true"},
-                    "containers": [{"name": "validator", "image": "validator:1"}],
-                },
-            },
-        },
-    }
-
-
 def _cluster_policy() -> dict[str, Any]:
     policy = ex.cluster_policy(libs_env.CLUSTER_POLICY, auto_upgrade=True)
     for key in ("uid", "resourceVersion", "creationTimestamp"):
@@ -183,9 +161,7 @@ async def world(libs_plane: testenv.ControlPlane) -> AsyncIterator[World]:
             await post(api, "/api/v1/namespaces", {"metadata": {"name": ns}})
         await post(api, "/apis/nvidia.com/v1/clusterpolicies", _cluster_policy())
         await post(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", _driver_daemonset(w))
-        await post(
-            api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", _validator_daemonset()
-        )
+        await post(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", validator_daemonset())
         await post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", exporter_daemonset())
         for args in (
             ["upgrade", "prepare-daemonset", f"{APPS}/{EXPORTER}"],

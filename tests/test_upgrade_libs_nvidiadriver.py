@@ -64,7 +64,6 @@ from tests.upgrade_flow import (
     OPERATOR_NS,
     PARKED,
     UPGRADE_POLICY,
-    VALIDATOR_APP,
     Cluster,
     K8sObject,
     Recorder,
@@ -78,6 +77,7 @@ from tests.upgrade_flow import (
     recording,
     unsettled_nodes,
     upgrade_service_config,
+    validator_daemonset,
     wait_until,
     workloads,
 )
@@ -136,25 +136,6 @@ def _driver_daemonset(name: str, version: str, *, owner: str | None) -> dict[str
     return ds
 
 
-def _validator_daemonset() -> dict[str, Any]:
-    labels = {"app": VALIDATOR_APP}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": VALIDATOR_APP, "namespace": OPERATOR_NS, "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {DEPLOY_VALIDATOR: "true"},
-                    "containers": [{"name": "validator", "image": "validator:1"}],
-                },
-            },
-        },
-    }
-
-
 def _nvidia_driver(name: str, **policy: Any) -> dict[str, Any]:
     obj = ex.nvidia_driver(name)
     for key in ("uid", "resourceVersion"):
@@ -204,7 +185,7 @@ async def world(nvd_plane: testenv.ControlPlane) -> AsyncIterator[World]:
         policy["spec"]["driver"] = {"enabled": True, "upgradePolicy": dict(UPGRADE_POLICY)}
         await post(api, "/apis/nvidia.com/v1/clusterpolicies", policy)
         await post(api, DS_PATH, _driver_daemonset(DRIVER_DS, w.versions[DRIVER_DS], owner=None))
-        await post(api, DS_PATH, _validator_daemonset())
+        await post(api, DS_PATH, validator_daemonset())
         await post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", exporter_daemonset())
         assert await _cli(w, "upgrade", "prepare-daemonset", f"{APPS}/{EXPORTER}") == 0
         await wait_until("driver install", lambda: _unsettled(w), w.log)

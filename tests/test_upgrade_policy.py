@@ -19,7 +19,6 @@ import yaml
 
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade.reconciler import UpgradeController
-from shared_svc.k8s.events import Report
 from shared_svc.k8s.selectors import parse_selector
 from shared_svc.upgrade.gate import plan_gate, review_gate
 from shared_svc.upgrade.planner import plan_node
@@ -228,13 +227,7 @@ def test_a_node_no_flow_moves_is_not_freed_and_what_was_parked_is_restored() -> 
 # --- the controller: verdicts, metric, Events, per-node flow ---
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    async def emit(self, report: Report) -> bool:
-        self.reports.append(report)
-        return True
+Recorder = ex.ReportRecorder
 
 
 async def test_the_controller_judges_each_nvidiadriver_and_plans_nodes_by_their_owner() -> None:

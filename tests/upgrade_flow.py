@@ -862,6 +862,26 @@ def exporter_daemonset() -> dict[str, Any]:
     }
 
 
+def validator_daemonset() -> dict[str, Any]:
+    """gpu-operator's validator DaemonSet (the flow waits for its pod in validation-required)."""
+    labels = {"app": VALIDATOR_APP}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": VALIDATOR_APP, "namespace": OPERATOR_NS, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.deploy.operator-validator": "true"},
+                    "containers": [{"name": "validator", "image": "validator:1"}],
+                },
+            },
+        },
+    }
+
+
 def bare_pod(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
