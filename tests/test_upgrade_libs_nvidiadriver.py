@@ -27,8 +27,9 @@ In the order a cluster lives them, on one control plane:
    flow"), and an upgrade holds the same way.
 4. Two NVIDIADrivers with different gates on different nodes: two verdicts (one ``ok``, one
    ``missing`` with its Warning on that NVIDIADriver) in ``/status`` and ``upgrade status``;
-   ``configure-gate`` writes the one that needs it; an upgrade of both holds each node under
-   its own NVIDIADriver's gate.
+   with the first's gate made foreign, ``configure-gate`` writes nothing while one needs
+   ``--replace``, then the one named (``--nvidia-driver``), then the other with ``--replace``;
+   an upgrade of both holds each node under its own NVIDIADriver's gate.
 """
 
 from __future__ import annotations
@@ -481,10 +482,31 @@ async def test_two_nvidiadrivers_with_different_gates_get_two_verdicts(world: Wo
         assert any(e["regarding"]["name"] == "other" for e in warned), warned
         code, out = await _cli_out(w, "upgrade", "status")
         assert code == 0 and "WARNING: missing: NVIDIADriver/other" in out, out
-        # configure-gate: the one that needs it.
-        code, out = await _cli_out(w, "upgrade", "configure-gate", "--apply")
+        # The first NVIDIADriver's gate made foreign (it gates Jobs, say): configure-gate
+        # writes nothing while that one needs --replace, then the one named, then --replace.
+        await _merge(
+            w,
+            f"{NVD_PATH}/default",
+            {"spec": {"upgradePolicy": {"waitForCompletion": {"podSelector": "app=batch"}}}},
+        )
+        await _verdicts(
+            service, [("NVIDIADriver/default", "mismatch"), ("NVIDIADriver/other", "missing")]
+        )
+        before = (await _get(w, f"{NVD_PATH}/other"))["metadata"]["resourceVersion"]
+        assert await _cli(w, "upgrade", "configure-gate", "--apply") == 2
+        assert (await _get(w, f"{NVD_PATH}/other"))["metadata"]["resourceVersion"] == before
+        code, out = await _cli_out(
+            w, "upgrade", "configure-gate", "--apply", "--nvidia-driver", "other"
+        )
         assert code == 0 and "applied to NVIDIADriver/other" in out, out
-        assert "applied to NVIDIADriver/default" not in out, out
+        assert "NVIDIADriver/default" not in out.split(":", 1)[1], out  # the one named only
+        await _verdicts(
+            service, [("NVIDIADriver/default", "mismatch"), ("NVIDIADriver/other", "ok")]
+        )
+        code, out = await _cli_out(
+            w, "upgrade", "configure-gate", "--apply", "--replace", "--nvidia-driver", "default"
+        )
+        assert code == 0 and "applied to NVIDIADriver/default" in out, out
         await _verdicts(service, [("NVIDIADriver/default", "ok"), ("NVIDIADriver/other", "ok")])
         # Both upgrade; each node is held by its own NVIDIADriver's gate.
         declared, exporter, _ = await workloads(w.api)

@@ -339,3 +339,99 @@ def test_an_nvidiadrivers_driver_daemonset_tells_the_path_like_the_cluster_polic
         assert [a.name for a in p.pod_actions] == ([] if path == "restart-only" else ["triton"])
         if path == "restart-only":
             assert p.status.driver_daemonset == f"gpu-operator/{name}"
+
+
+def test_a_crd_version_not_served_does_not_count() -> None:
+    crd = ex.nvidia_driver_crd()
+    crd["spec"]["versions"][0]["served"] = False
+    assert not reads_driver_policy(crd)
+
+
+def test_a_cluster_policys_auto_upgrade_off_or_sandbox_restores_what_was_parked() -> None:
+    triton = ex.declared_pod("triton")
+    on = policy_sources([ex.cluster_policy()], [], driver_policy=False)
+    node = ex.node("node-1", state="cordon-required")
+    freed = plan_node(node, [triton], [], S, T0, flow=on.flow({}))
+    assert [a.name for a in freed.pod_actions] == ["triton"]
+    parked = ex.apply_patch(node, freed.patch)
+    for off in (ex.cluster_policy(auto_upgrade=False), ex.cluster_policy(sandbox=True)):
+        flow = policy_sources([off], [], driver_policy=False).flow({})
+        undo = plan_node(parked, [], [], S, T0 + 1, flow=flow)
+        assert undo.patch is not None and dict(undo.patch.labels) == {PARKED: None}
+        assert undo.pod_actions == () and undo.status.no_flow is not None
+
+
+def test_configure_gate_targets_where_gpu_operator_reads_or_says_why_not() -> None:
+    from shared_svc.commands.upgrade import _gate_targets
+    from shared_svc.errors import UsageError
+
+    drivers = [ex.nvidia_driver("a"), ex.nvidia_driver("b")]
+    nvd = policy_sources([], drivers, driver_policy=True)
+    assert [p.where for p in _gate_targets(nvd, [])] == ["NVIDIADriver/a", "NVIDIADriver/b"]
+    assert [p.where for p in _gate_targets(nvd, ["b"])] == ["NVIDIADriver/b"]
+    cp = policy_sources([ex.cluster_policy()], drivers, driver_policy=True)
+    assert [p.where for p in _gate_targets(cp, [])] == ["ClusterPolicy/cluster-policy"]
+    for sources, named, says in (
+        (nvd, ["z"], "no NVIDIADriver z (there are: a, b)"),
+        (cp, ["a"], "not an NVIDIADriver's: run without --nvidia-driver"),
+        (policy_sources([], [], driver_policy=True), [], "there is no NVIDIADriver"),
+        (policy_sources([], [], driver_policy=False), [], "is gpu-operator installed?"),
+    ):
+        with pytest.raises(
+            UsageError, match=says.replace("?", r"\?").replace("(", r"\(").replace(")", r"\)")
+        ):
+            _gate_targets(sources, named)
+
+
+async def test_nodes_planned_before_the_sources_are_known_are_planned_again() -> None:
+    """A node planned while the policy caches were still listing is planned from its state
+    label; once they synced, the review plans every node again (with its flow)."""
+    io = ex.FakeUpgradeIO(
+        [owned("n1", None)],
+        [ex.declared_pod("t1", node_name="n1")],
+        nvidia_drivers=[ex.nvidia_driver("a")],
+        driver_crd=ex.nvidia_driver_crd(),
+    )
+    io.cached.driver_crd._set_synced(False)  # still listing
+    controller = UpgradeController(
+        Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, clock=lambda: T0
+    )
+    triggered: list[bool] = []
+    controller.gate_review._on_sources = lambda: triggered.append(True)
+    await controller.reconcile("n1")
+    assert [w.name for w in io.writes if hasattr(w, "verb")] == ["t1"]  # the label decided
+    io.set_driver_crd(ex.nvidia_driver_crd())  # listed
+    await controller.gate_review.review()
+    assert triggered == [True]
+    await controller.reconcile("n1")  # the planned-again pass: no flow moves n1
+    shown = controller.status()["nodes"]["n1"]
+    assert shown["mode"] == "abort" and "no nvidia.com/gpu-operator.driver.owner" in shown["noFlow"]
+    await controller.gate_review.review()
+    assert triggered == [True]  # nothing new
+
+
+async def test_a_fix_seen_as_a_standby_is_forgotten_so_the_finding_is_sent_again() -> None:
+    leading = [True]
+    io = ex.FakeUpgradeIO(
+        [],
+        [],
+        nvidia_drivers=[ex.nvidia_driver("a"), ex.nvidia_driver("b")],
+        driver_crd=ex.nvidia_driver_crd(),
+    )
+    recorder = Recorder()
+    controller = UpgradeController(
+        Config(upgrade_controller=True),
+        recorder,
+        caches=io.caches,
+        io=io,
+        is_leader=lambda: leading[0],
+    )
+    await controller.gate_review.review()
+    assert sorted(r.regarding.name for r in recorder.reports) == ["a", "b"]
+    leading[0] = False  # a standby now: a is fixed meanwhile, b still warns
+    io.set_nvidia_drivers([ex.nvidia_driver("a", pod_selector=WANTED), ex.nvidia_driver("b")])
+    await controller.gate_review.review()
+    io.set_nvidia_drivers([ex.nvidia_driver("a"), ex.nvidia_driver("b")])  # a broken again
+    leading[0] = True
+    await controller.gate_review.review()
+    assert sorted(r.regarding.name for r in recorder.reports) == ["a", "a", "b"]

@@ -416,7 +416,7 @@ def configure_gate(args: argparse.Namespace) -> int:
         ]
         refused = [plan.message for _, plan in plans if plan.action == "refuse"]
         if refused:  # nothing is written while one of them needs the user first
-            raise UsageError("\n".join(refused))
+            raise UsageError("; ".join(refused))
         for policy, plan in plans:
             print(plan.message)
             if plan.action == "nothing":
@@ -508,9 +508,9 @@ async def gather_status(
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
     from shared_svc.controllers.upgrade import io as upgrade_io
-    from shared_svc.controllers.upgrade.reconciler import GPU_OPERATOR_DRIVER
     from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
     from shared_svc.upgrade.planner import listed, recorded_status
+    from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 
     driver = config.upgrade_driver_name
     daemonsets = await upgrade_io.list_daemonsets(api)

@@ -354,9 +354,7 @@ def plan_gate(
         wait["podSelector"] = wanted
     if policy.timeout_seconds <= 0:
         wait["timeoutSeconds"] = timeout_seconds
-    patch: dict[str, Any] = {"waitForCompletion": wait}
-    for key in reversed(policy.policy_path):
-        patch = {key: patch}
+    patch = objects.nested((*policy.policy_path, "waitForCompletion"), wait)
     return GatePlan(
         "set",
         patch,

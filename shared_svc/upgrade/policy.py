@@ -34,6 +34,10 @@ from shared_svc.k8s.objects import K8sObject
 from shared_svc.reconcile.needs import active_cluster_policy
 from shared_svc.reconcile.specs import CLUSTER_POLICY, parse_cr
 
+# gpu-operator's driver name (its main.go: upgrade.SetDriverName("gpu")): these rules are
+# gpu-operator's, for its flow; another operator's (the network operator's "ofed") is taken
+# from its state labels alone.
+GPU_OPERATOR_DRIVER = "gpu"
 # gpu-operator's node labelling controller sets it on the nodes an NVIDIADriver selects.
 OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 NVIDIA_DRIVER_CRD = "nvidiadrivers.nvidia.com"
@@ -41,14 +45,6 @@ NVIDIA_DRIVER_CRD = "nvidiadrivers.nvidia.com"
 READS_POLICY = "readsUpgradePolicy"
 
 Mode = Literal["cluster-policy", "nvidia-driver", "none"]
-
-
-def _dig(obj: Any, *path: str) -> Any:
-    for part in path:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(part)
-    return obj
 
 
 def _int(value: Any) -> int:
@@ -95,10 +91,10 @@ class UpgradePolicy:
 
 def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
     """Lenient: a field of the wrong type reads as unset (the API server's schema checks types)."""
-    upgrade = _dig(obj, "spec", "driver", "upgradePolicy")
-    sandbox = _dig(obj, "spec", "sandboxWorkloads", "enabled") is True
-    auto = _dig(upgrade, "autoUpgrade") is True  # the ClusterPolicy CRD's default: false
-    selector = _dig(upgrade, "waitForCompletion", "podSelector")
+    upgrade = objects.dig(obj, "spec", "driver", "upgradePolicy")
+    sandbox = objects.dig(obj, "spec", "sandboxWorkloads", "enabled") is True
+    auto = objects.dig(upgrade, "autoUpgrade") is True  # the ClusterPolicy CRD's default: false
+    selector = objects.dig(upgrade, "waitForCompletion", "podSelector")
     return UpgradePolicy(
         kind="ClusterPolicy",
         api_version=str(obj.get("apiVersion") or "nvidia.com/v1"),
@@ -106,7 +102,7 @@ def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
         uid=objects.uid_of(obj) or None,
         auto_upgrade=auto and not sandbox,
         pod_selector=selector if isinstance(selector, str) else "",
-        timeout_seconds=_int(_dig(upgrade, "waitForCompletion", "timeoutSeconds")),
+        timeout_seconds=_int(objects.dig(upgrade, "waitForCompletion", "timeoutSeconds")),
         resource_version=objects.resource_version_of(obj) or None,
         off="sandboxWorkloads.enabled" if sandbox else ("" if auto else "autoUpgrade is false"),
     )
@@ -115,9 +111,9 @@ def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
 def policy_of_nvidia_driver(obj: K8sObject, *, sandbox: bool = False) -> UpgradePolicy:
     """``GetUpgradePolicyWithDefaults``: ``autoUpgrade`` is true unless set false, with or
     without ``upgradePolicy``. ``sandbox``: the active ClusterPolicy runs sandbox workloads."""
-    upgrade = _dig(obj, "spec", "upgradePolicy")
-    auto = _dig(upgrade, "autoUpgrade") is not False
-    selector = _dig(upgrade, "waitForCompletion", "podSelector")
+    upgrade = objects.dig(obj, "spec", "upgradePolicy")
+    auto = objects.dig(upgrade, "autoUpgrade") is not False
+    selector = objects.dig(upgrade, "waitForCompletion", "podSelector")
     name = objects.name_of(obj)
     return UpgradePolicy(
         kind="NVIDIADriver",
@@ -126,7 +122,7 @@ def policy_of_nvidia_driver(obj: K8sObject, *, sandbox: bool = False) -> Upgrade
         uid=objects.uid_of(obj) or None,
         auto_upgrade=auto and not sandbox,
         pod_selector=selector if isinstance(selector, str) else "",
-        timeout_seconds=_int(_dig(upgrade, "waitForCompletion", "timeoutSeconds")),
+        timeout_seconds=_int(objects.dig(upgrade, "waitForCompletion", "timeoutSeconds")),
         resource_version=objects.resource_version_of(obj) or None,
         owner=name,
         off="sandboxWorkloads.enabled on the ClusterPolicy"
@@ -143,11 +139,11 @@ def reads_driver_policy(crd: K8sObject | None) -> bool:
         return False
     if isinstance(crd.get(READS_POLICY), bool):
         return bool(crd[READS_POLICY])
-    versions = _dig(crd, "spec", "versions")
+    versions = objects.dig(crd, "spec", "versions")
     for version in versions if isinstance(versions, list) else ():
         if not isinstance(version, Mapping) or version.get("served") is False:
             continue
-        spec = _dig(version, "schema", "openAPIV3Schema", "properties", "spec", "properties")
+        spec = objects.dig(version, "schema", "openAPIV3Schema", "properties", "spec", "properties")
         if isinstance(spec, Mapping) and "upgradePolicy" in spec:
             return True
     return False
@@ -237,13 +233,15 @@ def policy_sources(
         None if chosen is None else next(o for o in policies if objects.name_of(o) == chosen.name)
     )
     if active is not None and (
-        not driver_policy or _dig(active, "spec", "driver", "useNvidiaDriverCRD") is not True
+        not driver_policy or objects.dig(active, "spec", "driver", "useNvidiaDriverCRD") is not True
     ):
+        crd_mode = objects.dig(active, "spec", "driver", "useNvidiaDriverCRD") is True
         why = (
             "ClusterPolicy mode"
-            if driver_policy
-            else "the NVIDIADriver CRD has no upgradePolicy (gpu-operator before v26.7.0): "
-            "the ClusterPolicy's policy is read in both modes"
+            if not crd_mode
+            else f"ClusterPolicy/{objects.name_of(active)} sets spec.driver.useNvidiaDriverCRD, "
+            "and the NVIDIADriver CRD has no spec.upgradePolicy (gpu-operator before v26.7.0, "
+            "or a v26.7 whose CRDs were not upgraded): the ClusterPolicy's policy is read"
         )
         unread = tuple(
             sorted(
@@ -260,7 +258,9 @@ def policy_sources(
             (),
             "no ClusterPolicy, and no NVIDIADriver CRD with an upgradePolicy: no upgrade flow",
         )
-    sandbox = active is not None and _dig(active, "spec", "sandboxWorkloads", "enabled") is True
+    sandbox = (
+        active is not None and objects.dig(active, "spec", "sandboxWorkloads", "enabled") is True
+    )
     drivers = sorted(
         (policy_of_nvidia_driver(o, sandbox=sandbox) for o in nvidia_drivers),
         key=lambda p: p.name,

@@ -54,8 +54,10 @@ class Announcer:
         """The gate's findings now, one per policy source whose gate does not hold (none:
         fixed, or no flow to gate)."""
         await self._lines.level(GATE_SCOPE, reports)
-        if not reports or self._sends():  # a fix is forgotten by every replica
-            await self._events.level(GATE_SCOPE, reports)
+        if not self._sends():  # a fix is forgotten by every replica; a new finding is not sent
+            sent = self._events.sent(GATE_SCOPE)
+            reports = tuple(r for r in reports if r.key in sent)
+        await self._events.level(GATE_SCOPE, reports)
 
     async def notices(self, reports: Iterable[Report]) -> None:
         for report in reports:

@@ -39,7 +39,9 @@ class GateReview(Periodic):
         ``nodes``: the nodes in the upgrade flow (named in the verdicts); ``on_sources``:
         called when the sources changed (the controller plans every node again)."""
         super().__init__("upgrade-gate", self.review, seconds)
+        self._caches = policy_caches
         self._cluster_policies, self._nvidia_drivers, self._crd = policy_caches
+        self._blind = False  # a node was planned while the sources were not known
         self._nodes = nodes
         self._selector = consumer_selector
         self._announcer = announcer
@@ -49,23 +51,39 @@ class GateReview(Periodic):
         for cache in policy_caches:
             self.watch(cache)
 
-    async def review(self) -> None:
-        """Which policies gpu-operator reads, their gates, and what to say of them."""
-        sources = policy_sources(
+    def _synced(self) -> bool:
+        return all(cache.synced.is_set() for cache in self._caches)
+
+    def _sources_now(self) -> PolicySources:
+        return policy_sources(
             self._cluster_policies.items(),
             self._nvidia_drivers.items(),
             driver_policy=any(reads_driver_policy(crd) for crd in self._crd.items()),
         )
+
+    async def review(self) -> None:
+        """Which policies gpu-operator reads, their gates, and what to say of them."""
+        sources = self._sources_now()
         before, self.sources = self.sources, sources
-        changed = before is not None and before.flows() != sources.flows()
+        # Every node is planned again when some node's flow may differ from the one it was
+        # planned with: the sources changed, or a node was planned before they were known.
+        changed = self._blind or (before is not None and before.flows() != sources.flows())
+        self._blind = False
         self.gate = review_gate(sources, self._selector, self._nodes())
         await self._announcer.gate(self.gate.reports)
         if changed:
             self._on_sources()
 
     def flow(self, node: K8sObject) -> NodeFlow | None:
-        """What moves the node's upgrade (None: not reviewed yet, or no gpu-operator CR says)."""
-        return None if self.sources is None else self.sources.flow(labels_of(node))
+        """What moves the node's upgrade (None: no gpu-operator CR says, or their caches
+        have not synced yet: the node's state label decides, and every node is planned
+        again once they have)."""
+        if self.sources is None:
+            if not self._synced():
+                self._blind = True
+                return None
+            self.sources = self._sources_now()  # the review to come reports on them
+        return self.sources.flow(labels_of(node))
 
     def leadership_changed(self, leader: bool) -> None:
         if leader:

@@ -50,14 +50,14 @@ from shared_svc.runtime.manager import Runnable
 from shared_svc.runtime.source import Enqueue, NewestVersions
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
+from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 from shared_svc.upgrade.resync import resync_keys
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger("shared_svc.upgrade.controller")  # the name its log lines have always had
 
-CONTROLLER = "upgrade"
-GPU_OPERATOR_DRIVER = "gpu"  # gpu-operator's driver name (upgrade.SetDriverName("gpu"))  # the ``controller`` / ``name`` label of the runtime's metrics
+CONTROLLER = "upgrade"  # the ``controller`` / ``name`` label of the runtime's metrics
 # How long a node whose patch met a newer node (409) waits before its next try (seconds).
 CONFLICT_RETRY_SECONDS = 0.05
 
@@ -131,8 +131,7 @@ class UpgradeController:
             on_sources=self.trigger,  # a node's flow may have changed: plan every node again
         )
         # gpu-operator's policy sources decide which nodes a flow moves (upgrade/policy.py)
-        # for its own driver name only; another operator's flow (the network operator's
-        # "ofed") is taken from its state labels alone.
+        # for its own driver name only.
         self._gpu_operator_flow = self.settings.driver_name == GPU_OPERATOR_DRIVER
         self._statuses: dict[str, NodeStatus] = {}  # shown; each change told to the metrics
         self._errors: dict[str, str] = {}
