@@ -16,12 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from shared_svc.controllers.upgrade.announce import Announcer
-from shared_svc.k8s.objects import K8sObject, labels_of
+from shared_svc.k8s.objects import K8sObject, label
 from shared_svc.k8s.selectors import Selector
 from shared_svc.kube.registry import AnyCache
 from shared_svc.runtime.manager import Periodic
 from shared_svc.upgrade.gate import GateVerdicts, review_gate
-from shared_svc.upgrade.policy import NodeFlow, PolicySources, policy_sources, reads_driver_policy
+from shared_svc.upgrade.policy import (
+    OWNER_LABEL,
+    NodeFlow,
+    PolicySources,
+    policy_sources,
+    reads_driver_policy,
+)
 
 
 class GateReview(Periodic):
@@ -83,7 +89,8 @@ class GateReview(Periodic):
                 self._blind = True
                 return None
             self.sources = self._sources_now()  # the review to come reports on them
-        return self.sources.flow(labels_of(node))
+        owner = label(node, OWNER_LABEL)  # all a flow reads of the node, without a copy
+        return self.sources.flow({} if owner is None else {OWNER_LABEL: owner})
 
     def leadership_changed(self, leader: bool) -> None:
         if leader:
