@@ -101,6 +101,8 @@ def test_the_mode_and_each_nodes_source_are_gpu_operators(w: dict[str, Any]) -> 
         flow = sources.flow(labels)
         if sources.mode == "none":
             assert flow is None  # the state label is taken as it is
+        elif sources.mode == "cluster-policy":  # the state label decides
+            assert flow is not None and flow.no_flow is None
         else:
             assert flow is not None
             assert (flow.no_flow is None) == (governing is not None and governing.auto_upgrade)

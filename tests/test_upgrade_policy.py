@@ -347,18 +347,22 @@ def test_a_crd_version_not_served_does_not_count() -> None:
     assert not reads_driver_policy(crd)
 
 
-def test_a_cluster_policys_auto_upgrade_off_or_sandbox_restores_what_was_parked() -> None:
+def test_in_cluster_policy_mode_the_state_label_decides() -> None:
+    """gpu-operator removes the label from every node when the ClusterPolicy's auto-upgrade
+    is off or sandbox workloads are on: that (the label gone) is the abort; a label still
+    there is freed on, as before."""
     triton = ex.declared_pod("triton")
-    on = policy_sources([ex.cluster_policy()], [], driver_policy=False)
     node = ex.node("node-1", state="cordon-required")
-    freed = plan_node(node, [triton], [], S, T0, flow=on.flow({}))
-    assert [a.name for a in freed.pod_actions] == ["triton"]
-    parked = ex.apply_patch(node, freed.patch)
-    for off in (ex.cluster_policy(auto_upgrade=False), ex.cluster_policy(sandbox=True)):
-        flow = policy_sources([off], [], driver_policy=False).flow({})
-        undo = plan_node(parked, [], [], S, T0 + 1, flow=flow)
-        assert undo.patch is not None and dict(undo.patch.labels) == {PARKED: None}
-        assert undo.pod_actions == () and undo.status.no_flow is not None
+    for cp in (
+        ex.cluster_policy(),
+        ex.cluster_policy(auto_upgrade=False),
+        ex.cluster_policy(sandbox=True),
+    ):
+        flow = policy_sources([cp], [], driver_policy=True).flow({})
+        assert flow is not None and flow.no_flow is None and flow.policy is not None
+        freed = plan_node(node, [triton], [], S, T0, flow=flow)
+        assert [a.name for a in freed.pod_actions] == ["triton"]
+        assert freed.status.policy == "ClusterPolicy/cluster-policy"
 
 
 def test_configure_gate_targets_where_gpu_operator_reads_or_says_why_not() -> None:

@@ -663,9 +663,9 @@ def _read_record(raw: str | None) -> tuple[Record | None, str | None]:
 
 def node_mode(state: str | None, flow: NodeFlow | None) -> states.Mode:
     """What the plan does with a node in ``state``: a node that no upgrade flow moves
-    (``flow.no_flow``: its NVIDIADriver's auto-upgrade is off, it has no owner label in
-    NVIDIADriver mode, or the ClusterPolicy's auto-upgrade is off) is treated as one whose
-    state label is gone: nothing is freed there, and what was parked is restored."""
+    (``flow.no_flow``, NVIDIADriver mode: its NVIDIADriver's auto-upgrade is off, or no
+    NVIDIADriver owns it) is treated as one whose state label is gone: nothing is freed
+    there, and what was parked is restored."""
     return states.mode_for(None if flow is not None and flow.no_flow else state)
 
 

@@ -199,10 +199,18 @@ class PolicySources:
     def flow(self, labels: Mapping[str, str]) -> NodeFlow | None:
         """The flow of a node with these labels; None when gpu-operator's CRs say nothing of
         it (no ClusterPolicy and no NVIDIADriver policy: the node's state label is taken
-        as it is, as before this rule)."""
+        as it is, as before this rule).
+
+        In ClusterPolicy mode the one policy governs every node and its state label is taken
+        as it is: gpu-operator removes it from every node when auto-upgrade is off (or
+        sandbox workloads on), and that is the abort. In NVIDIADriver mode a node that no
+        NVIDIADriver with auto-upgrade on owns is moved by no flow, whatever its label says.
+        """
         if self.mode == "none":
             return None
         policy = self.governing(labels)
+        if self.mode == "cluster-policy":
+            return NodeFlow(policy, None)
         if policy is None:
             owner = labels.get(OWNER_LABEL)
             why = (
