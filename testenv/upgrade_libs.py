@@ -13,7 +13,9 @@ every 2 minutes as gpu-operator's upgrade controller does (its main.go says what
 and what not).
 Built by ``testenv/upgrade-libs/build.sh`` (cached, its own key and lock), run as the
 admin of the control plane; the DaemonSet controller, kubelet and driver-manager around
-it are the tests' (``tests/upgrade_flow.py``). Synchronous (stdlib and :mod:`testenv`).
+it are the tests' (``tests/upgrade_flow.py``). It watches NVIDIADrivers, as gpu-operator
+v26.7.0 does in every mode: their CRD (``tests/data/upstream-crds/``) must be installed
+first, as gpu-operator's chart always does. Synchronous (stdlib and :mod:`testenv`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from testenv import gpu_operator as gpu_env
 from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
+from tests.conftest import UPSTREAM_CRDS
 from tests.kube import api_client, eventually
 from tests.svc import running
 from tests.upgrade_flow import (
@@ -129,6 +130,9 @@ def libs_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.Con
     workdir: Path = tmp_path_factory.mktemp("upgrade-libs")
     try:
         cp = testenv.start(workdir)
+        # gpu-operator v26.7.0's chart installs its NVIDIADriver CRD in every mode (the
+        # libs' driver watches NVIDIADrivers as its upgrade controller does).
+        cp.install_crds([UPSTREAM_CRDS / "nvidia.com_nvidiadrivers.yaml"])
     except testenv.ControlPlaneError as exc:
         pytest.fail(f"control plane for the upgrade libs did not start: {exc}", pytrace=False)
     try:
