@@ -26,7 +26,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,11 +34,9 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.cli import main as cli
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from testenv import gpu_operator as gpu_env
 from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
-from tests.conftest import UPSTREAM_CRDS
-from tests.kube import api_client, eventually
+from tests.kube import eventually
 from tests.svc import running
 from tests.upgrade_flow import (
     APPS,
@@ -56,7 +53,8 @@ from tests.upgrade_flow import (
     consumer_stop_seconds,
     explained,
     exporter_daemonset,
-    is_consumer,
+    libs_plane,
+    libs_stand_ins,
     node_events,
     pod_key,
     post,
@@ -124,43 +122,19 @@ def _cluster_policy() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def libs_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
-    """A control plane of the module's own (the flow acts on every node and ClusterPolicy),
-    with the GPU nodes."""
-    workdir: Path = tmp_path_factory.mktemp("upgrade-libs")
-    try:
-        cp = testenv.start(workdir)
-        # gpu-operator v26.7.0's chart installs its NVIDIADriver CRD in every mode (the
-        # libs' driver watches NVIDIADrivers as its upgrade controller does).
-        cp.install_crds([UPSTREAM_CRDS / "nvidia.com_nvidiadrivers.yaml"])
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"control plane for the upgrade libs did not start: {exc}", pytrace=False)
-    try:
-        for node in NODES:
-            gpu_env.add_gpu_node(cp, node, labels={DEPLOY_DRIVER: "true", DEPLOY_VALIDATOR: "true"})
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
+    with libs_plane(tmp_path_factory.mktemp("upgrade-libs")) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
-async def world(libs_plane: testenv.ControlPlane) -> AsyncIterator[World]:
+async def world(plane: testenv.ControlPlane) -> AsyncIterator[World]:
     """The libs' state machine running, the driver installed on both nodes (the stand-ins
     running), the gate set, and the prepared consumer DaemonSet on both."""
-    cp = libs_plane
-    try:
-        libs = await asyncio.to_thread(libs_env.start, cp)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"upgrade-libs did not start: {exc}", pytrace=False)
-    api = await api_client(cp)
-    stop = asyncio.Event()
-    cluster = Cluster(
-        api, NODES, namespaces=(APPS,), stop_seconds=_stop_seconds, consumer=is_consumer
-    )
-    task = asyncio.ensure_future(cluster.run(stop))
-    w = World(cp, libs, api, cluster)
-    kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
-    try:
+    cp = plane
+    async with libs_stand_ins(cp, _stop_seconds) as (libs, api, cluster):
+        w = World(cp, libs, api, cluster)
+        kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
         for ns in (OPERATOR_NS, APPS):
             await post(api, "/api/v1/namespaces", {"metadata": {"name": ns}})
         await post(api, "/apis/nvidia.com/v1/clusterpolicies", _cluster_policy())
@@ -174,11 +148,6 @@ async def world(libs_plane: testenv.ControlPlane) -> AsyncIterator[World]:
             assert await asyncio.to_thread(cli, [*args, *kubeconfig]) == 0
         await wait_until("driver install", lambda: _unsettled(w), w.log)
         yield w
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await api.close()
-        libs.stop()
 
 
 async def _unsettled(w: World) -> str | None:

@@ -40,7 +40,6 @@ import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,11 +49,9 @@ import testenv
 from shared_svc.cli import main as cli
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.policy import OWNER_LABEL
-from testenv import gpu_operator as gpu_env
 from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
-from tests.conftest import UPSTREAM_CRDS
-from tests.kube import api_client, eventually
+from tests.kube import eventually
 from tests.svc import running
 from tests.upgrade_flow import (
     APPS,
@@ -71,8 +68,9 @@ from tests.upgrade_flow import (
     consumer_stop_seconds,
     explained,
     exporter_daemonset,
-    is_consumer,
     is_driver,
+    libs_plane,
+    libs_stand_ins,
     list_items,
     post,
     recording,
@@ -146,38 +144,19 @@ def _nvidia_driver(name: str, **policy: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def nvd_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
-    workdir: Path = tmp_path_factory.mktemp("upgrade-libs-nvd")
-    try:
-        cp = testenv.start(workdir)
-        cp.install_crds([UPSTREAM_CRDS / "nvidia.com_nvidiadrivers.yaml"])
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"control plane did not start: {exc}", pytrace=False)
-    try:
-        for node in NODES:
-            gpu_env.add_gpu_node(cp, node, labels={DEPLOY_DRIVER: "true", DEPLOY_VALIDATOR: "true"})
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
+    with libs_plane(tmp_path_factory.mktemp("upgrade-libs-nvd")) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
-async def world(nvd_plane: testenv.ControlPlane) -> AsyncIterator[World]:
+async def world(plane: testenv.ControlPlane) -> AsyncIterator[World]:
     """A ClusterPolicy cluster (ClusterPolicy mode, its driver DaemonSet on both nodes), the
     libs' state machine, the stand-ins, the consumers and the prepared DaemonSet."""
-    cp = nvd_plane
-    try:
-        libs = await asyncio.to_thread(libs_env.start, cp, requeue_seconds=REQUEUE_SECONDS)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"upgrade-libs did not start: {exc}", pytrace=False)
-    api = await api_client(cp)
-    stop = asyncio.Event()
-    cluster = Cluster(
-        api, NODES, namespaces=(APPS,), stop_seconds=_stop_seconds, consumer=is_consumer
-    )
-    task = asyncio.ensure_future(cluster.run(stop))
-    w = World(cp, libs, api, cluster, {DRIVER_DS: "580.82.07"})
-    try:
+    cp = plane
+    stand_ins = libs_stand_ins(cp, _stop_seconds, requeue_seconds=REQUEUE_SECONDS)
+    async with stand_ins as (libs, api, cluster):
+        w = World(cp, libs, api, cluster, {DRIVER_DS: "580.82.07"})
         for ns in (OPERATOR_NS, APPS):
             await post(api, "/api/v1/namespaces", {"metadata": {"name": ns}})
         policy = ex.cluster_policy(libs_env.CLUSTER_POLICY, auto_upgrade=True)
@@ -191,11 +170,6 @@ async def world(nvd_plane: testenv.ControlPlane) -> AsyncIterator[World]:
         assert await _cli(w, "upgrade", "prepare-daemonset", f"{APPS}/{EXPORTER}") == 0
         await wait_until("driver install", lambda: _unsettled(w), w.log)
         yield w
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await api.close()
-        libs.stop()
 
 
 async def _cli(w: World, *args: str) -> int:

@@ -44,16 +44,22 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+import testenv
 from shared_svc.config import Config
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from testenv import ControlPlane
-from tests.kube import eventually
+from testenv import gpu_operator as gpu_env
+from testenv import upgrade_libs as libs_env
+from tests.conftest import UPSTREAM_CRDS
+from tests.kube import api_client, eventually
 from tests.svc import service_config
 
 K8sObject = dict[str, Any]
@@ -801,6 +807,56 @@ UPGRADE_POLICY: dict[str, Any] = {
     "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
     "drain": {"enable": False, "force": False, "timeoutSeconds": 300},
 }
+
+
+@contextlib.contextmanager
+def libs_plane(workdir: Path) -> Iterator[ControlPlane]:
+    """A control plane of a libs-flow module's own (the flow acts on every node): the GPU
+    nodes, and gpu-operator v26.7's NVIDIADriver CRD, which its chart installs in every mode
+    (the libs' driver watches NVIDIADrivers as its upgrade controller does)."""
+    try:
+        cp = testenv.start(workdir)
+        cp.install_crds([UPSTREAM_CRDS / "nvidia.com_nvidiadrivers.yaml"])
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"control plane for the upgrade libs did not start: {exc}", pytrace=False)
+    try:
+        for node in NODES:
+            gpu_env.add_gpu_node(
+                cp,
+                node,
+                labels={
+                    "nvidia.com/gpu.deploy.driver": "true",
+                    "nvidia.com/gpu.deploy.operator-validator": "true",
+                },
+            )
+        yield cp
+    finally:
+        cp.stop()
+
+
+@contextlib.asynccontextmanager
+async def libs_stand_ins(
+    cp: ControlPlane, stop_seconds: Callable[[K8sObject], float], **libs: Any
+) -> AsyncIterator[tuple[libs_env.UpgradeLibs, ApiClient, Cluster]]:
+    """The libs' state machine running against ``cp`` (``libs``: ``libs_env.start``'s
+    options), a client, and the stand-ins (:class:`Cluster`) running until the block ends."""
+    try:
+        driver = await asyncio.to_thread(libs_env.start, cp, **libs)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"upgrade-libs did not start: {exc}", pytrace=False)
+    api = await api_client(cp)
+    stop = asyncio.Event()
+    cluster = Cluster(
+        api, NODES, namespaces=(APPS,), stop_seconds=stop_seconds, consumer=is_consumer
+    )
+    task = asyncio.ensure_future(cluster.run(stop))
+    try:
+        yield driver, api, cluster
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await api.close()
+        driver.stop()
 
 
 def upgrade_service_config(cp: ControlPlane) -> Config:
