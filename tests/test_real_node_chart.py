@@ -366,7 +366,7 @@ async def test_helm_upgrade_to_a_rebuilt_image_keeps_the_guard_and_the_services(
         DeleteProbe(cp, world) as probe,  # gpu-operator's delete, all through the roll
     ):
         await asyncio.to_thread(
-            helm, real_node, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            helm, real_node, "upgrade", RELEASE, str(CHART), "-n", NS, "--reset-then-reuse-values",
             "--set", f"image.tag={REBUILT}", "--wait", "--timeout", "5m",
         )  # fmt: skip
         new = {p["metadata"]["name"] for p in pods(cp)}
