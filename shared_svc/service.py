@@ -49,6 +49,9 @@ class Service:
         self.config = config
         self._freeze_heap = freeze_heap
         self.metrics = Metrics()
+        # 0 until it leads (a replica that never led is there too, as a standby); without
+        # leader election the one replica leads.
+        self.metrics.leader.labels(config.lease_name).set(0 if config.leader_election else 1)
         self.api: ApiClient | None = None
         self.elector: LeaseElector | None = None
         self.controller: ServicesController | None = None
@@ -151,8 +154,6 @@ class Service:
                 on_change=lambda lead: self._on_leadership(lead),
                 on_error=lambda _: self.metrics.lease_errors.inc(),
             )
-        else:
-            self.metrics.leader.labels(cfg.lease_name).set(1)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
         # the registry reports each one's sync (shared_svc_cache_synced) and, once all
         # have synced, what they hold is frozen out of the garbage collector's scans.

@@ -17,6 +17,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 
+# The labels a target of prometheus-operator's ServiceMonitor carries (its own: namespace,
+# service, pod, container, endpoint; Prometheus': job, instance). A metric's label of the
+# same name arrives renamed exported_<name> (honorLabels is off, as it should be), so no
+# metric of ours has one (tests/test_monitoring_metrics.py checks every registered one).
+TARGET_LABELS = frozenset(
+    {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
+)
 # shared_svc_admission_guard{mode}: admission.guard.guard_mode's values.
 GUARD_MODES = ("policy", "webhook", "none", "unknown")
 # shared_svc_admission_webhooks{served}: the guard's webhooks by what their probe found.

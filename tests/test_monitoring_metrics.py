@@ -16,7 +16,7 @@ from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.model import ObjectStatus, Plan
 from shared_svc.runtime.controller import Controller, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
-from shared_svc.service_metrics import Metrics
+from shared_svc.service_metrics import TARGET_LABELS, Metrics
 from shared_svc.upgrade.planner import NodeStatus
 from shared_svc.upgrade.record import format_time
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
@@ -133,7 +133,7 @@ def test_every_known_series_is_there_at_zero_from_the_start() -> None:
     UpgradeMetrics(m.registry)
     r = m.registry
     assert all(value(r, "shared_svc_pending", reason=x) == 0 for x in PENDING_REASONS)
-    assert value(r, "shared_svc_service_selector", service="nvidia-dcgm", mode="common") == 0
+    assert value(r, "shared_svc_service_selector", dcgm_service="nvidia-dcgm", mode="common") == 0
     assert value(r, "shared_svc_admission_guard", mode="none") == 0
     assert value(r, "shared_svc_admission_webhooks", served="false") == 0
     assert value(r, "shared_svc_admission_unguarded_writers") == 0
@@ -203,8 +203,8 @@ def test_each_services_selector_mode() -> None:
 
     def modes(service: str) -> tuple[float | None, float | None]:
         return (
-            value(r, "shared_svc_service_selector", service=service, mode="common"),
-            value(r, "shared_svc_service_selector", service=service, mode="app"),
+            value(r, "shared_svc_service_selector", dcgm_service=service, mode="common"),
+            value(r, "shared_svc_service_selector", dcgm_service=service, mode="app"),
         )
 
     assert modes("nvidia-dcgm") == (1, 0)
@@ -213,3 +213,34 @@ def test_each_services_selector_mode() -> None:
     assert value(r, "shared_svc_pending", reason="SelectorMigrationPending") == 0
     outcomes.record_plan_metrics(Plan())
     assert modes("nvidia-dcgm") == (0, 0)
+
+
+def test_no_metric_of_ours_has_a_label_a_service_monitor_target_sets() -> None:
+    """prometheus-operator's targets carry namespace, service, pod, container, endpoint,
+    job and instance: a metric's own label of one of those names would arrive renamed
+    ``exported_<name>`` (issue 46). Every metric the running service registers, both
+    controllers on."""
+    m = Metrics()
+    ServicesMetrics(m.registry)
+    UpgradeMetrics(m.registry)
+    # The label names of every collector, declared or not yet used (prometheus_client keeps
+    # them on the metric; the exposition shows only labels with a child).
+    labels = {
+        name: set(getattr(collector, "_labelnames", ()))
+        for collector, names in m.registry._collector_to_names.items()
+        for name in names
+    }
+    assert labels, "the registry's metrics"
+    clashes = {n: sorted(ls & TARGET_LABELS) for n, ls in labels.items() if ls & TARGET_LABELS}
+    assert not clashes, clashes
+
+
+def test_a_replica_that_never_led_reports_itself_as_no_leader() -> None:
+    """``leader_election_master_status`` is there, 0, before the replica ever leads (as
+    docs/operations.md promises); without leader election the one replica leads."""
+    from shared_svc.service import Service
+
+    for election, status in ((True, 0), (False, 1)):
+        svc = Service(Config(namespace="ns", leader_election=election, pod_name="p"))
+        registry = svc.metrics.registry
+        assert value(registry, "leader_election_master_status", name="shared-svc") == status
