@@ -210,7 +210,7 @@ alert's section of docs/operations.md). */}}
 - alert: {{ .name }}
   expr: |-
     {{- .expr | nindent 4 }}
-  for: {{ .for }}
+  for: {{ index ($v.for | default dict) .name | default .for }}
   labels:
     {{- toYaml (merge (dict "severity" .severity) $v.alertLabels) | nindent 4 }}
   annotations:

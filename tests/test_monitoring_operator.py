@@ -1,0 +1,316 @@
+"""What the user's Prometheus sees (issue 46): shared-svc scraped through the chart's own
+ServiceMonitor by the real prometheus-operator, its PrometheusRule loaded the same way.
+
+prometheus-operator v0.85.0 (testenv/prometheus_operator.py) renders the scrape job of the
+chart's ServiceMonitor (and the rule file of its PrometheusRule) for a ``Prometheus`` of the
+test's namespace; Prometheus 3.5.0 loads them as the config-reloader would and discovers the
+Endpoints that kube-controller-manager keeps for the chart's metrics Service. Two replicas
+run with leader election, both controllers on; each has a pod with the labels of the chart's
+Deployment and its ``http`` port (the test plays the kubelet, tests/kubelet.py), whose
+``podIP:8080`` the scrape proxy forwards to that replica's /metrics. The targets therefore
+carry what a ServiceMonitor's targets carry (``namespace``, ``service``, ``pod``,
+``container``, ``endpoint``, ``job``, ``instance``).
+
+- "Selector of each Service" shows one series per DCGM Service with its mode, as the leader
+  reports it, and no series of ours has an ``exported_*`` label (before issue 46 the
+  metric's ``service`` label arrived as ``exported_service`` and the panel showed the
+  metrics Service twice).
+- With the leader stuck (a ValidatingAdmissionPolicy refuses its Service writes; it keeps
+  its Lease), the age panel shows the leader's age, the reconcile panels show the leader's
+  results only (the standby's plans and its upgrade controller's reconciles not among
+  them), and ``SharedSvcReconcileStale`` fires for the leader's pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+import testenv
+from shared_svc.controllers.services.metrics import SELECTOR_MODES
+from shared_svc.reconcile.names import SERVICE_NAMES
+from shared_svc.service import Service
+from testenv import prometheus as prom_env
+from testenv import prometheus_operator as operator_env
+from tests.conftest import started
+from tests.kube import eventually
+from tests.kubelet import Kubelet
+from tests.refusals import ServiceWritesRefused
+from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.test_deploy_chart import CHART, one, render_docs
+
+pytestmark = [
+    pytest.mark.apiserver,
+    pytest.mark.controller_manager,
+    pytest.mark.helm,
+    pytest.mark.prometheus,
+]
+
+PROXY = "servicemonitors"  # the scrape proxy of the operator's jobs
+JOB = "shared-svc-metrics"  # the chart's metrics Service: the job of its ServiceMonitor
+PORT = 8080  # the chart's http port (values.port)
+NODE = "node-a"
+REPLICAS = ("shared-svc-a", "shared-svc-b")
+RESYNC = 2.0  # tuning.resyncSeconds: SharedSvcReconcileStale after three (6 s)
+RATE_INTERVAL = "6s"  # $__rate_interval: six scrapes
+SETS = (
+    "serviceMonitor.enabled=true",
+    "serviceMonitor.interval=1s",
+    "prometheusRule.enabled=true",
+    "controllers.upgrade=true",
+    f"tuning.resyncSeconds={RESYNC:g}",
+    "prometheusRule.for.SharedSvcReconcileStale=1s",
+)
+DASHBOARD = CHART / "dashboards" / "shared-svc.json"
+
+
+def panel(title: str, namespace: str) -> list[str]:
+    """The queries of the dashboard's panel ``title``, the variables filled in."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    found = [p for p in dashboard["panels"] if p["title"] == title]
+    assert len(found) == 1, title
+    return [
+        t["expr"]
+        .replace("$namespace", namespace)
+        .replace("$job", JOB)
+        .replace("$__rate_interval", RATE_INTERVAL)
+        for t in found[0]["targets"]
+    ]
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
+    try:
+        operator_env.install_crds(kcm_plane)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"prometheus-operator's CRDs: {exc}", pytrace=False)
+    return kcm_plane
+
+
+@pytest.fixture(scope="module")
+def operator(monitoring_crds: testenv.ControlPlane) -> Iterator[operator_env.Operator]:
+    yield from started("prometheus-operator", lambda: operator_env.start(monitoring_crds))
+
+
+@pytest.fixture(scope="module")
+def stand_ins() -> Iterator[prom_env.StandIns]:
+    s = prom_env.StandIns().start(jobs=(PROXY,))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    monitoring_crds: testenv.ControlPlane, stand_ins: prom_env.StandIns
+) -> Iterator[prom_env.Prometheus]:
+    yield from started("Prometheus", lambda: prom_env.start(monitoring_crds, stand_ins, jobs=False))
+
+
+@dataclass
+class Stack:
+    """The chart's monitoring in the test's namespace, and the two replicas it scrapes."""
+
+    kk: Kube
+    prom: prom_env.Prometheus
+    reloader: operator_env.ConfigReloader
+    replicas: dict[str, Service]  # pod name -> replica
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        result: list[dict[str, Any]] = self.prom.get("/api/v1/query", **params)["result"]
+        return result
+
+    async def aquery(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.query, expr, at)
+
+    def leader(self) -> tuple[str, Service]:
+        leaders = [(pod, s) for pod, s in self.replicas.items() if s.is_leader()]
+        assert len(leaders) == 1, [pod for pod, _ in leaders]
+        return leaders[0]
+
+    def sel(self) -> str:
+        return f'namespace="{self.kk.ns}", job="{JOB}"'
+
+
+@pytest.fixture
+async def stack(
+    kk: Kube,
+    kapi: ApiClient,
+    monitoring_crds: testenv.ControlPlane,
+    operator: operator_env.Operator,
+    prometheus: prom_env.Prometheus,
+    stand_ins: prom_env.StandIns,
+    tmp_path: Path,
+) -> AsyncIterator[Stack]:
+    cp = monitoring_crds
+    docs = render_docs(*SETS, namespace=kk.ns)
+    template = one(docs, "Deployment")["spec"]["template"]
+    cp.apply_manifests(
+        [
+            operator_env.prometheus_resource(cp, kk.ns, tmp_path),
+            one(docs, "Service", JOB),
+            one(docs, "ServiceMonitor"),
+            one(docs, "PrometheusRule"),
+        ]
+    )
+    reloader = operator_env.ConfigReloader(cp, kk.ns, prometheus, stand_ins.proxies[PROXY]).start()
+    kubelet = Kubelet(kapi, kk.ns)
+    timing = {
+        "leader_election": True,
+        "upgrade_controller": True,
+        "resync_seconds": RESYNC,
+        "upgrade_resync_seconds": RESYNC,
+    }
+    try:
+        async with contextlib.AsyncExitStack() as replicas:
+            services: dict[str, Service] = {}
+            for pod in REPLICAS:
+                cfg = service_config(cp, kk.ns, pod_name=pod, **timing)
+                services[pod] = s = await replicas.enter_async_context(running(cfg))
+                if not services.keys() - {pod}:  # the first one leads before the second starts
+
+                    async def leads(s: Service = s) -> bool:
+                        return s.is_leader()
+
+                    await eventually(leads, timeout=30)
+                ip = await kubelet.run(
+                    pod,
+                    "shared-svc",
+                    NODE,
+                    common=False,
+                    labels=template["metadata"]["labels"],
+                    ports=[{"name": "http", "containerPort": PORT}],
+                )
+                assert s.port is not None
+                stand_ins.route(ip, PORT, s.port)
+            yield Stack(kk, prometheus, reloader, services)
+    finally:
+        reloader.stop()
+
+
+async def both_scraped(t: Stack) -> None:
+    async def up() -> bool:
+        assert t.reloader.error is None, t.reloader.error
+        series = await t.aquery(f"up{{{t.sel()}}} == 1")
+        return {s["metric"].get("pod") for s in series} == set(REPLICAS)
+
+    try:
+        await eventually(up, timeout=60, interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: jobs {t.reloader.jobs}\n{t.prom.tail(15)}") from None
+
+
+async def test_the_selector_of_each_service_arrives_with_its_own_labels(stack: Stack) -> None:
+    t = stack
+    await t.kk.create_cr(cp_body())
+    await t.kk.create_cr(gc_body())
+    await both_scraped(t)
+    _, leader = t.leader()
+    await settle(leader)
+    registry = leader.metrics.registry
+    want = {
+        (service, mode)
+        for service in SERVICE_NAMES
+        for mode in SELECTOR_MODES
+        if registry.get_sample_value(
+            "shared_svc_service_selector", {"dcgm_service": service, "mode": mode}
+        )
+    }
+    assert len(want) >= 2, want
+    (query,) = panel("Selector of each Service", t.kk.ns)
+    seen: set[tuple[str, str]] = set()
+
+    async def shown() -> bool:
+        nonlocal seen
+        series = await t.aquery(query)
+        seen = {
+            (s["metric"].get("dcgm_service", "?"), s["metric"].get("mode", "?")) for s in series
+        }
+        return seen == want and len(series) == len(want)
+
+    try:
+        await eventually(shown, timeout=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"the panel shows {sorted(seen)}, the leader {sorted(want)}") from None
+    ours = await asyncio.to_thread(t.prom.get, "/api/v1/series", **{"match[]": f"{{{t.sel()}}}"})
+    assert ours
+    renamed = sorted({k for s in ours for k in s if k.startswith("exported_")})
+    assert not renamed, f"labels of ours renamed by the scrape: {renamed}"
+
+
+async def test_the_leader_stuck_holding_its_lease_is_what_the_panels_and_the_alert_show(
+    stack: Stack, kapi: ApiClient
+) -> None:
+    t = stack
+    await t.kk.create_cr(cp_body())
+    await both_scraped(t)
+    pod, leader = t.leader()
+    standby = next(s for p, s in t.replicas.items() if p != pod)
+    await settle(leader)
+    async with ServiceWritesRefused(kapi, t.kk.ns):
+        # a Service the CR needs is gone: the leader's every reconcile fails to create it
+        await t.kk.core.delete_namespaced_service("nvidia-dcgm-exporter", t.kk.ns)
+        stuck_since = time.time()
+        plans = standby.metrics.registry.get_sample_value(
+            "controller_runtime_reconcile_total",
+            {"controller": "shared-services", "result": "success"},
+        )
+        (age_query,) = panel("Since the last successful reconcile", t.kk.ns)
+        (by_result,) = panel("Reconciles, by result", t.kk.ns)
+
+        async def stale_fires() -> bool:
+            alerts = await asyncio.to_thread(t.prom.get, "/api/v1/alerts")
+            return any(
+                a["labels"]["alertname"] == "SharedSvcReconcileStale"
+                and a["state"] == "firing"
+                and a["labels"].get("pod") == pod
+                for a in alerts["alerts"]
+            )
+
+        await eventually(stale_fires, timeout=60, interval=0.5)
+        assert leader.is_leader(), "the leader kept its Lease"
+        assert leader.controller is not None
+        assert leader.controller.last_reconcile["result"] == "error"
+        # The standby went on planning meanwhile (what made the dashboard look fresh).
+        assert (
+            standby.metrics.registry.get_sample_value(
+                "controller_runtime_reconcile_total",
+                {"controller": "shared-services", "result": "success"},
+            )
+            or 0
+        ) > (plans or 0)
+        at = time.time()
+        leader_success = leader.metrics.registry.get_sample_value(
+            "shared_svc_last_successful_reconcile_timestamp_seconds"
+        )
+        assert leader_success is not None and leader_success < stuck_since
+        (age,) = await t.aquery(age_query, at)
+        # the leader's age, as of the last scrape (one interval) before ``at``
+        assert abs(float(age["value"][1]) - (at - leader_success)) <= 2.0, (age, at, leader_success)
+        shown = {
+            (s["metric"]["controller"], s["metric"]["result"]): float(s["value"][1])
+            for s in await t.aquery(by_result, at)
+        }
+        # the same, of the leader's pod alone
+        leader_only = (
+            "sum by (controller, result) (rate(controller_runtime_reconcile_total"
+            f'{{{t.sel()}, pod="{pod}"}}[{RATE_INTERVAL}]))'
+        )
+        theirs = {
+            (s["metric"]["controller"], s["metric"]["result"]): float(s["value"][1])
+            for s in await t.aquery(leader_only, at)
+        }
+        assert shown == theirs, (shown, theirs)
+        assert shown.get(("shared-services", "success"), 0) == 0, shown
+        assert shown.get(("shared-services", "error"), 0) > 0, shown
