@@ -995,7 +995,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 9
+    assert len(documented) == 15
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1035,6 +1035,8 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
             {
                 "SharedSvcUpgradeEvictionBlocked",
                 "SharedSvcUpgradeConsumersNotLeaving",
+                "SharedSvcUpgradeFailedNodes",
+                "SharedSvcUpgradeReconcileErrors",
                 "SharedSvcUpgradeGateMissing",
             },
         ),
@@ -1044,11 +1046,16 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcConfigConflicts",
                 "SharedSvcConflictingWriter",
                 "SharedSvcReconcileStale",
+                "SharedSvcInvalidSpec",
+                "SharedSvcDuplicateScrapeTarget",
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
             },
         ),
-        (("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON), {"SharedSvcLeaseErrors"}),
+        (
+            ("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON),
+            {"SharedSvcLeaseErrors", "SharedSvcNoLeader"},
+        ),
         (
             ("prometheusRule.disabled.SharedSvcConfigConflicts=true", *UPGRADE_ON),
             {"SharedSvcConfigConflicts"},
