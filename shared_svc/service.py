@@ -24,7 +24,7 @@ from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.recorder import EventPublisher, EventRecorder
 from shared_svc.kube.writer import Writer
-from shared_svc.kubeconfig import api_client, small_tls_reads, without_compression
+from shared_svc.kubeconfig import api_client, count_requests, small_tls_reads, without_compression
 from shared_svc.runtime import heap
 from shared_svc.runtime.manager import Manager, Runnable
 from shared_svc.service_metrics import Metrics
@@ -103,6 +103,7 @@ class Service:
         cfg = self.config
         small_tls_reads()  # a wave opens 100 connections (kubeconfig.small_tls_reads)
         self.api = api = await api_client(cfg.kubeconfig)
+        count_requests(api, self.metrics.api_request)
         if not cfg.api_compression:
             without_compression(api)
         try:
@@ -194,6 +195,8 @@ class Service:
                 needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
                 on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
+                on_answered=self.metrics.webhook_answered,
+                on_certificate=self.metrics.webhook_certificate_loaded,
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()
