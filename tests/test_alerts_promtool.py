@@ -53,6 +53,7 @@ ALERTS = (
     "SharedSvcUpgradeGateMissing",
     "SharedSvcAdmissionGuardNotServed",
     "SharedSvcAdmissionGuardMissing",
+    "SharedSvcWebhookCertificateExpiry",
 )
 # Lease alerts: rendered only with leader election.
 LEASE_ALERTS = ("SharedSvcNoLeader", "SharedSvcLeaseErrors")
@@ -307,6 +308,7 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
         return build
 
     lease_name = r.lease or "shared-svc"
+    expiry = "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds"
     failed = {**nj, "state": "upgrade-failed"}
     duplicate = {**nj, "reason": "DuplicateScrapeTarget"}
     table: dict[str, tuple[list[Case], list[Case]]] = {
@@ -373,6 +375,15 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
             [
                 Case(errors("upgrade", "0 1x59"), "25m", None),
                 Case(errors("shared-services", "0+1x60"), "25m", None),
+            ],
+        ),
+        "SharedSvcWebhookCertificateExpiry": (
+            # 1,000,000 s (11.6 days) at 0; at 2h: 992,800 s left
+            [Case(gauge(expiry, "1000000x200"), "2h", nj, "992800")],
+            # 58 days left; a replica that serves no webhook (0)
+            [
+                Case(gauge(expiry, "5000000x200"), "2h", None),
+                Case(gauge(expiry, "0x200"), "2h", None),
             ],
         ),
         "SharedSvcConfigConflicts": (

@@ -995,7 +995,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 15
+    assert len(documented) == 16
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1050,6 +1050,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcDuplicateScrapeTarget",
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
+                "SharedSvcWebhookCertificateExpiry",
             },
         ),
         (
