@@ -468,6 +468,36 @@ def test_service_monitor_and_single_replica_options() -> None:
     assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
     assert service["spec"]["ports"][0]["port"] == 9090
     assert container_env(docs)["SHARED_SVC_PORT"] == "9090"
+    # what a user's Prometheus set-up asks of it (issue 46)
+    tuned = one(
+        render_docs(
+            "serviceMonitor.enabled=true",
+            "serviceMonitor.namespace=monitoring",
+            "serviceMonitor.scrapeTimeout=10s",
+            "serviceMonitor.honorLabels=true",
+            "serviceMonitor.relabelings[0].targetLabel=cluster",
+            "serviceMonitor.relabelings[0].replacement=gpu-east",
+            "serviceMonitor.metricRelabelings[0].action=drop",
+            "serviceMonitor.metricRelabelings[0].regex=python_gc_.*",
+            "serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+        ),
+        "ServiceMonitor",
+    )
+    assert tuned["metadata"]["namespace"] == "monitoring"
+    assert tuned["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    assert tuned["spec"]["endpoints"] == [
+        {
+            "port": "http",
+            "path": "/metrics",
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+            "honorLabels": True,
+            "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-east"}],
+            "metricRelabelings": [
+                {"action": "drop", "regex": "python_gc_.*", "sourceLabels": ["__name__"]}
+            ],
+        }
+    ]
     single = render_docs("replicas=1")
     assert not find(single, "PodDisruptionBudget"), (
         "minAvailable 1 of 1 would block every node drain"
@@ -721,6 +751,18 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "prometheusRule.enabled=true",
         "prometheusRule.disabled.SharedSvcLeaseErrors=true",
     ),
+    "prometheusRule.for": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.for.SharedSvcReconcileStale=10m",
+    ),
+    "prometheusRule.alertAnnotations": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.alertAnnotations.dashboard=https://grafana.example.com/d/shared-svc",
+    ),
+    "prometheusRule.keepFiringFor": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.keepFiringFor=10m",
+    ),
     "grafanaDashboard.enabled": ("grafanaDashboard.enabled=true",),
     "grafanaDashboard.labels": (
         "grafanaDashboard.enabled=true",
@@ -810,6 +852,9 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
         "prometheusRule.job",
         "prometheusRule.runbookBaseUrl",
         "prometheusRule.disabled",
+        "prometheusRule.for",
+        "prometheusRule.alertAnnotations",
+        "prometheusRule.keepFiringFor",
         "grafanaDashboard.labels",
         "grafanaDashboard.annotations",
         "grafanaDashboard.namespace",
@@ -1149,3 +1194,31 @@ def test_network_policy_admits_the_endpoints_only_when_enabled() -> None:
     assert [r["ports"] for r in one(off, "NetworkPolicy")["spec"]["ingress"]] == [
         [{"port": "http", "protocol": "TCP"}]
     ]
+
+
+def test_alert_annotations_keep_firing_for_and_an_alert_s_for_are_values() -> None:
+    """kube-prometheus-stack's additionalRuleAnnotations and keepFiringFor, and a `for:` of
+    one's own (issue 46); an alert's own annotations win."""
+    rule = one(
+        render_docs(
+            "prometheusRule.enabled=true",
+            "prometheusRule.alertAnnotations.dashboard=https://grafana.example.com/d/x",
+            "prometheusRule.alertAnnotations.summary=not this",
+            "prometheusRule.keepFiringFor=10m",
+            "prometheusRule.for.SharedSvcReconcileStale=20m",
+            "tuning.resyncSeconds=60",
+        ),
+        "PrometheusRule",
+    )
+    alerts = {a["alert"]: a for a in rule["spec"]["groups"][0]["rules"]}
+    for alert in alerts.values():
+        assert alert["keep_firing_for"] == "10m"
+        assert alert["annotations"]["dashboard"] == "https://grafana.example.com/d/x"
+        assert alert["annotations"]["summary"] != "not this"
+    stale = alerts["SharedSvcReconcileStale"]
+    assert stale["for"] == "20m" and alerts["SharedSvcLeaseErrors"]["for"] == "10m"
+    # three resyncs of 60 s
+    assert "shared_svc_last_successful_reconcile_timestamp_seconds{" in stale["expr"]
+    assert "} > 180)" in stale["expr"] and "180 s" in stale["annotations"]["description"]
+    plain = one(render_docs("prometheusRule.enabled=true"), "PrometheusRule")
+    assert all("keep_firing_for" not in a for a in plain["spec"]["groups"][0]["rules"])
