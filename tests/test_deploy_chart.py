@@ -1167,6 +1167,7 @@ def test_the_dashboard_configmap_is_the_plain_json_only_when_enabled() -> None:
     assert dashboard["uid"] == "shared-svc" and dashboard["panels"]
     assert {v["name"] for v in dashboard["templating"]["list"]} == {
         "datasource",
+        "cluster",
         "namespace",
         "job",
     }

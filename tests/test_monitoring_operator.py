@@ -80,6 +80,7 @@ def panel(title: str, namespace: str) -> list[str]:
     assert len(found) == 1, title
     return [
         t["expr"]
+        .replace("$cluster", ".*")
         .replace("$namespace", namespace)
         .replace("$job", JOB)
         .replace("$__rate_interval", RATE_INTERVAL)

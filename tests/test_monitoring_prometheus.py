@@ -70,6 +70,7 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
         for target in panel.get("targets", []):
             expr = (
                 target["expr"]
+                .replace("$cluster", ".*")  # All: the targets here carry no cluster label
                 .replace("$namespace", namespace)
                 .replace("$job", JOB)
                 .replace("$__rate_interval", RATE_INTERVAL)
@@ -78,7 +79,11 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
             out.append((panel["title"], expr))
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
-            query = variable["query"]["query"].replace("$namespace", namespace)
+            query = (
+                variable["query"]["query"]
+                .replace("$cluster", ".*")
+                .replace("$namespace", namespace)
+            )
             inner = query.removeprefix("label_values(").rsplit(",", 1)[0]
             out.append((f"variable {variable['name']}", inner))
     return out
