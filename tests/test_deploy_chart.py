@@ -578,6 +578,11 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
     "upgrade.writesBurst=80": ("SHARED_SVC_UPGRADE_WRITES_BURST", "upgrade_writes_burst", 80),
     "tuning.resyncSeconds=600": ("SHARED_SVC_RESYNC_SECONDS", "resync_seconds", 600.0),
     "tuning.discoverySeconds=30": ("SHARED_SVC_DISCOVERY_SECONDS", "discovery_seconds", 30.0),
+    "tuning.scrapeIntervalSeconds=60": (
+        "SHARED_SVC_SCRAPE_INTERVAL_SECONDS",
+        "scrape_interval_seconds",
+        60.0,
+    ),
     "tuning.coalesceSeconds=0.5": ("SHARED_SVC_COALESCE_SECONDS", "coalesce_seconds", 0.5),
     "tuning.apiCompression=true": ("SHARED_SVC_API_COMPRESSION", "api_compression", True),
     "tuning.backoffBaseSeconds=0.01": (
