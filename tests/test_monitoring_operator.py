@@ -19,12 +19,15 @@ carry what a ServiceMonitor's targets carry (``namespace``, ``service``, ``pod``
   its Lease), the age panel shows the leader's age, the reconcile panels show the leader's
   results only (the standby's plans and its upgrade controller's reconciles not among
   them), and ``SharedSvcReconcileStale`` fires for the leader's pod.
+- With the Lease held by someone else, both replicas up: ``SharedSvcNoLeader`` fires; with
+  both replicas gone, ``SharedSvcDown`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -69,6 +72,8 @@ SETS = (
     "controllers.upgrade=true",
     f"tuning.resyncSeconds={RESYNC:g}",
     "prometheusRule.for.SharedSvcReconcileStale=1s",
+    "prometheusRule.for.SharedSvcNoLeader=1s",
+    "prometheusRule.for.SharedSvcDown=1s",
 )
 DASHBOARD = CHART / "dashboards" / "shared-svc.json"
 
@@ -126,6 +131,7 @@ class Stack:
     prom: prom_env.Prometheus
     reloader: operator_env.ConfigReloader
     replicas: dict[str, Service]  # pod name -> replica
+    running: contextlib.AsyncExitStack  # closing it stops the replicas
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
@@ -144,17 +150,21 @@ class Stack:
         return f'namespace="{self.kk.ns}", job="{JOB}"'
 
 
-@pytest.fixture
-async def stack(
+@contextlib.asynccontextmanager
+async def monitoring_stack(
     kk: Kube,
     kapi: ApiClient,
-    monitoring_crds: testenv.ControlPlane,
-    operator: operator_env.Operator,
+    cp: testenv.ControlPlane,
     prometheus: prom_env.Prometheus,
     stand_ins: prom_env.StandIns,
     tmp_path: Path,
+    *,
+    lead: bool = True,
 ) -> AsyncIterator[Stack]:
-    cp = monitoring_crds
+    """The chart's Service, ServiceMonitor and PrometheusRule in ``kk``'s namespace, the
+    operator's configuration reloaded into ``prometheus``, two replicas scraped through
+    them; the first leads before the second starts (``lead``; else the Lease is held by
+    someone else for an hour, and neither leads)."""
     docs = render_docs(*SETS, namespace=kk.ns)
     template = one(docs, "Deployment")["spec"]["template"]
     cp.apply_manifests(
@@ -165,6 +175,8 @@ async def stack(
             one(docs, "PrometheusRule"),
         ]
     )
+    if not lead:
+        cp.apply_manifests([held_lease(kk.ns)])
     reloader = operator_env.ConfigReloader(cp, kk.ns, prometheus, stand_ins.proxies[PROXY]).start()
     kubelet = Kubelet(kapi, kk.ns)
     timing = {
@@ -179,7 +191,7 @@ async def stack(
             for pod in REPLICAS:
                 cfg = service_config(cp, kk.ns, pod_name=pod, **timing)
                 services[pod] = s = await replicas.enter_async_context(running(cfg))
-                if not services.keys() - {pod}:  # the first one leads before the second starts
+                if lead and not services.keys() - {pod}:  # the first leads before the second
 
                     async def leads(s: Service = s) -> bool:
                         return s.is_leader()
@@ -195,9 +207,41 @@ async def stack(
                 )
                 assert s.port is not None
                 stand_ins.route(ip, PORT, s.port)
-            yield Stack(kk, prometheus, reloader, services)
+            yield Stack(kk, prometheus, reloader, services, replicas)
     finally:
         reloader.stop()
+
+
+def held_lease(namespace: str) -> dict[str, Any]:
+    """shared-svc's Lease, held by another identity for an hour (renewed just now)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "shared-svc", "namespace": namespace},
+        "spec": {
+            "holderIdentity": "someone-else",
+            "leaseDurationSeconds": 3600,
+            "acquireTime": now,
+            "renewTime": now,
+        },
+    }
+
+
+@pytest.fixture
+async def stack(
+    kk: Kube,
+    kapi: ApiClient,
+    monitoring_crds: testenv.ControlPlane,
+    operator: operator_env.Operator,
+    prometheus: prom_env.Prometheus,
+    stand_ins: prom_env.StandIns,
+    tmp_path: Path,
+) -> AsyncIterator[Stack]:
+    async with monitoring_stack(
+        kk, kapi, monitoring_crds, prometheus, stand_ins, tmp_path
+    ) as stack:
+        yield stack
 
 
 async def both_scraped(t: Stack) -> None:
@@ -271,13 +315,8 @@ async def test_the_leader_stuck_holding_its_lease_is_what_the_panels_and_the_ale
         (by_result,) = panel("Reconciles, by result", t.kk.ns)
 
         async def stale_fires() -> bool:
-            alerts = await asyncio.to_thread(t.prom.get, "/api/v1/alerts")
-            return any(
-                a["labels"]["alertname"] == "SharedSvcReconcileStale"
-                and a["state"] == "firing"
-                and a["labels"].get("pod") == pod
-                for a in alerts["alerts"]
-            )
+            stale = await firing(t, "SharedSvcReconcileStale")
+            return any(labels.get("pod") == pod for labels in stale)
 
         await eventually(stale_fires, timeout=60, interval=0.5)
         assert leader.is_leader(), "the leader kept its Lease"
@@ -315,3 +354,47 @@ async def test_the_leader_stuck_holding_its_lease_is_what_the_panels_and_the_ale
         assert shown == theirs, (shown, theirs)
         assert shown.get(("shared-services", "success"), 0) == 0, shown
         assert shown.get(("shared-services", "error"), 0) > 0, shown
+
+
+async def firing(t: Stack, alert: str) -> list[dict[str, str]]:
+    """The labels of ``alert``'s firing alerts."""
+    data = await asyncio.to_thread(t.prom.get, "/api/v1/alerts")
+    return [
+        a["labels"]
+        for a in data["alerts"]
+        if a["labels"]["alertname"] == alert and a["state"] == "firing"
+    ]
+
+
+async def test_no_leader_and_then_down_fire_as_the_replicas_go(
+    kk: Kube,
+    kapi: ApiClient,
+    monitoring_crds: testenv.ControlPlane,
+    operator: operator_env.Operator,
+    prometheus: prom_env.Prometheus,
+    stand_ins: prom_env.StandIns,
+    tmp_path: Path,
+) -> None:
+    """Both replicas up and the Lease held by another: SharedSvcNoLeader fires (and
+    SharedSvcDown does not); both replicas gone: SharedSvcDown fires."""
+    async with monitoring_stack(
+        kk, kapi, monitoring_crds, prometheus, stand_ins, tmp_path, lead=False
+    ) as t:
+        await both_scraped(t)
+        assert not any(s.is_leader() for s in t.replicas.values())
+
+        async def no_leader() -> bool:
+            return bool(await firing(t, "SharedSvcNoLeader"))
+
+        await eventually(no_leader, timeout=60, interval=0.5)
+        (labels,) = await firing(t, "SharedSvcNoLeader")
+        assert (labels["namespace"], labels["job"], labels["name"]) == (kk.ns, JOB, "shared-svc")
+        assert not await firing(t, "SharedSvcDown")
+        await t.running.aclose()  # both replicas stop: their targets are down
+
+        async def down() -> bool:
+            return bool(await firing(t, "SharedSvcDown"))
+
+        await eventually(down, timeout=60, interval=0.5)
+        (labels,) = await firing(t, "SharedSvcDown")
+        assert (labels["namespace"], labels["job"]) == (kk.ns, JOB)
