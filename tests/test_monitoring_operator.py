@@ -30,7 +30,7 @@ import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from shared_svc.reconcile.names import SERVICE_NAMES
 from shared_svc.service import Service
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as operator_env
-from tests.conftest import started
+from tests.conftest import OPERATOR_PROXY
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.refusals import ServiceWritesRefused
@@ -58,7 +58,6 @@ pytestmark = [
     pytest.mark.prometheus,
 ]
 
-PROXY = "servicemonitors"  # the scrape proxy of the operator's jobs
 JOB = "shared-svc-metrics"  # the chart's metrics Service: the job of its ServiceMonitor
 PORT = 8080  # the chart's http port (values.port)
 NODE = "node-a"
@@ -91,36 +90,6 @@ def panel(title: str, namespace: str) -> list[str]:
         .replace("$__rate_interval", RATE_INTERVAL)
         for t in found[0]["targets"]
     ]
-
-
-@pytest.fixture(scope="module")
-def monitoring_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
-    try:
-        operator_env.install_crds(kcm_plane)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"prometheus-operator's CRDs: {exc}", pytrace=False)
-    return kcm_plane
-
-
-@pytest.fixture(scope="module")
-def operator(monitoring_crds: testenv.ControlPlane) -> Iterator[operator_env.Operator]:
-    yield from started("prometheus-operator", lambda: operator_env.start(monitoring_crds))
-
-
-@pytest.fixture(scope="module")
-def stand_ins() -> Iterator[prom_env.StandIns]:
-    s = prom_env.StandIns().start(jobs=(PROXY,))
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture(scope="module")
-def prometheus(
-    monitoring_crds: testenv.ControlPlane, stand_ins: prom_env.StandIns
-) -> Iterator[prom_env.Prometheus]:
-    yield from started("Prometheus", lambda: prom_env.start(monitoring_crds, stand_ins, jobs=False))
 
 
 @dataclass
@@ -177,7 +146,9 @@ async def monitoring_stack(
     )
     if not lead:
         cp.apply_manifests([held_lease(kk.ns)])
-    reloader = operator_env.ConfigReloader(cp, kk.ns, prometheus, stand_ins.proxies[PROXY]).start()
+    reloader = operator_env.ConfigReloader(
+        cp, kk.ns, prometheus, stand_ins.proxies[OPERATOR_PROXY]
+    ).start()
     kubelet = Kubelet(kapi, kk.ns)
     timing = {
         "leader_election": True,
@@ -230,16 +201,19 @@ def held_lease(namespace: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def stack(
+    request: pytest.FixtureRequest,
     kk: Kube,
     kapi: ApiClient,
-    monitoring_crds: testenv.ControlPlane,
-    operator: operator_env.Operator,
-    prometheus: prom_env.Prometheus,
-    stand_ins: prom_env.StandIns,
+    operator_crds: testenv.ControlPlane,
+    prometheus_operator: operator_env.Operator,
+    operator_prometheus: prom_env.Prometheus,
+    operator_stand_ins: prom_env.StandIns,
     tmp_path: Path,
 ) -> AsyncIterator[Stack]:
+    """:func:`monitoring_stack`; ``lead=False`` by indirect parametrization."""
+    lead = getattr(request, "param", {}).get("lead", True)
     async with monitoring_stack(
-        kk, kapi, monitoring_crds, prometheus, stand_ins, tmp_path
+        kk, kapi, operator_crds, operator_prometheus, operator_stand_ins, tmp_path, lead=lead
     ) as stack:
         yield stack
 
@@ -366,35 +340,26 @@ async def firing(t: Stack, alert: str) -> list[dict[str, str]]:
     ]
 
 
-async def test_no_leader_and_then_down_fire_as_the_replicas_go(
-    kk: Kube,
-    kapi: ApiClient,
-    monitoring_crds: testenv.ControlPlane,
-    operator: operator_env.Operator,
-    prometheus: prom_env.Prometheus,
-    stand_ins: prom_env.StandIns,
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("stack", [{"lead": False}], indirect=True, ids=["lease-held"])
+async def test_no_leader_and_then_down_fire_as_the_replicas_go(stack: Stack) -> None:
     """Both replicas up and the Lease held by another: SharedSvcNoLeader fires (and
     SharedSvcDown does not); both replicas gone: SharedSvcDown fires."""
-    async with monitoring_stack(
-        kk, kapi, monitoring_crds, prometheus, stand_ins, tmp_path, lead=False
-    ) as t:
-        await both_scraped(t)
-        assert not any(s.is_leader() for s in t.replicas.values())
+    t = stack
+    await both_scraped(t)
+    assert not any(s.is_leader() for s in t.replicas.values())
 
-        async def no_leader() -> bool:
-            return bool(await firing(t, "SharedSvcNoLeader"))
+    async def no_leader() -> bool:
+        return bool(await firing(t, "SharedSvcNoLeader"))
 
-        await eventually(no_leader, timeout=60, interval=0.5)
-        (labels,) = await firing(t, "SharedSvcNoLeader")
-        assert (labels["namespace"], labels["job"], labels["name"]) == (kk.ns, JOB, "shared-svc")
-        assert not await firing(t, "SharedSvcDown")
-        await t.running.aclose()  # both replicas stop: their targets are down
+    await eventually(no_leader, timeout=60, interval=0.5)
+    (labels,) = await firing(t, "SharedSvcNoLeader")
+    assert (labels["namespace"], labels["job"], labels["name"]) == (t.kk.ns, JOB, "shared-svc")
+    assert not await firing(t, "SharedSvcDown")
+    await t.running.aclose()  # both replicas stop: their targets are down
 
-        async def down() -> bool:
-            return bool(await firing(t, "SharedSvcDown"))
+    async def down() -> bool:
+        return bool(await firing(t, "SharedSvcDown"))
 
-        await eventually(down, timeout=60, interval=0.5)
-        (labels,) = await firing(t, "SharedSvcDown")
-        assert (labels["namespace"], labels["job"]) == (kk.ns, JOB)
+    await eventually(down, timeout=60, interval=0.5)
+    (labels,) = await firing(t, "SharedSvcDown")
+    assert (labels["namespace"], labels["job"]) == (t.kk.ns, JOB)

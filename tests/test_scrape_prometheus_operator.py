@@ -32,7 +32,7 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from shared_svc.service import Service
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as operator_env
 from tests.admission import SimulatedGpuCluster, guard_docs, install, policy_sets, uninstall
-from tests.conftest import started
+from tests.conftest import OPERATOR_PROXY
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.svc import Kube, cp_body, gc_body, settle
@@ -59,7 +59,7 @@ pytestmark = [
 
 NODES = ("node-a", "node-b")
 EXPORTER_APP = {"ClusterPolicy": "nvidia-dcgm-exporter", "GPUCluster": "nvidia-dcgm-exporter-dra"}
-JOB = "servicemonitors"  # the stand-ins' proxy for the operator's scrape jobs
+JOB = OPERATOR_PROXY  # the stand-ins' proxy for the operator's scrape jobs
 MONITOR = {"enabled": True, "interval": "1s", "scrapeTimeout": "1s"}
 SCRAPE_SECONDS = 1.0  # MONITOR's interval
 GC_FINALIZER = "gpucluster.nvidia.com/dra-resourceclaim"
@@ -67,38 +67,6 @@ SAMPLE_SECONDS = 0.5
 # One discovery refresh, a scrape interval, and the operator's render plus a reload (a
 # ServiceMonitor created, adopted or deleted): the longest a ready pod may be doubled.
 REFRESH_SAMPLES = math.ceil((prom_env.REFRESH_SECONDS + 4.0) / SAMPLE_SECONDS)
-
-
-@pytest.fixture(scope="module")
-def monitoring_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
-    """The module's control plane with prometheus-operator's CRDs (Prometheus, its
-    ServiceMonitor CRD in place of the project's)."""
-    try:
-        operator_env.install_crds(kcm_plane)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"prometheus-operator's CRDs: {exc}", pytrace=False)
-    return kcm_plane
-
-
-@pytest.fixture(scope="module")
-def operator(monitoring_crds: testenv.ControlPlane) -> Iterator[operator_env.Operator]:
-    yield from started("prometheus-operator", lambda: operator_env.start(monitoring_crds))
-
-
-@pytest.fixture(scope="module")
-def stand_ins() -> Iterator[prom_env.StandIns]:
-    s = prom_env.StandIns().start(jobs=(JOB,))
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture(scope="module")
-def prometheus(
-    monitoring_crds: testenv.ControlPlane, stand_ins: prom_env.StandIns
-) -> Iterator[prom_env.Prometheus]:
-    yield from started("Prometheus", lambda: prom_env.start(monitoring_crds, stand_ins, jobs=False))
 
 
 @dataclass
@@ -280,13 +248,14 @@ async def targets(
     kk: Kube,
     kapi: ApiClient,
     svc: Service,
-    monitoring_crds: testenv.ControlPlane,
-    operator: operator_env.Operator,
-    prometheus: prom_env.Prometheus,
-    stand_ins: prom_env.StandIns,
+    operator_crds: testenv.ControlPlane,
+    prometheus_operator: operator_env.Operator,
+    operator_prometheus: prom_env.Prometheus,
+    operator_stand_ins: prom_env.StandIns,
     tmp_path: Path,
 ) -> AsyncIterator[Targets]:
-    cp = monitoring_crds
+    cp, operator = operator_crds, prometheus_operator
+    prometheus, stand_ins = operator_prometheus, operator_stand_ins
     cp.apply_manifests([operator_env.prometheus_resource(cp, kk.ns, tmp_path)])
     reloader = operator_env.ConfigReloader(cp, kk.ns, prometheus, stand_ins.proxies[JOB]).start()
     docs = guard_docs(kk.ns, *policy_sets())
