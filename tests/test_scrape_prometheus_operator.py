@@ -177,8 +177,10 @@ class Targets:
         await eventually(all_gone, timeout=6 * prom_env.REFRESH_SECONDS, interval=0.5)
         at = max(self.gone[ip] for ip in self.stopped) + SCRAPE_SECONDS
 
+        # A stopped scrape loop writes its markers a little over two intervals later,
+        # stamped with when its next scrape would have been (at the latest ``at``).
         async def past() -> bool:
-            return time.time() > at + 0.5
+            return time.time() > at + 2 * SCRAPE_SECONDS + 1.0
 
         await eventually(past, timeout=10, interval=0.2)
         series = await asyncio.to_thread(
