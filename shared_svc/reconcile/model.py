@@ -46,8 +46,9 @@ class World:
     services: tuple[K8sObject, ...] = ()
     service_monitors: tuple[K8sObject, ...] = ()
     # When the snapshot was taken (Unix time), for the rules that wait (a ServiceMonitor
-    # going away); None: no clock (an offline plan), nothing waits.
-    now: float | None = None
+    # going away); None: no clock (an offline plan), nothing waits. Two worlds of the same
+    # objects are equal whenever they were taken.
+    now: float | None = field(default=None, compare=False)
 
 
 # The kinds the planner reads, by the World field that holds them; the first two are
