@@ -45,6 +45,7 @@ ALERTS = (
     "SharedSvcReconcileStale",
     "SharedSvcInvalidSpec",
     "SharedSvcDuplicateScrapeTarget",
+    "SharedSvcExporterScrapedTwice",
     "SharedSvcLeaseErrors",
     "SharedSvcUpgradeEvictionBlocked",
     "SharedSvcUpgradeConsumersNotLeaving",
@@ -307,6 +308,20 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
 
         return build
 
+    def exporter_jobs(n: int, values: str, namespace: str = r.namespace) -> Callable[[World], None]:
+        """The DCGM exporter pod at ``pod_ip`` a target of ``n`` jobs, with ``values`` in
+        the last; shared-svc's own target (port 8080) beside it."""
+
+        def build(w: World) -> None:
+            jobs = ("nvidia-dcgm-exporter", "kubernetes-service-endpoints", "dcgm")[:n]
+            for k, job in enumerate(jobs):
+                labels = {"namespace": namespace, "job": job, "instance": f"{pod_ip}:9400"}
+                w.add("up", labels, values if k == n - 1 else "1x60")
+            w.add("up", w.target("shared-svc-a"), "1x60")
+
+        return build
+
+    pod_ip = "10.244.0.7"
     lease_name = r.lease or "shared-svc"
     expiry = "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds"
     failed = {**nj, "state": "upgrade-failed"}
@@ -345,6 +360,23 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
                     gauge("shared_svc_pending", "1x60", reason="DuplicateScrapeTarget"), "25m", None
                 ),
                 Case(gauge("shared_svc_pending", "1x60", reason="ServiceNotAdopted"), "35m", None),
+            ],
+        ),
+        "SharedSvcExporterScrapedTwice": (
+            # the exporter pod at 10.244.0.7 in two jobs (a ServiceMonitor's, an annotation job)
+            [
+                Case(
+                    exporter_jobs(2, "1x60"),
+                    "20m",
+                    {"namespace": r.namespace, "instance": f"{pod_ip}:9400"},
+                    "2",
+                )
+            ],
+            # in one job; in two, but only for 5 minutes; another namespace's in two
+            [
+                Case(exporter_jobs(1, "1x60"), "20m", None),
+                Case(exporter_jobs(2, "1x5"), "20m", None),
+                Case(exporter_jobs(2, "1x60", namespace="other-ns"), "20m", None),
             ],
         ),
         "SharedSvcUpgradeFailedNodes": (

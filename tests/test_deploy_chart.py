@@ -1045,7 +1045,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 16
+    assert len(documented) == 17
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1063,7 +1063,13 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
     for alert in alerts:
         expr, for_, severity = documented[alert["alert"]]
         # the documented expression, pinned to the namespace and the job by label matchers
-        assert 'namespace="ops", job="shared-svc-metrics"' in alert["expr"]
+        # (the exporters' targets, in whatever job: to the namespace)
+        pin = (
+            ""
+            if alert["alert"] == "SharedSvcExporterScrapedTwice"
+            else ', job="shared-svc-metrics"'
+        )
+        assert f'namespace="ops"{pin}' in alert["expr"]
         assert bare(expr) in bare(alert["expr"]), (expr, alert["expr"])
         assert (alert["for"], alert["labels"]["severity"]) == (for_, severity)
         assert alert["labels"]["team"] == "gpu"
@@ -1098,6 +1104,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcReconcileStale",
                 "SharedSvcInvalidSpec",
                 "SharedSvcDuplicateScrapeTarget",
+                "SharedSvcExporterScrapedTwice",
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
                 "SharedSvcWebhookCertificateExpiry",
