@@ -39,7 +39,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 import testenv
-from shared_svc.controllers.services.metrics import SELECTOR_MODES
+from shared_svc.controllers.services.outcomes import COMMON_LABELS
 from shared_svc.reconcile.names import SERVICE_NAMES
 from shared_svc.service import Service
 from testenv import prometheus as prom_env
@@ -237,16 +237,14 @@ async def test_the_selector_of_each_service_arrives_with_its_own_labels(stack: S
     await both_scraped(t)
     _, leader = t.leader()
     await settle(leader)
-    registry = leader.metrics.registry
+    # what the leader decided (/status: each Service's selector), not what it exports
+    assert leader.controller is not None and leader.controller.last_plan is not None
     want = {
-        (service, mode)
-        for service in SERVICE_NAMES
-        for mode in SELECTOR_MODES
-        if registry.get_sample_value(
-            "shared_svc_service_selector", {"dcgm_service": service, "mode": mode}
-        )
+        (s.name, "common" if set(s.selector or ()) & COMMON_LABELS else "app")
+        for s in leader.controller.last_plan.status
+        if s.kind == "Service"
     }
-    assert len(want) >= 2, want
+    assert len(want) == len(SERVICE_NAMES), want
     (query,) = panel("Selector of each Service", t.kk.ns)
     seen: set[tuple[str, str]] = set()
 
