@@ -332,7 +332,8 @@ def test_a_service_monitor_going_away_selects_nothing_first_and_goes_two_interva
     """With a clock (``World.now``): the GPUCluster stops monitoring, so its ``-dra``
     ServiceMonitor is made to select nothing (its targets end, Prometheus marks their
     series stale), and is deleted only once it has selected nothing for two of its scrape
-    intervals (15 s): at 30 s, not before. Without a clock (an offline plan) it goes at once."""
+    intervals (15 s) and Prometheus' discovery time (10 s): at 40 s, not before. Without a
+    clock (an offline plan) it goes at once."""
     from dataclasses import replace
 
     from shared_svc.reconcile.monitoring import drained_selector
@@ -352,7 +353,7 @@ def test_a_service_monitor_going_away_selects_nothing_first_and_goes_two_interva
     first = plan(replace(going, now=t0), Settings())
     drain = action_of(first, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
     assert (drain.action, drain.reason) == ("update", "ServiceMonitorDrained")
-    assert first.recheck_after == 30.0
+    assert first.recheck_after == 40.0
     # after the alias Service left it (coverage: it selects fewer, so it goes last)
     writes = [(a.action, a.kind, a.name) for a in first.writes]
     assert writes.index(("update", "Service", "nvidia-dcgm-exporter-dra")) < writes.index(
@@ -364,13 +365,13 @@ def test_a_service_monitor_going_away_selects_nothing_first_and_goes_two_interva
     )
     assert monitor["spec"]["selector"] == drained_selector("nvidia-dcgm-exporter-dra")
     assert DRAINED_ANNOTATION in monitor["metadata"]["annotations"]
-    assert monitor["metadata"]["ownerReferences"], "still owned (garbage-collected with its CR)"
+    assert "ownerReferences" not in monitor["metadata"], "not the garbage collector's: ours"
     assert not any(selects(monitor, s["metadata"]["labels"], NS) for s in drained.services)
 
-    waiting = plan(replace(drained, now=t0 + 29.0), Settings())
+    waiting = plan(replace(drained, now=t0 + 39.0), Settings())
     assert not [a for a in waiting.writes if a.kind == "ServiceMonitor"]
     assert waiting.recheck_after == 1.0
-    due = plan(replace(drained, now=t0 + 30.0), Settings())
+    due = plan(replace(drained, now=t0 + 40.0), Settings())
     assert action_of(due, "ServiceMonitor", "nvidia-dcgm-exporter-dra").action == "delete"
     assert due.recheck_after is None
     # one that selects something again (a hand edit) is drained again, not deleted

@@ -240,18 +240,34 @@ def action_for_unneeded(kind: ManagedKind, name: str, live: K8sObject) -> Action
     )
 
 
+# What the drain waits for beside two scrape intervals: Prometheus' discovery manager sends
+# target updates every 5 s and the scrape manager applies them at most every 5 s; a target
+# gone from discovery has its series marked stale a little over two intervals later, unless
+# its scrape job is dropped first.
+DISCOVERY_SECONDS = 10.0
+
+
 def going_away(
     name: str, live: K8sObject, now: float, default_interval: float
 ) -> tuple[Action | None, float | None]:
     """A ServiceMonitor of ours that no CR needs (ours alone; a foreign owner's is
-    released by :func:`action_for_unneeded`): made to select nothing first, deleted once
-    it has selected nothing for two of its scrape intervals (``monitoring``'s module
-    docstring). Returns the write (None: wait) and, while it waits, how long."""
-    wait = 2 * scrape_interval(live, default_interval)
+    released by :func:`action_for_unneeded`): made to select nothing first (and let go by
+    the garbage collector: our CR references removed), deleted once it has selected
+    nothing for two of its scrape intervals and ``DISCOVERY_SECONDS`` (``monitoring``'s
+    module docstring). Returns the write (None: wait) and, while it waits, how long."""
+    wait = 2 * scrape_interval(live, default_interval) + DISCOVERY_SECONDS
     since = drained_since(live, name)
     if since is None:
         pre = preconditions_of(live)
         annotations = meta(live).get("annotations")
+        # Our CR references go with the drain: the garbage collector would take it with the
+        # last of its CRs (a GPUCluster released by its finalizer) before its targets'
+        # series are marked; shared-svc deletes it (the time is on the object).
+        owners: tuple[K8sObject, ...] = (
+            ({"op": "remove", "path": _pointer("metadata", "ownerReferences")},)
+            if "ownerReferences" in meta(live)
+            else ()
+        )
         stamp: K8sObject = (
             {
                 "op": "add",
@@ -270,6 +286,7 @@ def going_away(
             {"op": "replace", "path": "/metadata/resourceVersion", "value": pre["resourceVersion"]},
             {"op": "add", "path": _pointer("spec", "selector"), "value": drained_selector(name)},
             stamp,
+            *owners,
         )
         action = Action(
             "update",
@@ -278,7 +295,7 @@ def going_away(
             "ServiceMonitorDrained",
             json_patch=ops,
             preconditions=pre,
-            changed_fields=("spec.selector",),
+            changed_fields=("spec.selector", OWNERS_PATH) if owners else ("spec.selector",),
         )
         return action, wait
     left = since + wait - now

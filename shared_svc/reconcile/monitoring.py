@@ -18,9 +18,12 @@ A ServiceMonitor of ours that no CR needs any more first loses its targets: it i
 select nothing (:func:`drained_selector`, the time in ``DRAINED_ANNOTATION``), so
 prometheus-operator keeps its scrape job with no target and Prometheus ends every series of
 its targets with a staleness marker; it is deleted once it has selected nothing for two of
-its scrape intervals (:func:`scrape_interval`). Deleted at once, its job would be dropped,
-and Prometheus stops a dropped job without staleness markers: its series would stay in
-every instant query for the lookback (5 minutes) after the pods are gone.
+its scrape intervals (:func:`scrape_interval`) and the time Prometheus' discovery takes
+(``diff.DISCOVERY_SECONDS``). Deleted at once, its job would be dropped, and Prometheus
+stops a dropped job without staleness markers (those of targets it dropped a moment
+before included): its series would stay in every instant query for the lookback (5
+minutes) after the pods are gone. The drain also removes our CR references, so the garbage
+collector does not take it with its last CR before then.
 """
 
 from __future__ import annotations
