@@ -299,12 +299,13 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
 
         return build
 
-    def errors(controller: str, values: str) -> Callable[[World], None]:
+    def errors(controller: str, values: str, blocked: str = "0x60") -> Callable[[World], None]:
         def build(w: World) -> None:
             name = "controller_runtime_reconcile_errors_total"
             w.add(name, {**w.target("shared-svc-a"), "controller": controller}, values)
             w.add(name, {**w.target("shared-svc-b"), "controller": controller}, "0x60")
             w.foreign(name, "0+1x60", controller="upgrade")
+            w.both("shared_svc_upgrade_blocked_pods", blocked)
 
         return build
 
@@ -403,10 +404,12 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
         ),
         "SharedSvcUpgradeReconcileErrors": (
             [Case(errors("upgrade", "0+1x60"), "25m", {**nj, "controller": "upgrade"})],
-            # one failure long ago; the Services controller's failures (SharedSvcReconcileStale's)
+            # one failure long ago; the Services controller's failures (SharedSvcReconcileStale's);
+            # refused evictions (SharedSvcUpgradeEvictionBlocked's)
             [
                 Case(errors("upgrade", "0 1x59"), "25m", None),
                 Case(errors("shared-services", "0+1x60"), "25m", None),
+                Case(errors("upgrade", "0+1x60", blocked="1x60"), "25m", None),
             ],
         ),
         "SharedSvcWebhookCertificateExpiry": (
