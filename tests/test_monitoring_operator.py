@@ -264,6 +264,16 @@ async def test_the_selector_of_each_service_arrives_with_its_own_labels(stack: S
     assert ours
     renamed = sorted({k for s in ours for k in s if k.startswith("exported_")})
     assert not renamed, f"labels of ours renamed by the scrape: {renamed}"
+    # the chart's rules, as the operator's rule file loads them: every alert, health ok
+    rendered = one(render_docs(*SETS, namespace=t.kk.ns), "PrometheusRule")
+    names = {r["alert"] for g in rendered["spec"]["groups"] for r in g["rules"]}
+
+    async def evaluated() -> bool:
+        data = await asyncio.to_thread(t.prom.get, "/api/v1/rules")
+        rules = {r["name"]: r for g in data["groups"] for r in g["rules"]}
+        return set(rules) == names and all(r["health"] == "ok" for r in rules.values())
+
+    await eventually(evaluated, timeout=30, interval=0.5)
 
 
 async def test_the_leader_stuck_holding_its_lease_is_what_the_panels_and_the_alert_show(
