@@ -330,14 +330,19 @@ def prometheus_operator(
     yield from started("prometheus-operator", lambda: prom_operator_env.start(operator_crds))
 
 
-@pytest.fixture(scope="module")
-def operator_stand_ins() -> Iterator[prom_env.StandIns]:
-    """The scrape proxy of the operator's jobs (``OPERATOR_PROXY``) and the stand-ins."""
-    s = prom_env.StandIns().start(jobs=(OPERATOR_PROXY,))
+def serving_stand_ins(jobs: tuple[str, ...] = tuple(prom_env.JOBS)) -> Iterator[prom_env.StandIns]:
+    """Exporter stand-ins with a scrape proxy per job of ``jobs``, until the fixture ends."""
+    s = prom_env.StandIns().start(jobs=jobs)
     try:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture(scope="module")
+def operator_stand_ins() -> Iterator[prom_env.StandIns]:
+    """The scrape proxy of the operator's jobs (``OPERATOR_PROXY``) and the stand-ins."""
+    yield from serving_stand_ins((OPERATOR_PROXY,))
 
 
 @pytest.fixture(scope="module")
