@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared_svc.controllers.upgrade.caches import UpgradeCaches
+from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
 from shared_svc.upgrade.paths import is_driver_pod
@@ -255,19 +256,16 @@ def cluster_policy(
     pod_selector: str | None = None,
     timeout_seconds: int | None = None,
     created: str = "2026-01-01T00:00:00Z",
+    use_nvidia_driver_crd: bool = False,
+    sandbox: bool = False,
 ) -> K8sObject:
-    """A ClusterPolicy with the fields the gate check reads (None leaves a field out)."""
-    upgrade: dict[str, Any] = {}
-    if auto_upgrade is not None:
-        upgrade["autoUpgrade"] = auto_upgrade
-    wait: dict[str, Any] = {}
-    if pod_selector is not None:
-        wait["podSelector"] = pod_selector
-    if timeout_seconds is not None:
-        wait["timeoutSeconds"] = timeout_seconds
-    if wait:
-        upgrade["waitForCompletion"] = wait
+    """A ClusterPolicy with the fields the gate check reads (None leaves a field out);
+    ``use_nvidia_driver_crd``: NVIDIADriver mode; ``sandbox``: sandbox workloads on."""
+    upgrade = wait_policy(auto_upgrade, pod_selector, timeout_seconds)
     driver: dict[str, Any] = {"upgradePolicy": upgrade} if upgrade else {}
+    if use_nvidia_driver_crd:
+        driver["useNvidiaDriverCRD"] = True
+    extra: dict[str, Any] = {"sandboxWorkloads": {"enabled": True}} if sandbox else {}
     return {
         "apiVersion": "nvidia.com/v1",
         "kind": "ClusterPolicy",
@@ -287,8 +285,87 @@ def cluster_policy(
             "dcgmExporter": {},
             "gfd": {},
             "nodeStatusExporter": {},
+            **extra,
         },
     }
+
+
+def wait_policy(
+    auto_upgrade: bool | None, pod_selector: str | None, timeout_seconds: int | None
+) -> dict[str, Any] | None:
+    """An upgrade policy with the fields the gate reads (None leaves a field out; all None:
+    no policy at all)."""
+    upgrade: dict[str, Any] = {}
+    if auto_upgrade is not None:
+        upgrade["autoUpgrade"] = auto_upgrade
+    wait: dict[str, Any] = {}
+    if pod_selector is not None:
+        wait["podSelector"] = pod_selector
+    if timeout_seconds is not None:
+        wait["timeoutSeconds"] = timeout_seconds
+    if wait:
+        upgrade["waitForCompletion"] = wait
+    return upgrade or None
+
+
+def nvidia_driver(
+    name: str = "default",
+    *,
+    auto_upgrade: bool | None = None,
+    pod_selector: str | None = None,
+    timeout_seconds: int | None = None,
+) -> K8sObject:
+    """An NVIDIADriver (gpu-operator v26.7.0's CRD: ``spec.upgradePolicy``, absent when every
+    field is None; ``autoUpgrade`` then defaults to true)."""
+    spec: dict[str, Any] = {"driverType": "gpu", "nodeSelector": {"nvidia.com/gpu.present": "true"}}
+    if (policy := wait_policy(auto_upgrade, pod_selector, timeout_seconds)) is not None:
+        spec["upgradePolicy"] = policy
+    return {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "NVIDIADriver",
+        "metadata": {"name": name, "uid": f"uid-nvd-{name}", "resourceVersion": "1"},
+        "spec": spec,
+    }
+
+
+def nvidia_driver_crd(*, upgrade_policy: bool = True) -> K8sObject:
+    """The NVIDIADriver CRD as far as ``policy.reads_driver_policy`` reads it: with
+    ``spec.upgradePolicy`` (gpu-operator v26.7.0) or without (v25.3.4)."""
+    spec_props: dict[str, Any] = {"driverType": {"type": "string"}}
+    if upgrade_policy:
+        spec_props["upgradePolicy"] = {"type": "object"}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "nvidiadrivers.nvidia.com", "uid": "uid-crd", "resourceVersion": "1"},
+        "spec": {
+            "versions": [
+                {
+                    "name": "v1alpha1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "properties": {"spec": {"type": "object", "properties": spec_props}}
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def apply_merge(target: Any, patch: Any) -> Any:
+    """An RFC 7386 merge patch applied to a copy of ``target`` (null removes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = apply_merge(out.get(key), value)
+    return out
 
 
 def apply_patch(node_obj: K8sObject, patch: NodePatch) -> K8sObject:
@@ -325,6 +402,17 @@ def apply_pod_action(
     return result
 
 
+class ReportRecorder:
+    """An Event emitter that keeps what it is given (``reports``) and never fails."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    async def emit(self, report: Report) -> bool:
+        self.reports.append(report)
+        return True
+
+
 class FakeUpgradeIO:
     """An in-process stand-in for the API server the upgrade controller talks to: nodes,
     pods and DaemonSets in dicts. Its caches (``caches``, a registry whose caches are
@@ -341,7 +429,11 @@ class FakeUpgradeIO:
         blocked: frozenset[str] = frozenset(),
         cluster_policies: Sequence[K8sObject] = (),
         driver: str = "gpu",
+        nvidia_drivers: Sequence[K8sObject] = (),
+        driver_crd: K8sObject | None = None,
     ) -> None:
+        """``nvidia_drivers`` and ``driver_crd`` (the NVIDIADriver CRD: None, not installed)
+        decide with the ClusterPolicies which upgrade policy gpu-operator reads."""
         self.caches = offline_registry()
         self.cached = UpgradeCaches.of(self.caches, driver)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
@@ -358,11 +450,13 @@ class FakeUpgradeIO:
         self.pod_lists: list[tuple[str, str | None]] = []  # (node, skip_namespace) of each list
         self.driver_lists: list[tuple[str, str]] = []  # (node, namespace) of each driver list
         self.echo_after_answer = False
-        self._writes = 0  # of ClusterPolicies: each write a new resourceVersion
+        self._writes = 0  # of ClusterPolicies and NVIDIADrivers: each a new resourceVersion
         for cache in self.cached.nodes:
             fill(cache, [copy.deepcopy(n) for n in nodes])
         fill(self.cached.daemonsets, [copy.deepcopy(d) for d in daemonsets])
         self.set_cluster_policies(cluster_policies)
+        self.set_nvidia_drivers(nvidia_drivers)
+        self.set_driver_crd(driver_crd)
 
     def set_node(self, node_obj: K8sObject) -> None:
         """The node as it is now: each node cache's watch brings it (its handlers are told)."""
@@ -375,15 +469,27 @@ class FakeUpgradeIO:
         for cache in self.cached.nodes:
             deliver(cache, copy.deepcopy(node_obj), deleted=True)
 
+    def _written(self, objects: Sequence[K8sObject]) -> list[K8sObject]:
+        """Copies of ``objects``, each written (a new resourceVersion)."""
+        written = []
+        for obj in objects:
+            self._writes += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = f"w-{self._writes}"
+            written.append(obj)
+        return written
+
     def set_cluster_policies(self, policies: Sequence[K8sObject]) -> None:
         """The ClusterPolicies, written (each a new resourceVersion), as a list brings them."""
-        written = []
-        for policy in policies:
-            self._writes += 1
-            policy = copy.deepcopy(policy)
-            policy["metadata"]["resourceVersion"] = f"cp-{self._writes}"
-            written.append(policy)
-        fill(self.cached.cluster_policies, written)
+        fill(self.cached.cluster_policies, self._written(policies))
+
+    def set_nvidia_drivers(self, drivers: Sequence[K8sObject]) -> None:
+        """The NVIDIADrivers, written (each a new resourceVersion), as a list brings them."""
+        fill(self.cached.nvidia_drivers, self._written(drivers))
+
+    def set_driver_crd(self, crd: K8sObject | None) -> None:
+        """The NVIDIADriver CRD (None: not installed), as its cache keeps it."""
+        fill(self.cached.driver_crd, [] if crd is None else [copy.deepcopy(crd)])
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         self.pod_lists.append((name, skip_namespace))

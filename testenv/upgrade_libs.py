@@ -6,11 +6,16 @@ upgrade state manager at the pseudo-version gpu-operator v26.7.0 vendors
 name ``gpu``, pod deletion with gpu-operator's filter, validation by
 ``app=nvidia-operator-validator``, and gpu-operator's restart-only rule: equal
 ``DRIVER_CONFIG_DIGEST`` env of the running driver pod and the DaemonSet template), reading
-the ClusterPolicy's ``spec.driver.upgradePolicy`` and requeueing every 2 minutes as
-gpu-operator's upgrade controller does (its main.go says what is played and what not).
+the upgrade policy gpu-operator v26.7.0 reads (the ClusterPolicy's ``spec.driver.upgradePolicy``
+in ClusterPolicy mode; in NVIDIADriver mode, ``useNvidiaDriverCRD`` or no ClusterPolicy, each
+NVIDIADriver's ``spec.upgradePolicy`` for the nodes labelled with its name) and requeueing
+every 2 minutes as gpu-operator's upgrade controller does (its main.go says what is played
+and what not).
 Built by ``testenv/upgrade-libs/build.sh`` (cached, its own key and lock), run as the
 admin of the control plane; the DaemonSet controller, kubelet and driver-manager around
-it are the tests' (``tests/upgrade_flow.py``). Synchronous (stdlib and :mod:`testenv`).
+it are the tests' (``tests/upgrade_flow.py``). It watches NVIDIADrivers, as gpu-operator
+v26.7.0 does in every mode: their CRD (``tests/data/upstream-crds/``) must be installed
+first, as gpu-operator's chart always does. Synchronous (stdlib and :mod:`testenv`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from testenv.builds import cached_build
 
 BUILD_SCRIPT = TESTENV_DIR / "upgrade-libs" / "build.sh"
 NAMESPACE = "gpu-operator"
-CLUSTER_POLICY = "cluster-policy"
+CLUSTER_POLICY = "cluster-policy"  # the name the tests give the ClusterPolicy
 
 
 class UpgradeLibsError(ControlPlaneError):
@@ -72,7 +77,6 @@ def start(
     cp: ControlPlane,
     *,
     namespace: str = NAMESPACE,
-    cluster_policy: str = CLUSTER_POLICY,
     requeue_seconds: float = 120.0,
     timeout: float = 60.0,
 ) -> UpgradeLibs:
@@ -85,7 +89,6 @@ def start(
         str(binary),
         f"--kubeconfig={cp.kubeconfig}",
         f"--namespace={namespace}",
-        f"--cluster-policy={cluster_policy}",
         f"--requeue={requeue_seconds:g}s",
         f"--health-probe-bind-address={health}",
         "--zap-encoder=json",

@@ -219,6 +219,7 @@ def _ns_job(r: Rendering) -> Labels:
 def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
     nj = _ns_job(r)
     stale_pod = {**nj, "pod": "shared-svc-a", "instance": "10.0.0.1:8080"}
+    nvd_a = {"kind": "NVIDIADriver", "name": "a"}  # the one source whose gate does not hold
 
     def conflicts(values: str) -> Callable[[World], None]:
         def build(w: World) -> None:
@@ -263,9 +264,18 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
         return build
 
     def gate(state: str, freeing: str) -> Callable[[World], None]:
+        """Two policy sources (NVIDIADriver mode): ``a`` with ``state``, ``b`` whose gate holds."""
+
         def build(w: World) -> None:
             for s in GATE_STATES:
-                w.both("shared_svc_upgrade_gate", "1x60" if s == state else "0x60", state=s)
+                for name, verdict in (("a", state), ("b", "ok")):
+                    w.both(
+                        "shared_svc_upgrade_gate",
+                        "1x60" if s == verdict else "0x60",
+                        kind="NVIDIADriver",
+                        name=name,
+                        state=s,
+                    )
             w.both("shared_svc_upgrade_nodes", "5x60", phase="idle")
             w.both("shared_svc_upgrade_nodes", freeing, phase="freeing")
             w.foreign("shared_svc_upgrade_gate", "1x60", state="missing")
@@ -455,8 +465,8 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
         ),
         "SharedSvcUpgradeGateMissing": (
             [
-                Case(gate("missing", "3x60"), "15m", {**nj, "state": "missing"}),
-                Case(gate("mismatch", "3x60"), "15m", {**nj, "state": "mismatch"}),
+                Case(gate("missing", "3x60"), "15m", {**nj, **nvd_a, "state": "missing"}),
+                Case(gate("mismatch", "3x60"), "15m", {**nj, **nvd_a, "state": "mismatch"}),
             ],
             # no node in an upgrade; a gate that holds
             [Case(gate("missing", "0x60"), "15m", None), Case(gate("ok", "3x60"), "15m", None)],

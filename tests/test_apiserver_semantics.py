@@ -338,6 +338,7 @@ CLUSTER_POLICY_PATHS = {
     ("driver", "upgradePolicy", "autoUpgrade"): "boolean",
     ("driver", "upgradePolicy", "waitForCompletion", "podSelector"): "string",
     ("driver", "upgradePolicy", "waitForCompletion", "timeoutSeconds"): "integer",
+    ("driver", "useNvidiaDriverCRD"): "boolean",
     ("sandboxWorkloads", "enabled"): "boolean",
 }
 

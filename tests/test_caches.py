@@ -37,7 +37,9 @@ def test_both_controllers_share_one_cache_per_resource_whichever_asks_first(
     assert services["clusterpolicies"] is upgrade.cluster_policies
     # The registry's option, not the first reader's.
     assert {c._backoff.cap for c in upgrade.all() if isinstance(c, Cache)} == {4.0}
-    assert len(registry.caches()) == 7  # 5 the Services controller's, 2 node caches more
+    # 5 the Services controller's; the upgrade controller's 2 node caches, the NVIDIADrivers
+    # and the NVIDIADriver CRD more
+    assert len(registry.caches()) == 9
 
 
 def test_without_the_upgrade_controller_the_services_controller_caches_its_namespace() -> None:
@@ -64,6 +66,8 @@ def test_the_registry_reports_the_sync_of_every_cache_by_its_name() -> None:
             "pods",
             "upgrading-nodes",
             "parked-nodes",
+            "nvidiadrivers",
+            "nvidiadriver-crd",
         ],
         False,
     )
@@ -86,7 +90,7 @@ def test_the_registry_says_when_every_cache_it_runs_has_synced_and_again_after_a
     not_run = registry.cache(
         Resource("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor"), runs=False
     )
-    own = [*services, *upgrade.nodes]
+    own = [*services, *upgrade.nodes, upgrade.nvidia_drivers, upgrade.driver_crd]
     registry.runnables()  # the Manager runs them from now on
     for cache in own[:-1]:
         fill(cache, [])

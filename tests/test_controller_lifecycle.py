@@ -24,6 +24,7 @@ import pytest
 import testenv
 from shared_svc.controllers.services import caches
 from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.upgrade import caches as upgrade_caches
 from shared_svc.controllers.upgrade.caches import node_resources
 from shared_svc.kube.registry import CacheRunnable
 from shared_svc.kube.writer import raw_request
@@ -321,7 +322,12 @@ async def test_every_cache_is_listed_once_and_all_at_once_though_both_controller
     is in flight before any is answered (start-up time, issue 22)."""
     config = service_config(control_plane, kube.ns, upgrade_controller=True)
     declared = caches.declare(config)
-    expected = [*declared.values(), *node_resources("gpu")]
+    expected = [
+        *declared.values(),
+        *node_resources("gpu"),
+        upgrade_caches.NVIDIA_DRIVERS,
+        upgrade_caches.NVIDIA_DRIVER_CRD_RESOURCE,
+    ]
     proxy = await ListingProxy.start(control_plane)
     proxy.held = {
         (r.path, selector) for r in expected for selector in (r.any_of or (r.label_selector or "",))
@@ -345,7 +351,7 @@ async def test_every_cache_is_listed_once_and_all_at_once_though_both_controller
         | {(r.path, r.label_selector or "") for r in expected if not r.any_of}
     )
     assert {key: lists.get(key) for key in proxy.held} == dict.fromkeys(proxy.held, 1)
-    assert proxy.most_in_flight == len(proxy.held) == 12, "every cache lists at once"
+    assert proxy.most_in_flight == len(proxy.held) == 14, "every cache lists at once"
 
 
 @pytest.mark.apiserver
@@ -431,6 +437,8 @@ async def test_stop_ends_every_part_in_reverse_order_of_start_and_releases_the_l
         f"cache Pod in {kube.ns}",
         f"cache Node ({state})",
         f"cache Node ({parked})",
+        "cache NVIDIADriver",
+        "cache CustomResourceDefinition",
         "admission-webhook",
         "webhook-certificate",
         "admission-guard",

@@ -189,13 +189,22 @@ UPGRADE = {
     ("", "pods", ("list",), ()),
     ("", "pods/eviction", ("create",), ()),
     ("apps", "daemonsets", ("list", "watch"), ()),
-    # the upgrade flow's gate: read, never written (configure-gate is the admin's)
+    # the upgrade policy gpu-operator reads and its gate: read, never written
+    # (configure-gate is the admin's)
     ("nvidia.com", "clusterpolicies", ("list", "watch"), ()),
+    ("nvidia.com", "nvidiadrivers", ("list", "watch"), ()),
     (
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         ("get",),
-        ("clusterpolicies.nvidia.com",),
+        ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"),
+    ),
+    # the NVIDIADriver CRD, by name: does it have spec.upgradePolicy (gpu-operator v26.7)?
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        ("nvidiadrivers.nvidia.com",),
     ),
 }
 

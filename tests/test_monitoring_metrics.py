@@ -18,6 +18,7 @@ from shared_svc.reconcile.model import ObjectStatus, Plan
 from shared_svc.runtime.controller import Controller, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.service_metrics import TARGET_LABELS, Metrics
+from shared_svc.upgrade.gate import GateCheck, GateVerdicts
 from shared_svc.upgrade.planner import NodeStatus
 from shared_svc.upgrade.record import format_time
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
@@ -28,6 +29,18 @@ TIMEOUT = 300.0
 
 def value(registry: CollectorRegistry, metric: str, **labels: str) -> float | None:
     return registry.get_sample_value(metric, labels)
+
+
+CP = {"kind": "ClusterPolicy", "name": "cluster-policy"}
+
+
+def verdicts(state: str, *sources: tuple[str, str]) -> GateVerdicts:
+    """A review with one verdict ``state`` per source (kind, name): the ClusterPolicy by default."""
+    checks = tuple(
+        GateCheck(state, f"{kind}/{name}", "", 0, "", "")  # type: ignore[arg-type]
+        for kind, name in (sources or (("ClusterPolicy", "cluster-policy"),))
+    )
+    return GateVerdicts("cluster-policy", "", checks)
 
 
 def status(
@@ -71,7 +84,7 @@ def test_stalled_nodes_are_freeing_past_the_timeout_with_no_eviction_refused() -
     ]
     for shown in statuses:
         m.changed(None, shown)
-    m.publish(gate="missing", now=NOW, eviction_timeout=TIMEOUT)
+    m.publish(gate=verdicts("missing"), now=NOW, eviction_timeout=TIMEOUT)
     r = m.registry
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 2
     assert value(r, "shared_svc_upgrade_blocked_pods") == 1
@@ -83,18 +96,28 @@ def test_stalled_nodes_are_freeing_past_the_timeout_with_no_eviction_refused() -
     assert by_state["cordon-required"] == 2 and by_state["pod-restart-required"] == 2
     assert by_state["unknown"] == 1 and by_state["other"] == 1 and by_state["none"] == 1
     assert by_state["upgrade-done"] == 0 and sum(v or 0 for v in by_state.values()) == 10
-    assert {s: value(r, "shared_svc_upgrade_gate", state=s) for s in GATE_STATES} == {
+    assert {s: value(r, "shared_svc_upgrade_gate", **CP, state=s) for s in GATE_STATES} == {
         s: 1.0 if s == "missing" else 0.0 for s in GATE_STATES
     }
-    # once the consumers leave, and before the gate is reviewed
+    # once the consumers leave; the policy source changed (NVIDIADriver mode: two of them)
     for shown in statuses:
         m.changed(shown, None)
-    m.publish(gate=None, now=NOW, eviction_timeout=TIMEOUT)
+    nvd = (("NVIDIADriver", "a"), ("NVIDIADriver", "b"))
+    m.publish(gate=verdicts("ok", *nvd), now=NOW, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_pending_pods") == 0
     assert all(value(r, "shared_svc_upgrade_nodes", phase=p) == 0 for p in PHASES)
     assert all(value(r, "shared_svc_upgrade_nodes_by_state", state=s) == 0 for s in NODE_STATES)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
-    assert all(value(r, "shared_svc_upgrade_gate", state=s) == 0 for s in GATE_STATES)
+    # The ClusterPolicy's series went with it; one verdict per NVIDIADriver.
+    assert all(value(r, "shared_svc_upgrade_gate", **CP, state=s) is None for s in GATE_STATES)
+    for _, name in nvd:
+        assert value(r, "shared_svc_upgrade_gate", kind="NVIDIADriver", name=name, state="ok") == 1
+        assert (
+            value(r, "shared_svc_upgrade_gate", kind="NVIDIADriver", name=name, state="missing")
+            == 0
+        )
+    m.publish(gate=None, now=NOW, eviction_timeout=TIMEOUT)  # not reviewed: what was, stays
+    assert value(r, "shared_svc_upgrade_gate", kind="NVIDIADriver", name="a", state="ok") == 1
 
 
 def test_the_counts_follow_each_change_and_a_beat_walks_only_the_nodes_being_freed() -> None:
@@ -107,23 +130,23 @@ def test_the_counts_follow_each_change_and_a_beat_walks_only_the_nodes_being_fre
     idle = [status(f"n{i}", "upgrade-done", "idle") for i in range(3)]
     for shown in (young, *idle):
         m.changed(None, shown)
-    m.publish(gate="ok", now=NOW, eviction_timeout=TIMEOUT)
+    m.publish(gate=verdicts("ok"), now=NOW, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
     assert value(r, "shared_svc_upgrade_nodes_by_state", state="upgrade-done") == 3
     assert value(r, "shared_svc_upgrade_pending_pods") == 1
-    m.publish(gate="missing", now=NOW + 300, eviction_timeout=TIMEOUT)
+    m.publish(gate=verdicts("missing"), now=NOW + 300, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 1  # past the timeout now
-    assert value(r, "shared_svc_upgrade_gate", state="missing") == 1
+    assert value(r, "shared_svc_upgrade_gate", **CP, state="missing") == 1
     freed = status("young", "cordon-required", "freed", NOW - 100)
     m.changed(young, freed)  # its consumer left
-    m.publish(gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
+    m.publish(gate=verdicts("ok"), now=NOW + 300, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_stalled_nodes") == 0
     assert value(r, "shared_svc_upgrade_nodes", phase="freeing") == 0
     assert value(r, "shared_svc_upgrade_nodes", phase="freed") == 1
     assert value(r, "shared_svc_upgrade_pending_pods") == 0
     assert value(r, "shared_svc_upgrade_nodes_by_state", state="cordon-required") == 1
     m.changed(idle[0], None)  # the node left the caches
-    m.publish(gate="ok", now=NOW + 300, eviction_timeout=TIMEOUT)
+    m.publish(gate=verdicts("ok"), now=NOW + 300, eviction_timeout=TIMEOUT)
     assert value(r, "shared_svc_upgrade_nodes_by_state", state="upgrade-done") == 2
     assert value(r, "shared_svc_upgrade_nodes", phase="idle") == 2
 
@@ -138,7 +161,8 @@ def test_every_known_series_is_there_at_zero_from_the_start() -> None:
     assert value(r, "shared_svc_admission_guard", mode="none") == 0
     assert value(r, "shared_svc_admission_webhooks", served="false") == 0
     assert value(r, "shared_svc_admission_unguarded_writers") == 0
-    assert all(value(r, "shared_svc_upgrade_gate", state=s) == 0 for s in GATE_STATES)
+    # The gate's series are per policy source: none before the first review.
+    assert not [s for s in r.collect() for x in s.samples if x.name == "shared_svc_upgrade_gate"]
     assert all(value(r, "shared_svc_upgrade_nodes_by_state", state=s) == 0 for s in NODE_STATES)
 
     async def reconcile(key: str) -> Result:

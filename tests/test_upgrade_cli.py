@@ -46,8 +46,22 @@ STATUS_NODE_KEYS = {
     "driverDaemonset",
     "unknownState",
     "recordError",
+    "policy",
+    "noFlow",
 }
-STATUS_GATE_KEYS = {"state", "policy", "podSelector", "timeoutSeconds", "wanted", "message"}
+STATUS_GATE_KEYS = {"mode", "why", "state", "verdicts", "unread", "ungoverned", "ungovernedCount"}
+STATUS_VERDICT_KEYS = {
+    "state",
+    "policy",
+    "podSelector",
+    "timeoutSeconds",
+    "wanted",
+    "message",
+    "field",
+    "governs",
+    "nodes",
+    "nodeCount",
+}
 ZONE = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
 GPU = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
 
@@ -340,6 +354,7 @@ def test_status_lists_only_nodes_upgrading_or_still_parked(
         # The keys of /status (camelCase, docs/upgrade.md) for the same things.
         assert all(set(s) == STATUS_NODE_KEYS for s in printed["nodes"]), printed["nodes"]
         assert set(printed["gate"]) == STATUS_GATE_KEYS, printed["gate"]
+        assert all(set(v) == STATUS_VERDICT_KEYS for v in printed["gate"]["verdicts"])
         assert set(shown) <= set(listed)
         assert {n: listed[n] for n in shown} == shown
         assert not set(idle) & set(listed)
@@ -382,7 +397,8 @@ def test_configure_gate_prints_then_applies_the_merge_patch(
     try:
         assert main(["upgrade", "status", *kc]) == 0
         out = capsys.readouterr().out
-        assert out.startswith("gate: WARNING: ") and "races the driver restart" in out
+        assert out.startswith("gate: ") and "races the driver restart" in out
+        assert f"  WARNING: missing: ClusterPolicy/{name} has no" in out, out
 
         assert main(["upgrade", "configure-gate", *kc]) == 0
         out = capsys.readouterr().out
@@ -402,7 +418,7 @@ def test_configure_gate_prints_then_applies_the_merge_patch(
         assert _wait_spec(control_plane, name) == {}  # printed only, nothing written
 
         assert main(["upgrade", "configure-gate", "--apply", *kc]) == 0
-        assert f"applied to ClusterPolicy {name}" in capsys.readouterr().out
+        assert f"applied to ClusterPolicy/{name}" in capsys.readouterr().out
         assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 600}
 
         assert main(["upgrade", "configure-gate", "--apply", *kc]) == 0
@@ -453,7 +469,7 @@ def test_configure_gate_plans_again_when_the_cluster_policy_changed_meanwhile(
         if writes < command.CONFLICT_TRIES:
             assert code == 0 and reads == writes + 1
             assert captured.err.count("changed meanwhile: planning again") == writes
-            assert f"applied to ClusterPolicy {name}" in captured.out
+            assert f"applied to ClusterPolicy/{name}" in captured.out
             assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 600}
         else:
             assert code == 2 and reads == command.CONFLICT_TRIES
@@ -494,6 +510,10 @@ def test_configure_gate_without_a_cluster_policy_is_one_line(
     control_plane.request("DELETE", f"{CLUSTER_POLICIES}/{name}")
     code = main(["upgrade", "configure-gate", "--kubeconfig", str(control_plane.kubeconfig)])
     err = capsys.readouterr().err
-    assert code == 2 and "no ClusterPolicy found" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and "no upgrade policy gpu-operator reads" in err
+        and len(err.strip().splitlines()) == 1
+    )
     code = main(["upgrade", "configure-gate", "--timeout-seconds", "0"])
     assert code == 2 and "--timeout-seconds must be > 0" in capsys.readouterr().err

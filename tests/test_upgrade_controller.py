@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade.io import ForeignKeyError, check_own_keys
 from shared_svc.controllers.upgrade.reconciler import UpgradeController
-from shared_svc.k8s.events import Report
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.runtime.source import Event, NewestVersions
 from shared_svc.upgrade.planner import NodeChanged, NodePatch
@@ -27,13 +26,7 @@ from tests.test_upgrade_cli import STATUS_NODE_KEYS
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    async def emit(self, report: Report) -> bool:
-        self.reports.append(report)
-        return True
+Recorder = ex.ReportRecorder
 
 
 def make(

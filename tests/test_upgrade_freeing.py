@@ -611,7 +611,8 @@ async def test_missing_gate_is_a_warning_on_the_cluster_policy_at_start(
     assert "waitForCompletion.podSelector" in warning["note"]
     assert "nvidia.com/gpu-driver-upgrade.consumer=true" in warning["note"]
     gate = running.controller.status()["gate"]
-    assert gate["state"] == "missing" and gate["policy"] == f"ClusterPolicy/{name}"
+    assert gate["state"] == "missing" and gate["mode"] == "cluster-policy"
+    assert [v["policy"] for v in gate["verdicts"]] == [f"ClusterPolicy/{name}"]
 
     # The admin sets the gate (configure-gate's patch): the check passes, no new Warning.
     patch = {

@@ -29,12 +29,12 @@ from shared_svc.upgrade import daemonsets, record
 from shared_svc.upgrade.gate import (
     DEFAULT_GATE_TIMEOUT_SECONDS,
     NoConsumerLabel,
-    check_gate,
     consumer_labels,
     plan_gate,
-    policy_of_cluster_policy,
+    review_gate,
 )
 from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade.policy import policy_of_cluster_policy, policy_sources
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -46,7 +46,12 @@ T0 = 1_700_000_000.0
 
 
 def check(*policies: dict[str, Any], selector: str = WANTED) -> Any:
-    return check_gate(list(policies), parse_selector(selector))
+    """The one verdict on the ClusterPolicies' gate (gpu-operator before v26.7.0: no
+    NVIDIADriver policy), and its Warning."""
+    sources = policy_sources(list(policies), [], driver_policy=False)
+    verdicts = review_gate(sources, parse_selector(selector))
+    [verdict] = verdicts.checks
+    return verdict, (verdicts.reports[0] if verdicts.reports else None)
 
 
 # --- the check ---
@@ -195,19 +200,6 @@ def test_plan_never_replaces_a_foreign_selector_silently() -> None:
     }
 
 
-def merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge(out.get(key), value)
-    return out
-
-
 keys = st.sampled_from(["a", "b", "example.com/c", LABEL])
 values = st.sampled_from(["true", "x", "y"])
 requirement = st.one_of(
@@ -236,8 +228,8 @@ def test_configure_gate_makes_the_check_pass(
     policy = policy_of_cluster_policy(cp)
     for replace in (False, True):
         plan = plan_gate(policy, sel, replace=replace)
-        after = merge(copy.deepcopy(cp), plan.patch)
-        verdict, report = check_gate([after], sel)
+        after = ex.apply_merge(cp, plan.patch)
+        verdict, report = check(after, selector=consumer)
         if plan.action == "refuse":
             assert not replace and after == cp
             continue
@@ -337,13 +329,7 @@ def test_record_restart_race_round_trips_and_old_records_stay_byte_for_byte() ->
 # --- the controller: the gate Warning and /status ---
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.reports: list[Report] = []
-
-    async def emit(self, report: Report) -> bool:
-        self.reports.append(report)
-        return True
+Recorder = ex.ReportRecorder
 
 
 async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None:
@@ -356,7 +342,10 @@ async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None
     await controller.gate_review.review()
     assert [r.reason for r in recorder.reports] == ["GPUConsumerGateMissing"]
     gate = controller.status()["gate"]
-    assert gate["state"] == "missing" and "races the driver restart" in gate["message"]
+    assert gate["state"] == "missing" and gate["mode"] == "cluster-policy"
+    [verdict] = gate["verdicts"]
+    assert verdict["policy"] == "ClusterPolicy/cluster-policy"
+    assert "races the driver restart" in verdict["message"]
     io.set_cluster_policies([ex.cluster_policy(pod_selector=WANTED, timeout_seconds=600)])
     await controller.gate_review.review()
     assert controller.status()["gate"]["state"] == "ok" and len(recorder.reports) == 1

@@ -26,7 +26,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,10 +34,9 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.cli import main as cli
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
-from testenv import gpu_operator as gpu_env
 from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
-from tests.kube import api_client, eventually
+from tests.kube import eventually
 from tests.svc import running
 from tests.upgrade_flow import (
     APPS,
@@ -49,20 +47,21 @@ from tests.upgrade_flow import (
     PARKED,
     RECORD,
     UPGRADE_POLICY,
-    VALIDATOR_APP,
     Cluster,
     K8sObject,
     Recorder,
     consumer_stop_seconds,
     explained,
     exporter_daemonset,
-    is_consumer,
+    libs_plane,
+    libs_stand_ins,
     node_events,
     pod_key,
     post,
     recording,
     unsettled_nodes,
     upgrade_service_config,
+    validator_daemonset,
     wait_until,
     workloads,
 )
@@ -114,28 +113,6 @@ def _driver_daemonset(w: World) -> dict[str, Any]:
     return ds
 
 
-def _validator_daemonset() -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {
-            "name": VALIDATOR_APP,
-            "namespace": OPERATOR_NS,
-            "labels": {"app": VALIDATOR_APP},
-        },
-        "spec": {
-            "selector": {"matchLabels": {"app": VALIDATOR_APP}},
-            "template": {
-                "metadata": {"labels": {"app": VALIDATOR_APP}},
-                "spec": {
-                    "nodeSelector": {DEPLOY_VALIDATOR: "true"},
-                    "containers": [{"name": "validator", "image": "validator:1"}],
-                },
-            },
-        },
-    }
-
-
 def _cluster_policy() -> dict[str, Any]:
     policy = ex.cluster_policy(libs_env.CLUSTER_POLICY, auto_upgrade=True)
     for key in ("uid", "resourceVersion", "creationTimestamp"):
@@ -145,47 +122,24 @@ def _cluster_policy() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def libs_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
-    """A control plane of the module's own (the flow acts on every node and ClusterPolicy),
-    with the GPU nodes."""
-    workdir: Path = tmp_path_factory.mktemp("upgrade-libs")
-    try:
-        cp = testenv.start(workdir)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"control plane for the upgrade libs did not start: {exc}", pytrace=False)
-    try:
-        for node in NODES:
-            gpu_env.add_gpu_node(cp, node, labels={DEPLOY_DRIVER: "true", DEPLOY_VALIDATOR: "true"})
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testenv.ControlPlane]:
+    with libs_plane(tmp_path_factory.mktemp("upgrade-libs")) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
-async def world(libs_plane: testenv.ControlPlane) -> AsyncIterator[World]:
+async def world(plane: testenv.ControlPlane) -> AsyncIterator[World]:
     """The libs' state machine running, the driver installed on both nodes (the stand-ins
     running), the gate set, and the prepared consumer DaemonSet on both."""
-    cp = libs_plane
-    try:
-        libs = await asyncio.to_thread(libs_env.start, cp)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"upgrade-libs did not start: {exc}", pytrace=False)
-    api = await api_client(cp)
-    stop = asyncio.Event()
-    cluster = Cluster(
-        api, NODES, namespaces=(APPS,), stop_seconds=_stop_seconds, consumer=is_consumer
-    )
-    task = asyncio.ensure_future(cluster.run(stop))
-    w = World(cp, libs, api, cluster)
-    kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
-    try:
+    cp = plane
+    async with libs_stand_ins(cp, _stop_seconds) as (libs, api, cluster):
+        w = World(cp, libs, api, cluster)
+        kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
         for ns in (OPERATOR_NS, APPS):
             await post(api, "/api/v1/namespaces", {"metadata": {"name": ns}})
         await post(api, "/apis/nvidia.com/v1/clusterpolicies", _cluster_policy())
         await post(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", _driver_daemonset(w))
-        await post(
-            api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", _validator_daemonset()
-        )
+        await post(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets", validator_daemonset())
         await post(api, f"/apis/apps/v1/namespaces/{APPS}/daemonsets", exporter_daemonset())
         for args in (
             ["upgrade", "prepare-daemonset", f"{APPS}/{EXPORTER}"],
@@ -194,11 +148,6 @@ async def world(libs_plane: testenv.ControlPlane) -> AsyncIterator[World]:
             assert await asyncio.to_thread(cli, [*args, *kubeconfig]) == 0
         await wait_until("driver install", lambda: _unsettled(w), w.log)
         yield w
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await api.close()
-        libs.stop()
 
 
 async def _unsettled(w: World) -> str | None:

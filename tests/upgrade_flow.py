@@ -44,16 +44,22 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+import testenv
 from shared_svc.config import Config
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from testenv import ControlPlane
-from tests.kube import eventually
+from testenv import gpu_operator as gpu_env
+from testenv import upgrade_libs as libs_env
+from tests.conftest import UPSTREAM_CRDS
+from tests.kube import api_client, eventually
 from tests.svc import service_config
 
 K8sObject = dict[str, Any]
@@ -63,6 +69,8 @@ STATE = "nvidia.com/gpu-driver-upgrade-state"
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
 RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
 DRIVER_DS = "nvidia-driver-daemonset"
+# Every driver pod and DaemonSet carries it, ClusterPolicy's and each NVIDIADriver's.
+DRIVER_COMPONENT = ("app.kubernetes.io/component", "nvidia-driver")
 VALIDATOR_APP = "nvidia-operator-validator"
 HASH = "controller-revision-hash"
 BEAT = "upgrade-flow.test/kubelet-beat"
@@ -113,6 +121,13 @@ def _controller_uid(obj: K8sObject) -> str | None:
             uid: str = ref["uid"]
             return uid
     return None
+
+
+def is_driver(obj: K8sObject) -> bool:
+    """A driver pod or DaemonSet of gpu-operator, in either mode."""
+    key, value = DRIVER_COMPONENT
+    labels = _labels(obj)
+    return labels.get(key) == value or labels.get("app") == DRIVER_DS
 
 
 def is_ready(pod: K8sObject) -> bool:
@@ -305,7 +320,7 @@ class Cluster:
         for pod in pods:
             meta = pod["metadata"]
             node = pod["spec"]["nodeName"]
-            driver = _labels(pod).get("app") == DRIVER_DS
+            driver = is_driver(pod)
             if driver and is_ready(pod):
                 self._loaded[node] = driver_digest(pod["spec"])
             if meta.get("deletionTimestamp") or is_ready(pod):
@@ -435,6 +450,8 @@ class Cluster:
                 for pod in live:
                     await self._delete(pod)
                 continue
+            if not here and is_driver(ds) and self._other_driver(ds, node_name, pods):
+                continue  # not this DaemonSet's node yet (see _other_driver)
             wanted += 1
             if strategy == "RollingUpdate":
                 for pod in live:
@@ -464,6 +481,19 @@ class Cluster:
                 content_type=MERGE_PATCH,
                 query=[("fieldManager", DS_CONTROLLER)],
             )
+
+    @staticmethod
+    def _other_driver(ds: K8sObject, node: str, pods: list[K8sObject]) -> bool:
+        """Another driver pod is on the node (an orphaned ClusterPolicy driver pod after the
+        switch to NVIDIADriver mode, another NVIDIADriver's): the node is not this
+        DaemonSet's yet (not scheduled, not counted in ``desiredNumberScheduled``); it gets
+        its driver pod once that one is gone (the upgrade flow deletes an orphaned driver
+        pod in pod-restart-required), as one node runs one driver."""
+        uid = ds["metadata"]["uid"]
+        return any(
+            p["spec"].get("nodeName") == node and is_driver(p) and _controller_uid(p) != uid
+            for p in pods
+        )
 
     async def _revision(self, ds: K8sObject, current: str, revisions: list[K8sObject]) -> None:
         meta = ds["metadata"]
@@ -779,6 +809,56 @@ UPGRADE_POLICY: dict[str, Any] = {
 }
 
 
+@contextlib.contextmanager
+def libs_plane(workdir: Path) -> Iterator[ControlPlane]:
+    """A control plane of a libs-flow module's own (the flow acts on every node): the GPU
+    nodes, and gpu-operator v26.7's NVIDIADriver CRD, which its chart installs in every mode
+    (the libs' driver watches NVIDIADrivers as its upgrade controller does)."""
+    try:
+        cp = testenv.start(workdir)
+        cp.install_crds([UPSTREAM_CRDS / "nvidia.com_nvidiadrivers.yaml"])
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"control plane for the upgrade libs did not start: {exc}", pytrace=False)
+    try:
+        for node in NODES:
+            gpu_env.add_gpu_node(
+                cp,
+                node,
+                labels={
+                    "nvidia.com/gpu.deploy.driver": "true",
+                    "nvidia.com/gpu.deploy.operator-validator": "true",
+                },
+            )
+        yield cp
+    finally:
+        cp.stop()
+
+
+@contextlib.asynccontextmanager
+async def libs_stand_ins(
+    cp: ControlPlane, stop_seconds: Callable[[K8sObject], float], **libs: Any
+) -> AsyncIterator[tuple[libs_env.UpgradeLibs, ApiClient, Cluster]]:
+    """The libs' state machine running against ``cp`` (``libs``: ``libs_env.start``'s
+    options), a client, and the stand-ins (:class:`Cluster`) running until the block ends."""
+    try:
+        driver = await asyncio.to_thread(libs_env.start, cp, **libs)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"upgrade-libs did not start: {exc}", pytrace=False)
+    api = await api_client(cp)
+    stop = asyncio.Event()
+    cluster = Cluster(
+        api, NODES, namespaces=(APPS,), stop_seconds=stop_seconds, consumer=is_consumer
+    )
+    task = asyncio.ensure_future(cluster.run(stop))
+    try:
+        yield driver, api, cluster
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await api.close()
+        driver.stop()
+
+
 def upgrade_service_config(cp: ControlPlane) -> Config:
     """shared-svc's upgrade controller alone, polling a node its consumers leave every 0.5 s."""
     return service_config(
@@ -832,6 +912,26 @@ def exporter_daemonset() -> dict[str, Any]:
                 "spec": {
                     "terminationGracePeriodSeconds": GRACE,
                     "containers": [{"name": "exporter", "image": "registry.invalid/exporter:1"}],
+                },
+            },
+        },
+    }
+
+
+def validator_daemonset() -> dict[str, Any]:
+    """gpu-operator's validator DaemonSet (the flow waits for its pod in validation-required)."""
+    labels = {"app": VALIDATOR_APP}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": VALIDATOR_APP, "namespace": OPERATOR_NS, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.deploy.operator-validator": "true"},
+                    "containers": [{"name": "validator", "image": "validator:1"}],
                 },
             },
         },
@@ -929,22 +1029,24 @@ async def recording(api: ApiClient) -> AsyncIterator[Recorder]:
         await asyncio.wait_for(task, 30)
 
 
-async def newest_driver_hash(api: ApiClient) -> str | None:
-    """The hash of the driver DaemonSet's newest ControllerRevision (what the upgrade
-    library compares the driver pods' ``controller-revision-hash`` with)."""
+async def newest_driver_hashes(api: ApiClient) -> dict[str, str]:
+    """By driver DaemonSet uid (ClusterPolicy's, or each NVIDIADriver's), the hash of its
+    newest ControllerRevision (what the upgrade library compares the driver pods'
+    ``controller-revision-hash`` with)."""
     revisions = await list_items(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions")
-    mine = [r for r in revisions if r["metadata"]["name"].startswith(f"{DRIVER_DS}-")]
-    if not mine:
-        return None
-    newest: str = max(mine, key=lambda r: int(r["revision"]))["metadata"]["name"]
-    return newest.removeprefix(f"{DRIVER_DS}-")
+    newest: dict[str, K8sObject] = {}
+    for r in revisions:
+        owner = _controller_uid(r)
+        if owner and (owner not in newest or int(r["revision"]) > int(newest[owner]["revision"])):
+            newest[owner] = r
+    return {owner: str(_labels(r).get(HASH)) for owner, r in newest.items()}
 
 
 async def unsettled_nodes(api: ApiClient) -> str | None:
     """What is missing before every node is upgrade-done, uncordoned, on the newest driver
     revision (driver, validator and prepared DaemonSet's pods Ready), with nothing of
     shared-svc's left on it; None when all that holds."""
-    newest = await newest_driver_hash(api)
+    newest = await newest_driver_hashes(api)
     nodes = {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
     pods = await list_items(api, "/api/v1/pods")
     for name in NODES:
@@ -957,11 +1059,12 @@ async def unsettled_nodes(api: ApiClient) -> str | None:
         if nodes[name]["spec"].get("unschedulable"):
             return f"{name}: still cordoned"
         here = [p for p in pods if p["spec"].get("nodeName") == name]
-        driver = [p for p in here if _labels(p).get("app") == DRIVER_DS]
+        driver = [p for p in here if is_driver(p)]
         if len(driver) != 1 or not is_ready(driver[0]):
             return f"{name}: driver pods {[p['metadata']['name'] for p in driver]} not Ready"
-        if _labels(driver[0]).get(HASH) != newest:
-            return f"{name}: driver pod not of the newest revision {newest}"
+        wanted = newest.get(str(_controller_uid(driver[0])))
+        if _labels(driver[0]).get(HASH) != wanted:
+            return f"{name}: driver pod not of the newest revision {wanted}"
         for app in (VALIDATOR_APP, EXPORTER):
             if not any(_labels(p).get("app") == app and is_ready(p) for p in here):
                 return f"{name}: no Ready {app} pod"

@@ -8,9 +8,11 @@ unified diff and writes it in one patch (``--dry-run``: asks the API server to v
 it, writes nothing). It is the only change to a DaemonSet this tool ever makes, and it
 causes one rollout.
 
-``configure-gate`` prints the merge patch that sets the active ClusterPolicy's
-``driver.upgradePolicy.waitForCompletion.podSelector`` to the declared consumer label
-(``--apply``: applies it with the caller's kubeconfig; the service never writes it).
+``configure-gate`` prints the merge patch that sets ``waitForCompletion.podSelector`` of
+the upgrade policy gpu-operator reads (``upgrade/policy.py``: the active ClusterPolicy's
+``spec.driver.upgradePolicy`` in ClusterPolicy mode, each NVIDIADriver's
+``spec.upgradePolicy`` in NVIDIADriver mode) to the declared consumer label (``--apply``:
+applies it with the caller's kubeconfig; the service never writes it).
 
 ``status`` prints each upgrading (or still parked) node: its state, what the controller
 recorded there (its record annotation: evicted, refused, blocked, or the restart-only
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that co
     from shared_svc.k8s.selectors import Selector
     from shared_svc.upgrade.daemonsets import ClientHookUse
     from shared_svc.upgrade.planner import NodeStatus
+    from shared_svc.upgrade.policy import PolicySources, UpgradePolicy
 
 T = TypeVar("T")
 
@@ -75,14 +78,23 @@ def register(subparsers: Any) -> None:
 
     gate = commands.add_parser(
         "configure-gate",
-        help="print (or --apply) the ClusterPolicy change that makes the upgrade flow wait for the consumers",
-        description="Print the merge patch that sets the active ClusterPolicy's "
-        "spec.driver.upgradePolicy.waitForCompletion.podSelector to the declared consumer label "
-        "(and timeoutSeconds when it is 0), or apply it with --apply. Run it with your own "
-        "kubeconfig: the service never writes the ClusterPolicy.",
+        help="print (or --apply) the upgrade-policy change that makes the upgrade flow wait for the consumers",
+        description="Print the merge patch that sets waitForCompletion.podSelector of the "
+        "upgrade policy gpu-operator reads to the declared consumer label (and timeoutSeconds "
+        "when it is 0), or apply it with --apply: the active ClusterPolicy's "
+        "spec.driver.upgradePolicy in ClusterPolicy mode; each NVIDIADriver's "
+        "spec.upgradePolicy in NVIDIADriver mode (spec.driver.useNvidiaDriverCRD, or no "
+        "ClusterPolicy: a GPUCluster cluster). Run it with your own kubeconfig: the service "
+        "never writes them.",
     )
     gate.add_argument(
         "--apply", action="store_true", help="apply the merge patch (default: print it only)"
+    )
+    gate.add_argument(
+        "--nvidia-driver",
+        action="append",
+        metavar="NAME",
+        help="NVIDIADriver mode: only this NVIDIADriver (repeatable; default: every one)",
     )
     gate.add_argument(
         "--replace",
@@ -300,15 +312,14 @@ async def _prepare(
 # --- configure-gate ---
 
 
-async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
-    """The ClusterPolicies; [] when the CRD is not installed (404)."""
+async def _list_if_served(api: ApiClient, path: str) -> list[dict[str, Any]]:
+    """The objects of a custom resource; [] when its CRD is not installed (404)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
-    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
     from shared_svc.kube.writer import raw_request
 
     try:
-        data = await raw_request(api, "GET", CLUSTER_POLICIES.gvr.collection())
+        data = await raw_request(api, "GET", path)
     except ApiException as exc:
         if exc.status == 404:
             return []
@@ -316,64 +327,126 @@ async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     return list(data.get("items") or [])
 
 
-def configure_gate(args: argparse.Namespace) -> int:
-
+async def _list_cluster_policies(api: ApiClient) -> list[dict[str, Any]]:
     from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
-    from shared_svc.kube.writer import MERGE_PATCH, raw_request
-    from shared_svc.upgrade.gate import (
-        DEFAULT_GATE_TIMEOUT_SECONDS,
-        active_policy,
-        plan_gate,
-        policy_of_cluster_policy,
+
+    return await _list_if_served(api, CLUSTER_POLICIES.gvr.collection())
+
+
+async def _policy_sources(api: ApiClient) -> tuple[PolicySources, list[dict[str, Any]]]:
+    """Which upgrade policies gpu-operator reads (``upgrade.policy``, as the service decides
+    it), from the ClusterPolicies, the NVIDIADrivers and the NVIDIADriver CRD; and the
+    NVIDIADrivers listed."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from shared_svc.controllers.upgrade.caches import NVIDIA_DRIVERS
+    from shared_svc.kube.resources import CUSTOM_RESOURCE_DEFINITIONS
+    from shared_svc.kube.writer import raw_request
+    from shared_svc.upgrade.policy import NVIDIA_DRIVER_CRD, policy_sources, reads_driver_policy
+
+    try:
+        crd = await raw_request(api, "GET", CUSTOM_RESOURCE_DEFINITIONS.item(NVIDIA_DRIVER_CRD))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        crd = None
+    drivers = await _list_if_served(api, NVIDIA_DRIVERS.gvr.collection()) if crd else []
+    sources = policy_sources(
+        await _list_cluster_policies(api), drivers, driver_policy=reads_driver_policy(crd)
     )
+    return sources, drivers
+
+
+def _gate_targets(sources: PolicySources, named: list[str]) -> tuple[UpgradePolicy, ...]:
+    """The policies configure-gate writes: where gpu-operator reads the gate (every
+    NVIDIADriver, or those ``named``, in NVIDIADriver mode; the ClusterPolicy in its mode)."""
+    if sources.mode == "none":
+        raise UsageError(
+            f"{sources.why}: no upgrade policy gpu-operator reads; is gpu-operator installed?"
+        )
+    if sources.mode == "cluster-policy":
+        if named:
+            raise UsageError(
+                f"{sources.why}: gpu-operator reads {sources.policies[0].where}'s upgrade "
+                f"policy, not an NVIDIADriver's: run without --nvidia-driver"
+            )
+        return sources.policies
+    if not sources.policies:
+        raise UsageError(f"{sources.why}, and there is no NVIDIADriver: nothing reads a gate")
+    known = {p.name: p for p in sources.policies}
+    unknown = sorted(set(named) - known.keys())
+    if unknown:
+        raise UsageError(f"no NVIDIADriver {', '.join(unknown)} (there are: {', '.join(known)})")
+    return tuple(p for p in sources.policies if not named or p.name in named)
+
+
+def configure_gate(args: argparse.Namespace) -> int:
+    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
+    from shared_svc.controllers.upgrade.caches import NVIDIA_DRIVERS
+    from shared_svc.kube.writer import MERGE_PATCH, raw_request
+    from shared_svc.upgrade.gate import DEFAULT_GATE_TIMEOUT_SECONDS, plan_gate
 
     timeout = DEFAULT_GATE_TIMEOUT_SECONDS if args.timeout_seconds is None else args.timeout_seconds
     if timeout <= 0:
         raise UsageError(f"--timeout-seconds must be > 0, got {timeout}")
+    named: list[str] = args.nvidia_driver or []
 
     async def body(api: ApiClient, config: Config) -> int:
-        # The patch is guarded by the resourceVersion it was planned on; gpu-operator writes
-        # its ClusterPolicy too, so a 409 is planned again from a fresh read.
-        return await _retrying_conflicts(lambda: once(api, config), "the ClusterPolicy")
+        # Each patch is guarded by the resourceVersion it was planned on; gpu-operator writes
+        # its ClusterPolicy and NVIDIADrivers too, so a 409 is planned again from a fresh
+        # read (what was applied meanwhile then plans nothing).
+        return await _retrying_conflicts(lambda: once(api, config), "an upgrade policy")
 
     async def once(api: ApiClient, config: Config) -> int:
         _consumer_labels(config)  # one line for a selector without a label
-        active = active_policy(await _list_cluster_policies(api))
-        if active is None:
-            raise UsageError("no ClusterPolicy found: is gpu-operator installed?")
-        policy = policy_of_cluster_policy(active)
-        plan = plan_gate(
-            policy,
-            _consumer_selector(config),
-            replace=args.replace,
-            timeout_seconds=timeout,
-        )
-        if plan.action == "refuse":
-            raise UsageError(plan.message)
-        if plan.action == "nothing":
-            print(plan.message)
-            return 0
-        patch = json.dumps(plan.patch, separators=(",", ":"))
-        print(plan.message)
-        print(f"merge patch: {patch}")
-        print(f"kubectl patch clusterpolicy {policy.name} --type merge -p '{patch}'")
-        if not policy.auto_upgrade:
-            print(
-                "note: driver.upgradePolicy.autoUpgrade is off: the gate takes effect when it is on"
+        sources, _ = await _policy_sources(api)
+        targets = _gate_targets(sources, named)
+        print(f"{sources.why}: the gate is read from {', '.join(p.where for p in targets)}")
+        plans = [
+            (
+                policy,
+                plan_gate(
+                    policy,
+                    _consumer_selector(config),
+                    replace=args.replace,
+                    timeout_seconds=timeout,
+                ),
             )
-        if not args.apply:
-            print("not applied: run again with --apply, or run the kubectl command above")
+            for policy in targets
+        ]
+        refused = [plan.message for _, plan in plans if plan.action == "refuse"]
+        if refused:  # nothing is written while one of them needs the user first
+            raise UsageError("; ".join(refused))
+        for policy, plan in plans:
+            print(plan.message)
+            if plan.action == "nothing":
+                continue
+            patch = json.dumps(plan.patch, separators=(",", ":"))
+            print(f"merge patch: {patch}")
+            print(f"kubectl patch {policy.kind.lower()} {policy.name} --type merge -p '{patch}'")
+            if not policy.auto_upgrade:
+                print(
+                    f"note: {policy.where}: auto-upgrade is off ({policy.off}): the gate "
+                    "takes effect when it is on"
+                )
+        due = [(p, plan) for p, plan in plans if plan.action == "set"]
+        if not due:
             return 0
-        guarded = {**plan.patch, "metadata": {"resourceVersion": policy.resource_version}}
-        await raw_request(
-            api,
-            "PATCH",
-            CLUSTER_POLICIES.gvr.item(policy.name),
-            body=guarded,
-            content_type=MERGE_PATCH,
-            query=[("fieldManager", "shared-svc-configure-gate")],
-        )
-        print(f"applied to ClusterPolicy {policy.name}")
+        if not args.apply:
+            print("not applied: run again with --apply, or run the kubectl command(s) above")
+            return 0
+        for policy, plan in due:
+            resource = CLUSTER_POLICIES if policy.owner is None else NVIDIA_DRIVERS
+            guarded = {**plan.patch, "metadata": {"resourceVersion": policy.resource_version}}
+            await raw_request(
+                api,
+                "PATCH",
+                resource.gvr.item(policy.name),
+                body=guarded,
+                content_type=MERGE_PATCH,
+                query=[("fieldManager", "shared-svc-configure-gate")],
+            )
+            print(f"applied to {policy.where}")
         return 0
 
     return _run(args, body)
@@ -382,64 +455,103 @@ def configure_gate(args: argparse.Namespace) -> int:
 # --- status ---
 
 
-async def gather_gate(api: ApiClient, config: Config) -> dict[str, Any]:
-    """The active ClusterPolicy's gate, checked against the consumer selector (the service's
-    default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR / --upgrade-consumer-selector): the same pure
-    check the service makes (its verdict is in its /status)."""
+async def gather_gate(
+    api: ApiClient, config: Config, nodes: list[dict[str, Any]]
+) -> tuple[dict[str, Any], PolicySources | None]:
+    """The gates of the upgrade policies gpu-operator reads, checked against the consumer
+    selector (the service's default or $SHARED_SVC_UPGRADE_CONSUMER_SELECTOR /
+    --upgrade-consumer-selector): the same pure review the service makes (its verdicts are
+    in its /status), each naming its nodes among ``nodes``; and the sources (None: not
+    readable)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from shared_svc.controllers.upgrade.status import gate_json
-    from shared_svc.upgrade.gate import check_gate
+    from shared_svc.upgrade.gate import review_gate
 
     try:
-        policies = await _list_cluster_policies(api)
+        sources, _ = await _policy_sources(api)
     except ApiException as exc:
         if exc.status != 403:
             raise
         return {
             "state": "unknown",
-            "message": "cannot list ClusterPolicies (403): gate not checked",
-        }
-    check, _ = check_gate(policies, _consumer_selector(config))
-    return gate_json(check)
+            "message": "cannot read the ClusterPolicies, NVIDIADrivers or their CRD (403): "
+            "gate not checked",
+        }, None
+    return gate_json(review_gate(sources, _consumer_selector(config), nodes)), sources
+
+
+async def _flow_nodes(api: ApiClient, config: Config) -> dict[str, Any]:
+    """Every node that is upgrading or still parked, by name."""
+    from shared_svc.controllers.upgrade import io as upgrade_io
+    from shared_svc.controllers.upgrade.caches import node_resources
+
+    nodes: dict[str, Any] = {}
+    for resource in node_resources(config.upgrade_driver_name):
+        assert resource.label_selector is not None
+        for node in await upgrade_io.list_nodes(api, resource.label_selector):
+            nodes[node["metadata"]["name"]] = node
+    return nodes
 
 
 async def gather_status(
-    api: ApiClient, config: Config
+    api: ApiClient,
+    config: Config,
+    nodes: dict[str, Any],
+    sources: PolicySources | None = None,
 ) -> tuple[list[NodeStatus], tuple[ClientHookUse, ...]]:
-    """The status of every node that is upgrading or still parked, from the service's
-    record, and the DaemonSets on gpu-operator's client hook.
+    """The status of every node that is upgrading or still parked (``nodes``), from the
+    service's record and the policy that governs it, and the DaemonSets on gpu-operator's
+    client hook.
 
     Only the driver name (the label keys) comes from local configuration: the eviction
     timeout, selector and detection are the service's, and the record holds its decisions.
     """
     from shared_svc.controllers.upgrade import io as upgrade_io
-    from shared_svc.controllers.upgrade.caches import node_resources
     from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
     from shared_svc.upgrade.planner import listed, recorded_status
+    from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 
     driver = config.upgrade_driver_name
-    nodes: dict[str, Any] = {}
-    for resource in node_resources(driver):
-        assert resource.label_selector is not None
-        for node in await upgrade_io.list_nodes(api, resource.label_selector):
-            nodes[node["metadata"]["name"]] = node
     daemonsets = await upgrade_io.list_daemonsets(api)
     hooks = client_hook_uses(
         daemonsets, parked_label_key(driver), await upgrade_io.client_label_on_nodes(api)
     )
     out: list[NodeStatus] = []
     for name in sorted(nodes):
-        if not listed(recorded_status(nodes[name], (), (), driver)):
+        labels = nodes[name]["metadata"].get("labels") or {}
+        flow = sources.flow(labels) if sources and driver == GPU_OPERATOR_DRIVER else None
+        if not listed(recorded_status(nodes[name], (), (), driver, flow)):
             continue  # an idle node (upgrade-done, upgrade-required): no pods to read
         pods = await upgrade_io.pods_on_node(api, name)
-        out.append(recorded_status(nodes[name], pods, daemonsets, driver))
+        out.append(recorded_status(nodes[name], pods, daemonsets, driver, flow))
     return out, hooks
 
 
 def _gate_line(gate: dict[str, Any]) -> str:
-    warns = gate["state"] in ("missing", "mismatch", "invalid")
-    return f"gate: {'WARNING: ' if warns else ''}{gate['message']}\n"
+    """The gate review as text: the mode, then one line per verdict."""
+    if "verdicts" not in gate:  # not checked
+        return f"gate: {gate['message']}\n"
+    lines = [f"gate: {gate['why']}"]
+    for v in gate["verdicts"]:
+        warns = v["state"] in ("missing", "mismatch", "invalid")
+        governs = (
+            f" [{v['governs']}: {v['nodeCount']} node(s) in the flow"
+            + (f": {', '.join(v['nodes'])}" + (" ..." if v["nodeCount"] > len(v["nodes"]) else ""))
+            * bool(v["nodes"])
+            + "]"
+            if v["policy"]
+            else ""
+        )
+        lines.append(f"  {'WARNING: ' if warns else ''}{v['state']}: {v['message']}{governs}")
+    for unread in gate["unread"]:
+        lines.append(f"  not read by gpu-operator in this mode: {unread}")
+    if gate["ungovernedCount"]:
+        lines.append(
+            f"  {gate['ungovernedCount']} node(s) in the flow governed by no policy (no flow "
+            f"moves them): {', '.join(gate['ungoverned'])}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _text(statuses: list[NodeStatus]) -> str:
@@ -514,9 +626,11 @@ def show_status(args: argparse.Namespace) -> int:
     async def body(
         api: ApiClient, config: Config
     ) -> tuple[dict[str, Any], tuple[list[NodeStatus], tuple[ClientHookUse, ...]]]:
-        return await gather_gate(api, config), await gather_status(api, config)
+        nodes = await _flow_nodes(api, config)
+        gate, sources = await gather_gate(api, config, list(nodes.values()))
+        return gate, await gather_status(api, config, nodes, sources)
 
-    gate, (statuses, hooks) = _run(args, body)
+    (gate, (statuses, hooks)) = _run(args, body)
     if args.output == "json":
         from shared_svc.controllers.upgrade.status import node_json  # the serializer of /status
 

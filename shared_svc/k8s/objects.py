@@ -95,6 +95,25 @@ def in_namespace(obj: K8sObject, namespace: str) -> bool:
 _UPPER_AFTER_UNDERSCORE = re.compile(r"_([a-z0-9])")
 
 
+def dig(obj: Any, *path: str) -> Any:
+    """The value at ``path`` in nested mappings; None where a step is missing or not a mapping."""
+    for part in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def nested(path: tuple[str, ...] | list[str], value: Any) -> dict[str, Any]:
+    """``value`` under ``path`` (``("a", "b"), v`` -> ``{"a": {"b": v}}``): a merge patch
+    or an apply body of one field. ``value`` is not copied."""
+    tree: Any = value
+    for key in reversed(path):
+        tree = {key: tree}
+    result: dict[str, Any] = tree
+    return result
+
+
 def camel_keys(fields: dict[str, Any]) -> dict[str, Any]:
     """The keys of ``fields`` in camelCase, as Kubernetes spells JSON (``freed_at`` ->
     ``freedAt``): ``/status`` and ``shared-svc upgrade status -o json`` both use it."""

@@ -15,6 +15,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from shared_svc.k8s import objects
 from shared_svc.k8s.managed_fields import FIELD_MANAGER, is_our_apply
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.reconcile.names import SCRAPE_ANNOTATION
@@ -81,13 +82,6 @@ def _union(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _nested(path: FieldPath, value: dict[str, Any]) -> dict[str, Any]:
-    tree = copy.deepcopy(value)
-    for key in reversed(path):
-        tree = {key: tree}
-    return tree
-
-
 def take_over(live: K8sObject, paths: Iterable[FieldPath]) -> list[dict[str, Any]] | None:
     """``live``'s managedFields with ``paths`` moved from other entries into our Apply entry.
 
@@ -118,7 +112,7 @@ def take_over(live: K8sObject, paths: Iterable[FieldPath]) -> list[dict[str, Any
         for path in paths:
             taken = _pop(remaining, path)
             if isinstance(taken, dict):
-                nested = _nested(path, taken)
+                nested = objects.nested(path, copy.deepcopy(taken))
                 moved = nested if moved is None else _union(moved, nested)
         if remaining == fields:
             out.append(entry)

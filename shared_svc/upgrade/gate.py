@@ -2,19 +2,21 @@
 
 gpu-operator's upgrade flow (k8s-operator-libs) moves a node from ``cordon-required`` to
 ``pod-restart-required`` within about a second and deletes the driver pod right after; it
-waits for nothing it does not know. Its one gate is the active ClusterPolicy's
-``spec.driver.upgradePolicy.waitForCompletion.podSelector``: in ``wait-for-jobs-required``
-it holds the node until no pod matching that selector runs there (a terminating pod still
-counts). With the gate selecting every consumer shared-svc frees (declared pods, and the
-pods of prepared DaemonSets, whose template carries the same label), freeing never races
-the driver restart. Without it, a consumer with a termination grace period still holds the
-GPU when the new driver pod unloads the module.
+waits for nothing it does not know. Its one gate is the upgrade policy's
+``waitForCompletion.podSelector``: in ``wait-for-jobs-required`` it holds the node until no
+pod matching that selector runs there (a terminating pod still counts). With the gate
+selecting every consumer shared-svc frees (declared pods, and the pods of prepared
+DaemonSets, whose template carries the same label), freeing never races the driver restart.
+Without it, a consumer with a termination grace period still holds the GPU when the new
+driver pod unloads the module.
 
-Pure: ClusterPolicy objects and the consumer selector in, a verdict out. The policy
-source is the ClusterPolicy alone: in gpu-operator ``v0.0.0-20250917190837-d73a0086a6ba``
-the upgrade controller reads ``ClusterPolicy.spec.driver.upgradePolicy`` in both modes
-(NVIDIADriver mode too) and the NVIDIADriver CRD has no upgrade policy.
-``check_gate`` takes any number of policies, so a source added later is one more entry.
+The gate is judged where gpu-operator reads it (``upgrade.policy``): one verdict per policy
+source (the ClusterPolicy in ClusterPolicy mode, each NVIDIADriver in NVIDIADriver mode),
+each naming the nodes it governs; a gate set on a policy gpu-operator does not read in its
+mode is shown as unread and never makes a verdict ``ok``.
+
+Pure: the policy sources, the nodes in the flow and the consumer selector in, the verdicts
+and their Warnings out.
 """
 
 from __future__ import annotations
@@ -23,25 +25,28 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from dataclasses import replace as replace_policy
 from typing import Any, Literal
 
 from shared_svc.k8s import objects
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector, SelectorError, parse_selector
-from shared_svc.reconcile.needs import active_cluster_policy
-from shared_svc.reconcile.specs import CLUSTER_POLICY, parse_cr
+from shared_svc.upgrade.policy import Mode, PolicySources, UpgradePolicy
 
 # ok: the gate selects the consumers. missing: no podSelector. mismatch: a podSelector
 # that does not select them. invalid: a podSelector that does not parse. off: autoUpgrade
-# is off (or sandbox workloads on): no flow, nothing to gate. absent: no ClusterPolicy.
+# is off (or sandbox workloads on): no flow, nothing to gate. absent: no policy source.
 GateState = Literal["ok", "missing", "mismatch", "invalid", "off", "absent"]
 WARNING_STATES: frozenset[str] = frozenset({"missing", "mismatch", "invalid"})
+# From the worst to the best: the one state a summary shows (``GateVerdicts.state``).
+STATE_ORDER: tuple[GateState, ...] = ("invalid", "mismatch", "missing", "ok", "off", "absent")
 
-GATE_FIELD = "spec.driver.upgradePolicy.waitForCompletion.podSelector"
 # Set by configure-gate when the policy has none (0, the CRD default, waits forever): the
 # eviction timeout (300 s), a grace period and the flow's 2-minute requeue fit in it.
 DEFAULT_GATE_TIMEOUT_SECONDS = 600
+# A verdict names at most this many of the nodes it governs (and counts them all).
+NODES_NAMED = 20
 
 
 class NoConsumerLabel(ValueError):
@@ -76,74 +81,36 @@ def label_text(labels: Mapping[str, str]) -> str:
 
 
 @dataclass(frozen=True)
-class UpgradePolicy:
-    """What the gate check needs of one policy source (a ClusterPolicy today)."""
-
-    kind: str
-    api_version: str
-    name: str
-    uid: str | None
-    auto_upgrade: bool
-    pod_selector: str  # "" when unset
-    timeout_seconds: int  # 0 (the CRD default) waits forever
-    resource_version: str | None = None
-
-
-def _dig(obj: Any, *path: str) -> Any:
-    for part in path:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
-def policy_of_cluster_policy(obj: K8sObject) -> UpgradePolicy:
-    """Lenient: a field of the wrong type reads as unset (the API server's schema checks types)."""
-    upgrade = _dig(obj, "spec", "driver", "upgradePolicy")
-    auto = (
-        _dig(upgrade, "autoUpgrade") is True
-        and _dig(obj, "spec", "sandboxWorkloads", "enabled") is not True
-    )
-    selector = _dig(upgrade, "waitForCompletion", "podSelector")
-    timeout = _dig(upgrade, "waitForCompletion", "timeoutSeconds")
-    return UpgradePolicy(
-        kind="ClusterPolicy",
-        api_version=str(obj.get("apiVersion") or "nvidia.com/v1"),
-        name=objects.name_of(obj),
-        uid=objects.uid_of(obj) or None,
-        auto_upgrade=auto,
-        pod_selector=selector if isinstance(selector, str) else "",
-        timeout_seconds=timeout
-        if isinstance(timeout, int) and not isinstance(timeout, bool)
-        else 0,
-        resource_version=objects.resource_version_of(obj) or None,
-    )
-
-
-def active_policy(cluster_policies: Iterable[K8sObject]) -> K8sObject | None:
-    """The ClusterPolicy gpu-operator acts on: the oldest not being deleted (as the Services controller picks)."""
-    objs = [o for o in cluster_policies if isinstance(o, dict)]
-    chosen = active_cluster_policy([parse_cr(CLUSTER_POLICY, o) for o in objs])
-    if chosen is None:
-        return None
-    return next(o for o in objs if objects.name_of(o) == chosen.name)
-
-
-@dataclass(frozen=True)
 class GateCheck:
+    """The verdict on one policy source's gate (or ``absent``: no source at all)."""
+
     state: GateState
-    policy: str | None  # "ClusterPolicy/<name>"
+    policy: str | None  # "ClusterPolicy/<name>", "NVIDIADriver/<name>"; None: absent
     pod_selector: str
     timeout_seconds: int
     wanted: str  # the selector the gate should hold: the declared consumer label
     message: str
+    field: str = ""  # where gpu-operator reads the gate in this object
+    governs: str = ""  # which nodes the source governs ("every node", "the nodes labelled ...")
+    nodes: tuple[
+        str, ...
+    ] = ()  # of the nodes in the upgrade flow, the first NODES_NAMED it governs
+    node_count: int = 0  # how many nodes in the upgrade flow it governs
 
     @property
     def warns(self) -> bool:
         return self.state in WARNING_STATES
 
+    @property
+    def kind(self) -> str:
+        return (self.policy or "/").partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return (self.policy or "/").partition("/")[2]
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "nodes": list(self.nodes)}
 
 
 def _selects(gate: Selector, labels: Mapping[str, str]) -> bool:
@@ -151,64 +118,62 @@ def _selects(gate: Selector, labels: Mapping[str, str]) -> bool:
     return gate.matches(labels)
 
 
-def check_policy(policy: UpgradePolicy | None, consumer_selector: Selector) -> GateCheck:
+def _wanted(consumer_selector: Selector) -> tuple[dict[str, str], str]:
     try:
         labels: dict[str, str] = consumer_labels(consumer_selector)
-        wanted = label_text(labels)
     except NoConsumerLabel:
-        labels, wanted = {}, ""
+        return {}, ""
+    return labels, label_text(labels)
+
+
+def check_policy(
+    policy: UpgradePolicy | None,
+    consumer_selector: Selector,
+    *,
+    absent: str = "no ClusterPolicy: no upgrade flow to gate",
+    unread: str = "",
+) -> GateCheck:
+    """The verdict on ``policy``'s gate (None: ``absent``, which says why there is none).
+    ``unread``: a note on gates set where gpu-operator does not read them, added to a
+    verdict that warns."""
+    labels, wanted = _wanted(consumer_selector)
     if policy is None:
-        return GateCheck("absent", None, "", 0, wanted, "no ClusterPolicy: no upgrade flow to gate")
-    where = f"{policy.kind}/{policy.name}"
+        return GateCheck("absent", None, "", 0, wanted, absent)
+    where, gate_field = policy.where, policy.gate_field
     selector, timeout = policy.pod_selector, policy.timeout_seconds
-    if not policy.auto_upgrade:
+
+    def verdict(state: GateState, message: str) -> GateCheck:
+        if state in WARNING_STATES and unread:
+            message = f"{message} {unread}"
         return GateCheck(
-            "off",
-            where,
-            selector,
-            timeout,
-            wanted,
-            f"{where}: driver auto-upgrade is off: nothing to gate",
+            state, where, selector, timeout, wanted, message, gate_field, policy.governs
+        )
+
+    if not policy.auto_upgrade:
+        return verdict(
+            "off", f"{where}: driver auto-upgrade is off ({policy.off}): nothing to gate"
         )
     fix = (
-        f"set {GATE_FIELD} to {wanted!r} with waitForCompletion.timeoutSeconds > 0 "
+        f"set {gate_field} to {wanted!r} with waitForCompletion.timeoutSeconds > 0 "
         "(`shared-svc upgrade configure-gate`), and prepare every consumer DaemonSet "
         "(`shared-svc upgrade prepare-daemonset`)"
         if wanted
-        else f"set upgrade_consumer_selector to a label selector and {GATE_FIELD} to the same label"
+        else f"set upgrade_consumer_selector to a label selector and {gate_field} to the same label"
     )
     race = (
         "freeing GPU consumers races the driver restart (the flow reaches pod-restart-required "
         "about a second after cordon-required and does not wait for consumers still terminating)"
     )
     if not selector.strip():
-        return GateCheck(
-            "missing",
-            where,
-            selector,
-            timeout,
-            wanted,
-            f"{where} has no {GATE_FIELD}: {race}; {fix}.",
-        )
+        return verdict("missing", f"{where} has no {gate_field}: {race}; {fix}.")
     try:
         gate = parse_selector(selector)
     except SelectorError as exc:
-        return GateCheck(
-            "invalid",
-            where,
-            selector,
-            timeout,
-            wanted,
-            f"{where}: {GATE_FIELD} does not parse ({exc}): {race}; {fix}.",
-        )
+        return verdict("invalid", f"{where}: {gate_field} does not parse ({exc}): {race}; {fix}.")
     if not labels or not _selects(gate, labels):
-        return GateCheck(
+        return verdict(
             "mismatch",
-            where,
-            selector,
-            timeout,
-            wanted,
-            f"{where}: {GATE_FIELD} {selector!r} does not select the declared GPU consumers "
+            f"{where}: {gate_field} {selector!r} does not select the declared GPU consumers "
             f"({wanted or consumer_selector.text!r}; the selector is AND-only): {race}; {fix}. "
             "Pods the selector gates today (Jobs) must carry the same label.",
         )
@@ -217,32 +182,104 @@ def check_policy(policy: UpgradePolicy | None, consumer_selector: Selector) -> G
         if timeout > 0
         else " (timeoutSeconds 0: a consumer recreated on the node holds it forever; set timeoutSeconds > 0)"
     )
-    return GateCheck(
+    return verdict(
         "ok",
-        where,
-        selector,
-        timeout,
-        wanted,
-        f"{where}: {GATE_FIELD} {selector!r} holds the flow for the declared GPU consumers{note}",
+        f"{where}: {gate_field} {selector!r} holds the flow for the declared GPU consumers "
+        f"on {policy.governs}{note}",
     )
 
 
-def check_gate(
-    cluster_policies: Iterable[K8sObject], consumer_selector: Selector
-) -> tuple[GateCheck, Report | None]:
-    """The verdict on the active ClusterPolicy's gate (for /status and ``upgrade status``),
-    and the Warning to send about it (None when the gate holds or there is no flow)."""
-    active = active_policy(cluster_policies)
-    policy = None if active is None else policy_of_cluster_policy(active)
-    check = check_policy(policy, consumer_selector)
-    return check, None if policy is None else gate_report(check, policy)
+@dataclass(frozen=True)
+class GateVerdicts:
+    """The review of the gate: how gpu-operator picks its policy now, one verdict per source
+    it reads, the gates it does not read, and the nodes in the flow no source governs."""
+
+    mode: Mode
+    why: str
+    checks: tuple[GateCheck, ...]
+    unread: tuple[str, ...] = ()  # "Kind/name: podSelector" of gates gpu-operator does not read
+    ungoverned: tuple[str, ...] = ()  # the first NODES_NAMED nodes in the flow no source governs
+    ungoverned_count: int = 0
+    reports: tuple[Report, ...] = ()  # the Warnings, one per source whose gate does not hold
+
+    @property
+    def state(self) -> GateState:
+        """The worst verdict (the one-line summary of ``upgrade status``)."""
+        return min((c.state for c in self.checks), key=STATE_ORDER.index, default="absent")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "why": self.why,
+            "state": self.state,
+            "verdicts": [c.as_dict() for c in self.checks],
+            "unread": list(self.unread),
+            "ungoverned": list(self.ungoverned),
+            "ungoverned_count": self.ungoverned_count,
+        }
+
+
+def review_gate(
+    sources: PolicySources,
+    consumer_selector: Selector,
+    nodes: Iterable[K8sObject] = (),
+) -> GateVerdicts:
+    """The verdicts on the gates gpu-operator reads (``sources``), for ``/status``, the
+    metric and ``upgrade status``, each naming the nodes it governs among ``nodes`` (the
+    nodes in the upgrade flow), and the Warning of each that does not hold."""
+    governed: dict[str, list[str]] = {p.where: [] for p in sources.policies}
+    ungoverned: list[str] = []
+    if sources.mode != "none":
+        for node in sorted(nodes, key=objects.name_of):
+            policy = sources.governing(objects.labels_of(node))
+            (governed[policy.where] if policy else ungoverned).append(objects.name_of(node))
+    unread = tuple(f"{p.where}: {p.pod_selector!r}" for p in sources.unread if p.pod_selector)
+    note = (
+        f"gpu-operator does not read the gate of {', '.join(p.split(':')[0] for p in unread)} "
+        f"in {sources.mode} mode ({sources.why})."
+        if unread
+        else ""
+    )
+    if not sources.policies:
+        absent = (
+            f"{sources.why}; no NVIDIADriver: no upgrade flow to gate"
+            if sources.mode == "nvidia-driver"
+            else f"{sources.why}: nothing to gate"
+        )
+        checks: tuple[GateCheck, ...] = (check_policy(None, consumer_selector, absent=absent),)
+    else:
+        checks = tuple(
+            _naming(check_policy(p, consumer_selector, unread=note), governed[p.where])
+            for p in sources.policies
+        )
+    reports = tuple(
+        r
+        for c, p in zip(checks, sources.policies, strict=False)
+        if (r := gate_report(c, p)) is not None
+    )
+    return GateVerdicts(
+        sources.mode,
+        sources.why,
+        checks,
+        unread,
+        tuple(ungoverned[:NODES_NAMED]),
+        len(ungoverned),
+        reports,
+    )
+
+
+def _naming(check: GateCheck, nodes: list[str]) -> GateCheck:
+    return GateCheck(
+        **{**asdict(check), "nodes": tuple(nodes[:NODES_NAMED]), "node_count": len(nodes)}
+    )
 
 
 def gate_report(check: GateCheck, policy: UpgradePolicy) -> Report | None:
-    """The Warning on the ClusterPolicy (Events about it go to ``default``), or None when the gate holds.
+    """The Warning on the object that holds the gate (Events about a cluster-scoped object
+    go to ``default``), or None when the gate holds.
 
-    The key names the verdict and the selectors it was made from, so the same finding is one
-    Event series (after a restart too) and a changed policy is a new one.
+    The key names the object, the verdict and the selectors it was made from, so the same
+    finding is one Event series (after a restart too) and a changed policy is a new one.
     """
     if not check.warns:
         return None
@@ -252,13 +289,14 @@ def gate_report(check: GateCheck, policy: UpgradePolicy) -> Report | None:
     digest = hashlib.sha256(
         json.dumps([check.state, check.pod_selector, check.wanted]).encode()
     ).hexdigest()[:12]
+    prefix = "upgrade-gate" if policy.owner is None else "upgrade-gate/nvidiadriver"
     return Report(
         "Warning",
         "GPUConsumerGateMissing" if check.state == "missing" else "GPUConsumerGateMismatch",
         "CheckUpgradePolicy",
         regarding,
         check.message,  # the Event note is cut to its limit in bytes (k8s.events.note)
-        f"upgrade-gate/{policy.name}/{digest}",
+        f"{prefix}/{policy.name}/{digest}",
     )
 
 
@@ -281,7 +319,9 @@ def plan_gate(
     replace: bool = False,
     timeout_seconds: int = DEFAULT_GATE_TIMEOUT_SECONDS,
 ) -> GatePlan:
-    """The ClusterPolicy merge patch that makes the gate hold for the declared consumers.
+    """The merge patch of the policy's object (the ClusterPolicy's
+    ``spec.driver.upgradePolicy``, an NVIDIADriver's ``spec.upgradePolicy``) that makes its
+    gate hold for the declared consumers.
 
     An existing selector that already selects them is kept (nothing to do; a timeout of 0 is
     raised to ``timeout_seconds``). Another existing selector is never replaced silently: it
@@ -290,23 +330,21 @@ def plan_gate(
     on those pods too). A positive ``timeoutSeconds`` is kept.
     """
     wanted = label_text(consumer_labels(consumer_selector))  # raises NoConsumerLabel
-    check = check_policy(
-        UpgradePolicy(**{**asdict(policy), "auto_upgrade": True}), consumer_selector
-    )
-    where = f"{policy.kind}/{policy.name}"
+    check = check_policy(replace_policy(policy, auto_upgrade=True), consumer_selector)
+    where, gate_field = policy.where, policy.gate_field
     wait: dict[str, Any] = {}
     if check.state == "ok":
         if policy.timeout_seconds > 0:
             return GatePlan(
                 "nothing",
                 {},
-                f"{where}: {GATE_FIELD} {policy.pod_selector!r} already selects the declared consumers ({wanted}): nothing to do",
+                f"{where}: {gate_field} {policy.pod_selector!r} already selects the declared consumers ({wanted}): nothing to do",
             )
     elif check.state in ("mismatch", "invalid") and not replace:
         return GatePlan(
             "refuse",
             {},
-            f"{where} already gates pods with {GATE_FIELD} {policy.pod_selector!r}, which does not "
+            f"{where} already gates pods with {gate_field} {policy.pod_selector!r}, which does not "
             f"select the declared consumers ({wanted}); the selector is AND-only, so one selector "
             f"cannot select both: add the label {wanted} to the pods it gates today (the pod "
             "templates of your Jobs), then run again with --replace to set it to "
@@ -316,7 +354,7 @@ def plan_gate(
         wait["podSelector"] = wanted
     if policy.timeout_seconds <= 0:
         wait["timeoutSeconds"] = timeout_seconds
-    patch = {"spec": {"driver": {"upgradePolicy": {"waitForCompletion": wait}}}}
+    patch = objects.nested((*policy.policy_path, "waitForCompletion"), wait)
     return GatePlan(
         "set",
         patch,

@@ -20,6 +20,7 @@ from shared_svc.k8s.events import note as event_note
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade import consumers, daemonsets, gate, paths, record, states
 from shared_svc.upgrade.paths import RESTART_STATE, Verdict
+from shared_svc.upgrade.policy import NodeFlow
 from shared_svc.upgrade.record import FreedPod, Record, RecordError, RestartOnly
 from shared_svc.upgrade.settings import UpgradeSettings
 
@@ -107,6 +108,11 @@ class NodeStatus:
     driver_daemonset: str | None = None
     unknown_state: bool = False  # a state value this version does not know (kept)
     record_error: str | None = None
+    # The upgrade policy gpu-operator reads for the node ("NVIDIADriver/<name>"; None: not
+    # known), and why no upgrade flow moves it (None: one does, or it is not known):
+    # ``upgrade/policy.py``. A node no flow moves is treated as one whose state label is gone.
+    policy: str | None = None
+    no_flow: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every field, tuples as lists (the fields are flat: no ``asdict`` deep copy, which
@@ -175,6 +181,7 @@ class _Builder:
     labels: dict[str, str | None]
     reports: list[Report]
     actions: list[PodAction]
+    flow: NodeFlow | None = None
 
     @property
     def name(self) -> str:
@@ -586,12 +593,19 @@ def _report_restart_race(
         f"The node reached pod-restart-required while GPU consumers freed by shared-svc were "
         f"still on it: {_names(still)}. The driver restarts now and cannot unload the module "
         "while they hold it (it retries until they are gone): freeing raced the driver restart. "
-        f"Make the upgrade flow wait for them: set ClusterPolicy {gate.GATE_FIELD} to "
+        f"Make the upgrade flow wait for them: set {_gate_where(b.flow)} to "
         f"{wanted!r} with timeoutSeconds > 0 (`shared-svc upgrade configure-gate`) and prepare "
         "consumer DaemonSets (`shared-svc upgrade prepare-daemonset`).",
         record.format_time(rec.since),
     )
     return replace(rec, restart_race=tuple(still))
+
+
+def _gate_where(flow: NodeFlow | None) -> str:
+    """The gate gpu-operator reads for the node, as the restart-race Warning names it."""
+    if flow is None or flow.policy is None:
+        return "waitForCompletion.podSelector of the upgrade policy gpu-operator reads"
+    return f"{flow.policy.where} {flow.policy.gate_field}"
 
 
 def _undo(b: _Builder, *, aborted: bool) -> None:
@@ -614,11 +628,16 @@ def _undo(b: _Builder, *, aborted: bool) -> None:
         else ""
     )
     if aborted:
+        why = (
+            f"No upgrade flow moves the node any more ({b.flow.no_flow})"
+            if b.flow is not None and b.flow.no_flow
+            else "The driver-upgrade state label vanished mid-upgrade (auto-upgrade off?)"
+        )
         b.report(
             "Warning",
             "UpgradeAborted",
             "Restore",
-            f"The driver-upgrade state label vanished mid-upgrade (auto-upgrade off?); restored GPU consumers: {what}.",
+            f"{why}; restored GPU consumers: {what}.",
             record.format_time(rec.since),
         )
     else:
@@ -640,6 +659,14 @@ def _read_record(raw: str | None) -> tuple[Record | None, str | None]:
         return record.decode(raw), None
     except RecordError as exc:
         return None, str(exc)
+
+
+def node_mode(state: str | None, flow: NodeFlow | None) -> states.Mode:
+    """What the plan does with a node in ``state``: a node that no upgrade flow moves
+    (``flow.no_flow``, NVIDIADriver mode: its NVIDIADriver's auto-upgrade is off, or no
+    NVIDIADriver owns it) is treated as one whose state label is gone: nothing is freed
+    there, and what was parked is restored."""
+    return states.mode_for(None if flow is not None and flow.no_flow else state)
 
 
 @dataclass(frozen=True)
@@ -670,6 +697,7 @@ def pods_read(
     ds_index: Mapping[str, daemonsets.DaemonSetRef],
     settings: UpgradeSettings,
     daemonset_objects: Iterable[K8sObject] = (),
+    flow: NodeFlow | None = None,
 ) -> PodRead:
     """The pods ``plan_node`` of this node depends on, before they are read: its plan is
     the same on every pod bound to the node as on those ``PodRead.admits``
@@ -691,7 +719,7 @@ def pods_read(
     """
     raw = objects.annotation(node, record.record_annotation_key(settings.driver_name))
     state = objects.label(node, states.state_label_key(settings.driver_name))
-    mode = states.mode_for(state)
+    mode = node_mode(state, flow)
     if mode != "free" and raw is None:
         return PodRead(needed=False)
     current, _ = _read_record(raw)
@@ -724,20 +752,23 @@ def plan_node(
     now: float,
     *,
     ds_index: Mapping[str, daemonsets.DaemonSetRef] | None = None,
+    flow: NodeFlow | None = None,
 ) -> NodePlan:
     """Decide what to write for one node. ``pods`` are the pods bound to it.
 
     ``ds_index`` is ``index_daemonsets(daemonset_objects)`` when the caller keeps it
-    across nodes (the controller does); otherwise it is computed here.
+    across nodes (the controller does); otherwise it is computed here. ``flow``: the
+    upgrade policy that governs the node (``policy.PolicySources.flow``; None: not known,
+    the state label is taken as it is).
     """
     labels = objects.labels_of(node)
     parked_key = daemonsets.parked_label_key(settings.driver_name)
     record_key = record.record_annotation_key(settings.driver_name)
     state = labels.get(states.state_label_key(settings.driver_name))
-    mode = states.mode_for(state)
+    mode = node_mode(state, flow)
     raw = objects.annotation(node, record_key)
     current, record_error = _read_record(raw)
-    b = _Builder(node, settings, now, current, {}, [], [])
+    b = _Builder(node, settings, now, current, {}, [], [], flow)
     if record_error is not None and mode in ("free", "restore", "abort"):
         # Only where this plan rewrites the annotation, so the Warning does not repeat.
         b.report(
@@ -807,7 +838,7 @@ def _status(
     driver = b.settings.driver_name
     labels = objects.labels_of(b.node)
     state = labels.get(states.state_label_key(driver))
-    mode = states.mode_for(state)
+    mode = node_mode(state, b.flow)
     shown = b.record or current
     found = freeing.pods if freeing else NodePods()
     path, evidence, driver_ds = _path(shown)
@@ -834,8 +865,15 @@ def _status(
         driver_daemonset=driver_ds,
         unknown_state=states.is_unknown(state),
         record_error=record_error,
+        policy=_policy_of(b.flow),
+        no_flow=b.flow.no_flow if b.flow else None,
         **_outcomes(shown, pods, freeing.fresh if freeing else frozenset()),
     )
+
+
+def _policy_of(flow: NodeFlow | None) -> str | None:
+    """``NodeStatus.policy``: the policy source that governs the node, if known."""
+    return flow.policy.where if flow is not None and flow.policy is not None else None
 
 
 def _path(rec: Record | None) -> tuple[str | None, str | None, str | None]:
@@ -889,6 +927,7 @@ def recorded_status(
     pods: Iterable[K8sObject],
     daemonset_objects: Iterable[K8sObject],
     driver_name: str,
+    flow: NodeFlow | None = None,
 ) -> NodeStatus:
     """What the service recorded on the node, next to the pods on it now (``upgrade status``).
 
@@ -902,7 +941,7 @@ def recorded_status(
     raw = objects.annotation(node, record.record_annotation_key(driver_name))
     rec, record_error = _read_record(raw)
     state = labels.get(states.state_label_key(driver_name))
-    mode = states.mode_for(state)
+    mode = node_mode(state, flow)
     parked_key = daemonsets.parked_label_key(driver_name)
     ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     pods = [p for p in pods if not consumers.is_finished(p)]
@@ -946,6 +985,8 @@ def recorded_status(
         driver_daemonset=driver_ds,
         unknown_state=states.is_unknown(state),
         record_error=record_error,
+        policy=_policy_of(flow),
+        no_flow=flow.no_flow if flow else None,
         **outcomes,
     )
 

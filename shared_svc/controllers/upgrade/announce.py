@@ -1,8 +1,8 @@
 """What the upgrade controller announces, through the one Event publisher
 (``shared_svc.kube.recorder.EventPublisher``) and its ``once`` / ``level`` dedup:
 
-- the gate Warning (an episode: sent once while the finding lasts, again when it comes
-  back after it was fixed), logged as a WARNING once per episode by every replica and
+- the gate Warnings, one per policy source (each an episode: sent once while the finding
+  lasts, again when it comes back after it was fixed), logged as a WARNING once per episode by every replica and
   sent by the leader (or, dry-run, logged by the publisher as the Event it would send);
 - the plan's notices (reports no record write keeps from repeating): logged and sent once
   per process;
@@ -50,12 +50,14 @@ class Announcer:
         self._lines = EventPublisher(_WarningLine())  # each WARNING line once, the same way
         self._unsent: dict[str, list[Report]] = {}  # node -> reports written, not yet sent
 
-    async def gate(self, report: Report | None) -> None:
-        """The gate's finding now (None: fixed, or no flow to gate)."""
-        now = () if report is None else (report,)
-        await self._lines.level(GATE_SCOPE, now)
-        if report is None or self._sends():  # a fix is forgotten by every replica
-            await self._events.level(GATE_SCOPE, now)
+    async def gate(self, reports: tuple[Report, ...]) -> None:
+        """The gate's findings now, one per policy source whose gate does not hold (none:
+        fixed, or no flow to gate)."""
+        await self._lines.level(GATE_SCOPE, reports)
+        if not self._sends():  # a fix is forgotten by every replica; a new finding is not sent
+            sent = self._events.sent(GATE_SCOPE)
+            reports = tuple(r for r in reports if r.key in sent)
+        await self._events.level(GATE_SCOPE, reports)
 
     async def notices(self, reports: Iterable[Report]) -> None:
         for report in reports:

@@ -1,7 +1,9 @@
 """What the driver-upgrade controller reads, each cache declared once (controller-runtime's
 ``cache.Options.ByObject``; what both controllers read: ``controllers/shared_caches.py``):
 the upgrading nodes and the nodes it parked (metadata only), the DaemonSets of every
-namespace and the ClusterPolicies (the upgrade flow's gate, never written).
+namespace, and what tells which upgrade policy gpu-operator reads (``upgrade/policy.py``;
+never written): the ClusterPolicies, the NVIDIADrivers and the NVIDIADriver CRD (whether it
+has ``spec.upgradePolicy``, kept as that one answer).
 
 What is watched and why: docs/decisions.md, "What is watched".
 """
@@ -16,7 +18,23 @@ from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.registry import AnyCache, CacheRegistry
 from shared_svc.kube.resources import METADATA_DECODER, Resource
 from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.policy import NVIDIA_DRIVER_CRD, crd_fields
 from shared_svc.upgrade.states import state_label_key
+
+NVIDIA_DRIVERS = Resource(
+    "nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver", crd_name=NVIDIA_DRIVER_CRD
+)
+# The one CRD, by name (RBAC: list and watch with that resourceName), kept as whether it
+# gives NVIDIADrivers an upgrade policy (gpu-operator v26.7.0 and later).
+NVIDIA_DRIVER_CRD_RESOURCE = Resource(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    field_selector=f"metadata.name={NVIDIA_DRIVER_CRD}",
+    project=crd_fields,
+    name="nvidiadriver-crd",
+)
 
 
 def node_resources(driver_name: str) -> tuple[Resource, Resource]:
@@ -63,6 +81,8 @@ class UpgradeCaches:
     nodes: tuple[AnyCache, AnyCache]  # upgrading, parked: a node may be in both
     daemonsets: AnyCache
     cluster_policies: AnyCache
+    nvidia_drivers: AnyCache
+    driver_crd: AnyCache  # the NVIDIADriver CRD, projected (``policy.crd_fields``)
 
     @classmethod
     def of(cls, registry: CacheRegistry, driver_name: str) -> UpgradeCaches:
@@ -71,10 +91,22 @@ class UpgradeCaches:
             nodes=(registry.cache(state), registry.cache(parked)),
             daemonsets=registry.cache(ALL_DAEMONSETS),
             cluster_policies=registry.cache(CLUSTER_POLICIES),
+            nvidia_drivers=registry.cache(NVIDIA_DRIVERS),
+            driver_crd=registry.cache(NVIDIA_DRIVER_CRD_RESOURCE),
         )
 
     def all(self) -> tuple[AnyCache, ...]:
-        return (*self.nodes, self.daemonsets, self.cluster_policies)
+        return (
+            *self.nodes,
+            self.daemonsets,
+            self.cluster_policies,
+            self.nvidia_drivers,
+            self.driver_crd,
+        )
+
+    def policy_caches(self) -> tuple[AnyCache, AnyCache, AnyCache]:
+        """What tells which upgrade policy gpu-operator reads (``policy.policy_sources``)."""
+        return (self.cluster_policies, self.nvidia_drivers, self.driver_crd)
 
     def get_node(self, name: str) -> K8sObject | None:
         """The node from the node caches (no request): every node the controller handles

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, get_args
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from shared_svc.upgrade import record, states
-from shared_svc.upgrade.gate import GateState
+from shared_svc.upgrade.gate import GateState, GateVerdicts
 
 if TYPE_CHECKING:
     from shared_svc.upgrade.planner import NodeStatus
@@ -113,8 +113,10 @@ class UpgradeMetrics:
         )
         self.gate = Gauge(
             "shared_svc_upgrade_gate",
-            "1 for the verdict on the upgrade flow's gate (waitForCompletion.podSelector).",
-            ["state"],
+            "1 for the verdict on the gate (waitForCompletion.podSelector) of each upgrade "
+            "policy gpu-operator reads (kind ClusterPolicy or NVIDIADriver, its name; both "
+            "empty: no policy source).",
+            ["kind", "name", "state"],
             registry=r,
         )
         self.evictions = Counter(
@@ -144,8 +146,7 @@ class UpgradeMetrics:
             self.nodes.labels(phase=phase).set(0)
         for state in NODE_STATES:
             self.nodes_by_state.labels(state=state).set(0)
-        for state in GATE_STATES:
-            self.gate.labels(state=state).set(0)
+        self._gate_sources: set[tuple[str, str]] = set()  # (kind, name) with series
         # The counts of the statuses shown, kept as they change (``changed``): a beat sets
         # the gauges from them and walks only the nodes being freed (issue 33: a fleet at
         # rest, 5,000 nodes shown idle, costs nothing a beat, and a wave's 500 changes a
@@ -170,9 +171,9 @@ class UpgradeMetrics:
         if new is not None and new.phase == "freeing":
             self._freeing[new.node] = new
 
-    def publish(self, *, gate: str | None, now: float, eviction_timeout: float) -> None:
+    def publish(self, *, gate: GateVerdicts | None, now: float, eviction_timeout: float) -> None:
         """The gauges from the counts of the statuses (:meth:`changed`) and the gate's
-        verdict (None: not reviewed yet), a beat a second; of the nodes, only those being
+        verdicts (None: not reviewed yet), a beat a second; of the nodes, only those being
         freed are looked at (what time moves: the stalled ones)."""
         for phase in PHASES:
             self.nodes.labels(phase=phase).set(self._phases[phase])
@@ -182,5 +183,18 @@ class UpgradeMetrics:
         self.blocked_pods.set(self._pods["blocked"])
         self.stuck_pods.set(self._pods["stuck"])
         self.stalled_nodes.set(stalled(self._freeing.values(), now, eviction_timeout))
-        for state in GATE_STATES:
-            self.gate.labels(state=state).set(1 if state == gate else 0)
+        if gate is not None:
+            self._publish_gate(gate)
+
+    def _publish_gate(self, gate: GateVerdicts) -> None:
+        """One series per state of each policy source reviewed; a source gone loses its series."""
+        sources = {(c.kind, c.name): c.state for c in gate.checks}
+        for kind, name in self._gate_sources - sources.keys():
+            for state in GATE_STATES:
+                self.gate.remove(kind, name, state)
+        for (kind, name), verdict in sources.items():
+            for state in GATE_STATES:
+                self.gate.labels(kind=kind, name=name, state=state).set(
+                    1 if state == verdict else 0
+                )
+        self._gate_sources = set(sources)

@@ -50,6 +50,7 @@ from shared_svc.runtime.manager import Runnable
 from shared_svc.runtime.source import Enqueue, NewestVersions
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
+from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 from shared_svc.upgrade.resync import resync_keys
 from shared_svc.upgrade.settings import UpgradeSettings
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
@@ -122,11 +123,16 @@ class UpgradeController:
             poll_seconds=self.settings.poll_seconds,
         )
         self.gate_review = GateReview(
-            self.caches.cluster_policies,
+            self.caches.policy_caches(),
+            self.caches.cached_nodes,
             self.settings.consumer_selector,
             self._announcer,
             seconds=lambda: config.upgrade_resync_seconds,
+            on_sources=self.trigger,  # a node's flow may have changed: plan every node again
         )
+        # gpu-operator's policy sources decide which nodes a flow moves (upgrade/policy.py)
+        # for its own driver name only.
+        self._gpu_operator_flow = self.settings.driver_name == GPU_OPERATOR_DRIVER
         self._statuses: dict[str, NodeStatus] = {}  # shown; each change told to the metrics
         self._errors: dict[str, str] = {}
         self.reconciles = 0
@@ -223,11 +229,14 @@ class UpgradeController:
         ds_index = self._ds_index(objects)
         # Only the pods the plan depends on: none for a node not being freed and without
         # a record, and not the operator's own operands (issue 22).
-        read = pods_read(node, ds_index, self.settings, objects)
+        flow = self.gate_review.flow(node) if self._gpu_operator_flow else None
+        read = pods_read(node, ds_index, self.settings, objects, flow)
         pods = await self._io.pods_on_node(name, read.skip_namespace) if read.needed else []
         if read.driver_namespace is not None:  # they tell the upgrade's path (upgrade/paths.py)
             pods += await self._io.driver_pods_on_node(name, read.driver_namespace)
-        plan = plan_node(node, pods, objects, self.settings, now=self._clock(), ds_index=ds_index)
+        plan = plan_node(
+            node, pods, objects, self.settings, now=self._clock(), ds_index=ds_index, flow=flow
+        )
         # The pass holds its plan, not the pods, while its writes go out: 64 passes of a
         # wave at once each held a node's list of whole pods (issue 22: the wave's peak).
         del pods
@@ -251,9 +260,8 @@ class UpgradeController:
         return self._ds_index_cache
 
     def _publish(self) -> None:
-        gate = self.gate_review.gate
         self.metrics.publish(
-            gate=None if gate is None else gate.state,
+            gate=self.gate_review.gate,
             now=self._clock(),
             eviction_timeout=self.settings.eviction_timeout_seconds,
         )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared_svc.k8s.objects import camel_keys
-from shared_svc.upgrade.gate import GateCheck
+from shared_svc.upgrade.gate import GateVerdicts
 from shared_svc.upgrade.planner import NodeStatus
 
 
@@ -16,8 +16,11 @@ def node_json(status: NodeStatus) -> dict[str, Any]:
     return camel_keys(status.as_dict())
 
 
-def gate_json(gate: GateCheck) -> dict[str, Any]:
-    return camel_keys(gate.as_dict())
+def gate_json(gate: GateVerdicts) -> dict[str, Any]:
+    """The mode, the summary state and one verdict per policy source gpu-operator reads."""
+    shown = camel_keys(gate.as_dict())
+    shown["verdicts"] = [camel_keys(v) for v in shown["verdicts"]]
+    return shown
 
 
 def nodes_json(statuses: Mapping[str, NodeStatus]) -> dict[str, dict[str, Any]]:
