@@ -86,7 +86,18 @@ def kept_services(w: World) -> list[K8sObject]:
 
 
 def kept_monitors(w: World) -> list[K8sObject]:
-    return [m for m in w.service_monitors if name_of(m) in SERVICE_MONITOR_NAMES and _managed(m)]
+    """Ours, and not going away: a drained one (issue 46) selects nothing, a value of our
+    label no Service carries, until it is deleted."""
+    return [
+        m
+        for m in w.service_monitors
+        if name_of(m) in SERVICE_MONITOR_NAMES and _managed(m) and not _drained(m)
+    ]
+
+
+def _drained(monitor: K8sObject) -> bool:
+    labels = ((monitor.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return any(str(v).endswith(".drained") for v in labels.values())
 
 
 def selection(w: World, adopting: frozenset[str] = frozenset()) -> dict[str, tuple[str, list[str]]]:

@@ -16,7 +16,6 @@ import io
 import json
 import tempfile
 from collections.abc import Iterator
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 from proptests.strategies import worlds
 from shared_svc.cli import main
 from shared_svc.k8s.objects import K8sObject
-from shared_svc.reconcile.model import World
+from shared_svc.reconcile.model import WORLD_KINDS, World
 from tests.worlds import cluster_policy, gc_spec, gpu_cluster, service
 
 Path_ = tuple[str | int, ...]
@@ -99,7 +98,7 @@ def hostile_manifests(draw: st.DrawFn) -> tuple[list[Any], Path_, Any]:
     w: World = draw(
         worlds().filter(lambda w: w.services and (w.cluster_policies or w.gpu_clusters))
     )
-    objects: list[Any] = [copy.deepcopy(o) for f in fields(World) for o in getattr(w, f.name)]
+    objects: list[Any] = [copy.deepcopy(o) for f in WORLD_KINDS.values() for o in getattr(w, f)]
     # Uniform over objects and paths (integers() would favour the first ones).
     rnd = draw(st.randoms(use_true_random=True))
     if draw(st.booleans()):

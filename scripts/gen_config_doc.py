@@ -41,6 +41,7 @@ CHART_VALUES = {
     "retry_period_seconds": "leaderElection.retryPeriodSeconds",
     "resync_seconds": "tuning.resyncSeconds",
     "discovery_seconds": "tuning.discoverySeconds",
+    "scrape_interval_seconds": "tuning.scrapeIntervalSeconds",
     "coalesce_seconds": "tuning.coalesceSeconds",
     "api_compression": "tuning.apiCompression",
     "backoff_base_seconds": "tuning.backoffBaseSeconds",

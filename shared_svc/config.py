@@ -114,6 +114,11 @@ class Config(BaseSettings):
     discovery_seconds: float = Field(
         default=60.0, gt=0, description="Re-check whether ServiceMonitor is served."
     )
+    scrape_interval_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Scrape interval of a ServiceMonitor that sets none (the Prometheus' own): a ServiceMonitor going away selects nothing for two scrape intervals before it is deleted.",
+    )
     coalesce_seconds: float = Field(
         default=0.2,
         ge=0,
@@ -242,6 +247,7 @@ class Config(BaseSettings):
             selector_mode=self.selector_mode,
             adopt=self.adopt,
             service_monitor_served=service_monitor_served,
+            scrape_interval_seconds=self.scrape_interval_seconds,
         )
 
 

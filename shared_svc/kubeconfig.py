@@ -14,10 +14,10 @@ when the client is made (``proxy_once``), never per request.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shared_svc.errors import UsageError
 
@@ -126,6 +126,29 @@ def without_compression(api: ApiClient) -> ApiClient:
     of a 5,000-node fleet listed (docs/decisions.md; kubectl's ``--disable-compression``
     and the kubeconfig's ``disable-compression`` do the same for Go clients)."""
     api.set_default_header("Accept-Encoding", "identity")
+    return api
+
+
+def count_requests(api: ApiClient, on_request: Callable[[str, str], None]) -> ApiClient:
+    """``api`` reporting each request it sends, ``on_request(method, code)``, as client-go's
+    ``rest_client_requests_total`` counts them: the HTTP method and the answer's status code
+    (of a watch, when its headers arrive), ``<error>`` when no answer came (a connection
+    refused or reset, a timeout). Through aiohttp's request tracing on the client's session."""
+    import aiohttp
+
+    async def ended(_: Any, __: Any, params: aiohttp.TraceRequestEndParams) -> None:
+        on_request(params.method, str(params.response.status))
+
+    async def failed(_: Any, __: Any, params: aiohttp.TraceRequestExceptionParams) -> None:
+        on_request(params.method, "<error>")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(ended)
+    trace.on_request_exception.append(failed)
+    trace.freeze()
+    # The session's trace configurations (what its ``trace_configs`` argument sets): the
+    # client made its session already.
+    api.rest_client.pool_manager._trace_configs.append(trace)
     return api
 
 

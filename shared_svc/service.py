@@ -24,7 +24,7 @@ from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.recorder import EventPublisher, EventRecorder
 from shared_svc.kube.writer import Writer
-from shared_svc.kubeconfig import api_client, small_tls_reads, without_compression
+from shared_svc.kubeconfig import api_client, count_requests, small_tls_reads, without_compression
 from shared_svc.runtime import heap
 from shared_svc.runtime.manager import Manager, Runnable
 from shared_svc.service_metrics import Metrics
@@ -49,6 +49,9 @@ class Service:
         self.config = config
         self._freeze_heap = freeze_heap
         self.metrics = Metrics()
+        # 0 until it leads (a replica that never led is there too, as a standby); without
+        # leader election the one replica leads.
+        self.metrics.leader.labels(config.lease_name).set(0 if config.leader_election else 1)
         self.api: ApiClient | None = None
         self.elector: LeaseElector | None = None
         self.controller: ServicesController | None = None
@@ -100,6 +103,7 @@ class Service:
         cfg = self.config
         small_tls_reads()  # a wave opens 100 connections (kubeconfig.small_tls_reads)
         self.api = api = await api_client(cfg.kubeconfig)
+        count_requests(api, self.metrics.api_request)
         if not cfg.api_compression:
             without_compression(api)
         try:
@@ -151,8 +155,6 @@ class Service:
                 on_change=lambda lead: self._on_leadership(lead),
                 on_error=lambda _: self.metrics.lease_errors.inc(),
             )
-        else:
-            self.metrics.leader.labels(cfg.lease_name).set(1)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
         # the registry reports each one's sync (shared_svc_cache_synced) and, once all
         # have synced, what they hold is frozen out of the garbage collector's scans.
@@ -193,6 +195,8 @@ class Service:
                 needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
                 on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
+                on_answered=self.metrics.webhook_answered,
+                on_certificate=self.metrics.webhook_certificate_loaded,
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()

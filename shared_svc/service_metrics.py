@@ -11,12 +11,29 @@ in one process in tests and each /metrics shows only its own figures.
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
+from shared_svc import __version__
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 
+# The labels a target of prometheus-operator's ServiceMonitor carries (its own: namespace,
+# service, pod, container, endpoint; Prometheus': job, instance). A metric's label of the
+# same name arrives renamed exported_<name> (honorLabels is off, as it should be), so no
+# metric of ours has one (tests/test_monitoring_metrics.py checks every registered one).
+TARGET_LABELS = frozenset(
+    {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
+)
 # shared_svc_admission_guard{mode}: admission.guard.guard_mode's values.
 GUARD_MODES = ("policy", "webhook", "none", "unknown")
 # shared_svc_admission_webhooks{served}: the guard's webhooks by what their probe found.
@@ -51,6 +68,27 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        # The process: what it is (build info), and the process and Python collectors
+        # (memory, CPU, open files, start time; the interpreter; its garbage collector).
+        self.build_info = Gauge(
+            "shared_svc_build_info",
+            "1, labelled with the version of shared-svc and of Python it runs on.",
+            ["version", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        # client-go's rest_client_requests_total: every request of the API client, by
+        # HTTP method and status code ("<error>": no answer), set by the client's trace
+        # (kubeconfig.count_requests).
+        self.api_requests = Counter(
+            "rest_client_requests_total",
+            "API server requests by HTTP method and status code.",
+            ["method", "code"],
+            registry=r,
+        )
         self._admission(r)
 
     def _admission(self, r: CollectorRegistry) -> None:
@@ -72,6 +110,27 @@ class Metrics:
             "shared_svc_admission_unguarded_writers",
             "Objects of shared-svc that gpu-operator's field manager writes while no "
             "admission guard is active (the AdmissionGuardMissing Warning).",
+            registry=r,
+        )
+        # controller-runtime's webhook metrics: the AdmissionReviews this replica's webhook
+        # server answered, by path (webhook) and HTTP code, and how long each took.
+        self.webhook_requests = Counter(
+            "controller_runtime_webhook_requests_total",
+            "AdmissionReview requests answered, by webhook path and HTTP code.",
+            ["webhook", "code"],
+            registry=r,
+        )
+        self.webhook_latency = Histogram(
+            "controller_runtime_webhook_latency_seconds",
+            "Time to answer an AdmissionReview, by webhook path.",
+            ["webhook"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.webhook_certificate_expiry = Gauge(
+            "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds",
+            "When the certificate the webhook server serves stops being valid (Unix time); "
+            "only on a replica that serves the webhook.",
             registry=r,
         )
         for mode in GUARD_MODES:
@@ -96,3 +155,17 @@ class Metrics:
     def cache_synced_changed(self, cache: str, synced: bool) -> None:
         """The cache registry's report (``kube.registry.CacheRegistry``: every cache)."""
         self.cache_synced.labels(cache).set(1 if synced else 0)
+
+    def webhook_answered(self, path: str, code: int, seconds: float) -> None:
+        """The webhook server's report of one request (``admission.server``)."""
+        self.webhook_requests.labels(path, str(code)).inc()
+        self.webhook_latency.labels(path).observe(seconds)
+
+    def webhook_certificate_loaded(self, expiry: float | None) -> None:
+        """The webhook server's certificate loaded (``admission.server.CertReloader``):
+        when it stops being valid (0: unknown)."""
+        self.webhook_certificate_expiry.set(expiry or 0)
+
+    def api_request(self, method: str, code: str) -> None:
+        """The API client's report of one request (``kubeconfig.count_requests``)."""
+        self.api_requests.labels(method, code).inc()

@@ -123,6 +123,8 @@ class StandIns:
     """Exporter stand-ins by pod IP, and one scrape proxy per job (:data:`JOBS`)."""
 
     ports: dict[str, int] = field(default_factory=dict)  # pod IP -> stand-in port
+    # (pod IP, port) -> a loopback port that serves that pod's port for real (:meth:`route`)
+    routes: dict[tuple[str, int], int] = field(default_factory=dict)
     scrapes: dict[str, Counter[str]] = field(default_factory=dict)  # pod IP -> job -> count
     proxies: dict[str, int] = field(default_factory=dict)  # job -> proxy port
     _servers: list[_Server] = field(default_factory=list)
@@ -141,6 +143,11 @@ class StandIns:
                 return
             self.scrapes[pod_ip] = Counter()
         self.ports[pod_ip] = self._serve(self._exporter_handler(pod_ip))
+
+    def route(self, pod_ip: str, port: int, loopback_port: int) -> None:
+        """Scrapes of ``pod_ip:port`` go to ``127.0.0.1:loopback_port``: a real server (a
+        shared-svc replica's /metrics) in place of a stand-in."""
+        self.routes[(pod_ip, port)] = loopback_port
 
     def count(self, pod_ip: str) -> Counter[str]:
         with self._lock:
@@ -182,12 +189,15 @@ class StandIns:
         class Proxy(_Quiet):
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)  # absolute: http://podIP:9400/metrics
-                port = owner.ports.get(url.hostname or "")
-                if port is None or url.port != EXPORTER_PORT:
+                port = owner.routes.get((url.hostname or "", url.port or 80))
+                if port is None and url.port == EXPORTER_PORT:
+                    port = owner.ports.get(url.hostname or "")
+                if port is None:
                     self.send_error(502, f"no stand-in for {url.netloc}")
                     return
+                query = f"?{url.query}" if url.query else ""
                 req = urllib.request.Request(
-                    f"http://127.0.0.1:{port}{url.path}", headers={"X-Scrape-Job": job}
+                    f"http://127.0.0.1:{port}{url.path}{query}", headers={"X-Scrape-Job": job}
                 )
                 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
                 with opener.open(req, timeout=5) as resp:

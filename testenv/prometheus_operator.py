@@ -6,8 +6,10 @@ prometheus-operator v0.85.0 is built from its Go module by ``testenv/prometheus-
 test API server as its admin (``KUBECONFIG``), watches the ``Prometheus`` resource of a test
 (:func:`prometheus_resource`) and the ServiceMonitors its selectors select, and writes the
 Prometheus configuration into the Secret ``prometheus-<name>`` (``prometheus.yaml.gz``), as in a
-cluster. No kubelet runs its StatefulSet: :class:`ConfigReloader` plays the config-reloader
-sidecar, copying each new version of that configuration to the real Prometheus of
+cluster, and the rule files of the PrometheusRules it selects into the ConfigMaps
+``prometheus-<name>-rulefiles-<n>``. No kubelet runs its StatefulSet: :class:`ConfigReloader`
+plays the config-reloader sidecar, copying each new version of that configuration (and the
+rule files, as the StatefulSet mounts them) to the real Prometheus of
 ``testenv/prometheus.py`` and asking it to reload, with ``$(POD_NAME)`` and ``$(SHARD)`` expanded
 as the sidecar does. What the operator renders is kept as it is (the ServiceMonitors' relabelling,
 job names, ``jobLabel``, discovery roles, sharding), except what connects it to the test: each
@@ -146,8 +148,10 @@ def prometheus_resource(
             "version": PROMETHEUS_VERSION,
             "replicas": 1,
             "serviceMonitorSelector": {},  # every ServiceMonitor of its own namespace
+            "ruleSelector": {},  # every PrometheusRule of its own namespace
             "scrapeInterval": SCRAPE_INTERVAL,
             "scrapeTimeout": SCRAPE_INTERVAL,
+            "evaluationInterval": SCRAPE_INTERVAL,
             "apiserverConfig": {
                 "host": control_plane.url,
                 "bearerTokenFile": str(token),
@@ -166,6 +170,27 @@ def rendered(control_plane: ControlPlane, namespace: str) -> bytes | None:
         return None
     data = (secret.get("data") or {}).get("prometheus.yaml.gz")
     return base64.b64decode(data) if data else None
+
+
+# Where the StatefulSet mounts the rule ConfigMaps (prometheus-<name>-rulefiles-<n>), as the
+# configuration's rule_files name them.
+RULES_DIR = "/etc/prometheus/rules/"
+
+
+def rule_files(control_plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
+    """The rule ConfigMaps prometheus-operator wrote for the test's Prometheus, from the
+    PrometheusRules it selects: ConfigMap name -> file name -> rules (YAML)."""
+    code, body = control_plane.request(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/configmaps?labelSelector=prometheus-name%3D{NAME}",
+    )
+    if code != 200:
+        return {}
+    return {
+        cm["metadata"]["name"]: dict(cm.get("data") or {})
+        for cm in body.get("items") or []
+        if cm["metadata"]["name"].startswith(f"prometheus-{NAME}-rulefiles-")
+    }
 
 
 # What the config-reloader's environment gives the configuration's ``$(NAME)`` references in
@@ -210,18 +235,30 @@ class ConfigReloader:
     jobs: list[str] = field(default_factory=list)  # the scrape jobs of the last reload
     error: str | None = None
     _last: bytes | None = None
+    _rules: dict[str, dict[str, str]] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def sync(self) -> bool:
-        """Copies a new version, if any; True when Prometheus reloaded."""
+        """Copies a new version, if any, with the rule files it names (the operator's rule
+        ConfigMaps, as the StatefulSet mounts them); True when Prometheus reloaded."""
         data = rendered(self.control_plane, self.namespace)
-        if data is None or data == self._last:
+        rules = rule_files(self.control_plane, self.namespace)
+        if data is None or (data, rules) == (self._last, self._rules):
             return False
         text = expanded(gzip.decompress(data).decode())
         config = connected(yaml.safe_load(text) or {}, self.proxy_port)
+        mounted = self.prometheus.workdir / "rules"
+        shutil.rmtree(mounted, ignore_errors=True)
+        for configmap, files in rules.items():
+            (mounted / configmap).mkdir(parents=True)
+            for name, rules_text in files.items():
+                (mounted / configmap / name).write_text(rules_text)
+        config["rule_files"] = [
+            f"{mounted}/{str(f).removeprefix(RULES_DIR)}" for f in config.get("rule_files") or []
+        ]
         self.prometheus.reload(config)
-        self._last = data
+        self._last, self._rules = data, rules
         self.reloads += 1
         self.jobs = [str(j.get("job_name")) for j in config.get("scrape_configs") or []]
         return True

@@ -305,3 +305,51 @@ def real_node(node_session: NodeSession) -> node_env.Node:
     """The session's real node (testenv/node), with its own control plane
     (``.control_plane``); its logs are kept under pytest's basetemp, ``real-node*/logs``."""
     return node_session.get()
+
+
+# --- prometheus-operator and the Prometheus it feeds (testenv/prometheus_operator.py) ---
+
+OPERATOR_PROXY = "servicemonitors"  # the stand-ins' proxy for the operator's scrape jobs
+
+
+@pytest.fixture(scope="module")
+def operator_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
+    """The module's control plane with prometheus-operator's CRDs (Prometheus,
+    PrometheusRule, its ServiceMonitor CRD in place of the project's)."""
+    try:
+        prom_operator_env.install_crds(kcm_plane)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"prometheus-operator's CRDs: {exc}", pytrace=False)
+    return kcm_plane
+
+
+@pytest.fixture(scope="module")
+def prometheus_operator(
+    operator_crds: testenv.ControlPlane,
+) -> Iterator[prom_operator_env.Operator]:
+    yield from started("prometheus-operator", lambda: prom_operator_env.start(operator_crds))
+
+
+def serving_stand_ins(jobs: tuple[str, ...] = tuple(prom_env.JOBS)) -> Iterator[prom_env.StandIns]:
+    """Exporter stand-ins with a scrape proxy per job of ``jobs``, until the fixture ends."""
+    s = prom_env.StandIns().start(jobs=jobs)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def operator_stand_ins() -> Iterator[prom_env.StandIns]:
+    """The scrape proxy of the operator's jobs (``OPERATOR_PROXY``) and the stand-ins."""
+    yield from serving_stand_ins((OPERATOR_PROXY,))
+
+
+@pytest.fixture(scope="module")
+def operator_prometheus(
+    operator_crds: testenv.ControlPlane, operator_stand_ins: prom_env.StandIns
+) -> Iterator[prom_env.Prometheus]:
+    """Prometheus with no scrape job until the config-reloader brings the operator's."""
+    yield from started(
+        "Prometheus", lambda: prom_env.start(operator_crds, operator_stand_ins, jobs=False)
+    )

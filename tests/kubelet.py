@@ -43,17 +43,30 @@ class Kubelet:
         )
 
     async def run(
-        self, name: str, app: str, node: str, *, common: bool, ready: bool = True
-    ) -> None:
-        """Creates the pod bound to ``node``, Running with an IP; Ready unless told."""
+        self,
+        name: str,
+        app: str,
+        node: str,
+        *,
+        common: bool,
+        ready: bool = True,
+        labels: dict[str, str] | None = None,
+        ports: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Creates the pod bound to ``node``, Running with an IP; Ready unless told. The
+        labels of an exporter of ``app`` unless ``labels``; its container's ``ports`` (a
+        Service's named targetPort). Returns its pod IP."""
         await self.node(node)
+        container: dict[str, Any] = {"name": "c", "image": IMAGE}
+        if ports:
+            container["ports"] = ports
         body = {
             "metadata": {
                 "name": name,
                 "namespace": self._ns,
-                "labels": pod_labels(app, common=common),
+                "labels": labels if labels is not None else pod_labels(app, common=common),
             },
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": IMAGE}]},
+            "spec": {"nodeName": node, "containers": [container]},
         }
         await self._core.create_namespaced_pod(self._ns, body)
         n = next(_ips)
@@ -68,6 +81,7 @@ class Kubelet:
             }
         }
         await self._core.patch_namespaced_pod_status(name, self._ns, status)
+        return ip
 
     async def ready(self, name: str) -> None:
         await self._core.patch_namespaced_pod_status(

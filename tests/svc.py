@@ -143,6 +143,9 @@ def service_config(control_plane: ControlPlane, namespace: str, **overrides: Any
         "coalesce_seconds": 0.05,
         "resync_seconds": 30.0,
         "discovery_seconds": 1.0,
+        # a ServiceMonitor without an interval, going away, is deleted 2 s after it selects
+        # nothing (two scrape intervals)
+        "scrape_interval_seconds": 1.0,
         "backoff_max_seconds": 2.0,
         "lease_duration_seconds": 3.0,
         "renew_deadline_seconds": 2.0,
@@ -245,3 +248,15 @@ def successful_reconciles(service: Service) -> float:
 def metric(service: Service, name: str, **labels: str) -> float:
     value = service.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
+
+
+async def service_monitor_gone(kube: Kube, name: str, timeout: float = 30.0) -> None:
+    """Waits until shared-svc has deleted ServiceMonitor ``name``: one going away first
+    selects nothing for two scrape intervals (``reconcile.monitoring``), after the plan
+    that let it go has settled."""
+    from tests.kube import eventually
+
+    async def gone() -> bool:
+        return await kube.service_monitor(name) is None
+
+    await eventually(gone, timeout=timeout, interval=0.2)

@@ -36,7 +36,15 @@ from tests.admission import (
     webhook_sets,
 )
 from tests.kube import eventually
-from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.svc import (
+    Kube,
+    cp_body,
+    gc_body,
+    running,
+    service_config,
+    service_monitor_gone,
+    settle,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -376,7 +384,7 @@ async def test_policy_guards_the_gpucluster_stack_and_the_service_monitor(
 DRA_MONITOR = "nvidia-dcgm-exporter-dra"
 MONITORED_GC = {
     "enabled": True,
-    "serviceMonitor": {"enabled": True, "interval": "30s", "additionalLabels": {"release": "p"}},
+    "serviceMonitor": {"enabled": True, "interval": "2s", "additionalLabels": {"release": "p"}},
 }
 
 
@@ -486,7 +494,8 @@ async def test_webhook_makes_the_gpu_cluster_monitor_put_change_nothing_and_its_
             {"spec": {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}},
         )
         await settle(svc)
-        assert await kube.service_monitor(DRA_MONITOR) is None
+        # drained first: two of its 2 s scrape intervals, then deleted
+        await service_monitor_gone(kube, DRA_MONITOR)
         assert await kube.service_monitor("nvidia-dcgm-exporter") is None
 
 

@@ -38,16 +38,26 @@ pytestmark = [pytest.mark.helm, pytest.mark.prometheus]
 REPO = Path(__file__).resolve().parent.parent
 ON = ("prometheusRule.enabled=true", "controllers.upgrade=true")
 ALERTS = (
+    "SharedSvcDown",
+    "SharedSvcNoLeader",
     "SharedSvcConfigConflicts",
     "SharedSvcConflictingWriter",
     "SharedSvcReconcileStale",
+    "SharedSvcInvalidSpec",
+    "SharedSvcDuplicateScrapeTarget",
+    "SharedSvcExporterScrapedTwice",
     "SharedSvcLeaseErrors",
     "SharedSvcUpgradeEvictionBlocked",
     "SharedSvcUpgradeConsumersNotLeaving",
+    "SharedSvcUpgradeFailedNodes",
+    "SharedSvcUpgradeReconcileErrors",
     "SharedSvcUpgradeGateMissing",
     "SharedSvcAdmissionGuardNotServed",
     "SharedSvcAdmissionGuardMissing",
+    "SharedSvcWebhookCertificateExpiry",
 )
+# Lease alerts: rendered only with leader election.
+LEASE_ALERTS = ("SharedSvcNoLeader", "SharedSvcLeaseErrors")
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,7 @@ RENDERINGS = {
     "no-leader-election": Rendering(
         (*ON, "replicas=1", "leaderElection.enabled=false"),
         lease=None,
-        alerts=tuple(a for a in ALERTS if a != "SharedSvcLeaseErrors"),
+        alerts=tuple(a for a in ALERTS if a not in LEASE_ALERTS),
     ),
     "other-namespace-job-and-labels": Rendering(
         (
@@ -273,15 +283,162 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
 
         return build
 
+    def up(a: str, b: str) -> Callable[[World], None]:
+        """The replicas' ``up`` ("": no target at all); another job's is down."""
+
+        def build(w: World) -> None:
+            for pod, values in (("shared-svc-a", a), ("shared-svc-b", b)):
+                if values:
+                    w.add("up", w.target(pod), values)
+            w.foreign("up", "0x60")
+
+        return build
+
+    def leaders(a: str, b: str) -> Callable[[World], None]:
+        def build(w: World) -> None:
+            for pod, values in (("shared-svc-a", a), ("shared-svc-b", b)):
+                w.add(
+                    "leader_election_master_status", {**w.target(pod), "name": lease_name}, values
+                )
+            w.add(  # gpu-operator's leader, in the same namespace
+                "leader_election_master_status",
+                {**w.target("gpu-operator-0", job="gpu-operator"), "name": "53822513.nvidia.com"},
+                "1x60",
+            )
+            w.foreign("leader_election_master_status", "0x60", name=lease_name)
+
+        return build
+
+    def errors(controller: str, values: str, blocked: str = "0x60") -> Callable[[World], None]:
+        def build(w: World) -> None:
+            name = "controller_runtime_reconcile_errors_total"
+            w.add(name, {**w.target("shared-svc-a"), "controller": controller}, values)
+            w.add(name, {**w.target("shared-svc-b"), "controller": controller}, "0x60")
+            w.foreign(name, "0+1x60", controller="upgrade")
+            w.both("shared_svc_upgrade_blocked_pods", blocked)
+
+        return build
+
+    def exporter_jobs(n: int, values: str, namespace: str = r.namespace) -> Callable[[World], None]:
+        """The DCGM exporter pod at ``pod_ip`` a target of ``n`` jobs, with ``values`` in
+        the last; shared-svc's own target (port 8080) beside it."""
+
+        def build(w: World) -> None:
+            jobs = ("nvidia-dcgm-exporter", "kubernetes-service-endpoints", "dcgm")[:n]
+            for k, job in enumerate(jobs):
+                labels = {"namespace": namespace, "job": job, "instance": f"{pod_ip}:9400"}
+                w.add("up", labels, values if k == n - 1 else "1x60")
+            w.add("up", w.target("shared-svc-a"), "1x60")
+
+        return build
+
+    pod_ip = "10.244.0.7"
+    lease_name = r.lease or "shared-svc"
+    expiry = "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds"
+    failed = {**nj, "state": "upgrade-failed"}
+    duplicate = {**nj, "reason": "DuplicateScrapeTarget"}
     table: dict[str, tuple[list[Case], list[Case]]] = {
+        "SharedSvcDown": (
+            # both replicas down; no target at all (the ServiceMonitor not selected)
+            [Case(up("0x60", "0x60"), "10m", nj), Case(up("", ""), "10m", nj)],
+            # one replica up; both down, but not for 5m yet
+            [Case(up("1x60", "0x60"), "10m", None), Case(up("1x5 0x55", "1x5 0x55"), "8m", None)],
+        ),
+        "SharedSvcNoLeader": (
+            [Case(leaders("0x60", "0x60"), "10m", {**nj, "name": lease_name}, "0")],
+            # one leads; a handover (none leads for two minutes)
+            [
+                Case(leaders("1x60", "0x60"), "10m", None),
+                Case(leaders("1x5 0x60", "0x7 1x60"), "10m", None),
+            ],
+        ),
+        "SharedSvcInvalidSpec": (
+            [Case(gauge("shared_svc_spec_errors", "1x60"), "15m", nj, "1")],
+            [Case(gauge("shared_svc_spec_errors", "1x3 0x57"), "15m", None)],
+        ),
+        "SharedSvcDuplicateScrapeTarget": (
+            [
+                Case(
+                    gauge("shared_svc_pending", "1x60", reason="DuplicateScrapeTarget"),
+                    "35m",
+                    duplicate,
+                    "1",
+                )
+            ],
+            # not for 30m yet; another reason
+            [
+                Case(
+                    gauge("shared_svc_pending", "1x60", reason="DuplicateScrapeTarget"), "25m", None
+                ),
+                Case(gauge("shared_svc_pending", "1x60", reason="ServiceNotAdopted"), "35m", None),
+            ],
+        ),
+        "SharedSvcExporterScrapedTwice": (
+            # the exporter pod at 10.244.0.7 in two jobs (a ServiceMonitor's, an annotation job)
+            [
+                Case(
+                    exporter_jobs(2, "1x60"),
+                    "20m",
+                    {"namespace": r.namespace, "instance": f"{pod_ip}:9400"},
+                    "2",
+                )
+            ],
+            # in one job; in two, but only for 5 minutes; another namespace's in two
+            [
+                Case(exporter_jobs(1, "1x60"), "20m", None),
+                Case(exporter_jobs(2, "1x5"), "20m", None),
+                Case(exporter_jobs(2, "1x60", namespace="other-ns"), "20m", None),
+            ],
+        ),
+        "SharedSvcUpgradeFailedNodes": (
+            [
+                Case(
+                    gauge("shared_svc_upgrade_nodes_by_state", "2x60", state="upgrade-failed"),
+                    "15m",
+                    failed,
+                    "2",
+                )
+            ],
+            [
+                Case(
+                    gauge("shared_svc_upgrade_nodes_by_state", "2x3 0x57", state="upgrade-failed"),
+                    "15m",
+                    None,
+                ),
+                Case(
+                    gauge("shared_svc_upgrade_nodes_by_state", "2x60", state="upgrade-done"),
+                    "15m",
+                    None,
+                ),
+            ],
+        ),
+        "SharedSvcUpgradeReconcileErrors": (
+            [Case(errors("upgrade", "0+1x60"), "25m", {**nj, "controller": "upgrade"})],
+            # one failure long ago; the Services controller's failures (SharedSvcReconcileStale's);
+            # refused evictions (SharedSvcUpgradeEvictionBlocked's)
+            [
+                Case(errors("upgrade", "0 1x59"), "25m", None),
+                Case(errors("shared-services", "0+1x60"), "25m", None),
+                Case(errors("upgrade", "0+1x60", blocked="1x60"), "25m", None),
+            ],
+        ),
+        "SharedSvcWebhookCertificateExpiry": (
+            # 1,000,000 s (11.6 days) at 0; at 2h: 992,800 s left
+            [Case(gauge(expiry, "1000000x200"), "2h", nj, "992800")],
+            # 58 days left; a replica that serves no webhook (0)
+            [
+                Case(gauge(expiry, "5000000x200"), "2h", None),
+                Case(gauge(expiry, "0x200"), "2h", None),
+            ],
+        ),
         "SharedSvcConfigConflicts": (
             [Case(conflicts("1x60"), "35m", nj)],
             [Case(conflicts("1x20 0x40"), "35m", None), Case(conflicts("1x60"), "25m", None)],
         ),
         "SharedSvcConflictingWriter": (
-            [Case(writer("0x10 3x140"), "20m", nj)],
-            # the fight an hour and more ago; no fight at all
-            [Case(writer("0x10 3x140"), "75m", None), Case(writer("5x150"), "20m", None)],
+            [Case(writer("0x10 3x140"), "17m", nj), Case(writer("0+1x150"), "60m", nj)],
+            # the fight over at 11m: quiet 10 minutes later; no fight at all
+            [Case(writer("0x10 3x140"), "22m", None), Case(writer("5x150"), "20m", None)],
         ),
         "SharedSvcReconcileStale": (
             # the leader's last success at 60 s; the standby keeps succeeding
@@ -409,7 +566,8 @@ def test_every_alert_fires_when_it_should_and_only_then(rendering: str, tmp_path
     assert tuple(rules) == r.alerts
     tests = promtool_tests(r, rules)
     names = {s["series"].split("{", 1)[0] for t in tests["tests"] for s in t["input_series"]}
-    assert names <= exposed_metric_names(), names - exposed_metric_names()
+    # every metric of the service's registry, and Prometheus' own ``up``
+    assert names <= exposed_metric_names() | {"up"}, names - exposed_metric_names()
     failures = run_promtool(tmp_path, groups, tests)
     assert not failures, failures
 

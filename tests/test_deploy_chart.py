@@ -477,6 +477,36 @@ def test_service_monitor_and_single_replica_options() -> None:
     assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
     assert service["spec"]["ports"][0]["port"] == 9090
     assert container_env(docs)["SHARED_SVC_PORT"] == "9090"
+    # what a user's Prometheus set-up asks of it (issue 46)
+    tuned = one(
+        render_docs(
+            "serviceMonitor.enabled=true",
+            "serviceMonitor.namespace=monitoring",
+            "serviceMonitor.scrapeTimeout=10s",
+            "serviceMonitor.honorLabels=true",
+            "serviceMonitor.relabelings[0].targetLabel=cluster",
+            "serviceMonitor.relabelings[0].replacement=gpu-east",
+            "serviceMonitor.metricRelabelings[0].action=drop",
+            "serviceMonitor.metricRelabelings[0].regex=python_gc_.*",
+            "serviceMonitor.metricRelabelings[0].sourceLabels[0]=__name__",
+        ),
+        "ServiceMonitor",
+    )
+    assert tuned["metadata"]["namespace"] == "monitoring"
+    assert tuned["spec"]["namespaceSelector"] == {"matchNames": ["gpu-operator"]}
+    assert tuned["spec"]["endpoints"] == [
+        {
+            "port": "http",
+            "path": "/metrics",
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+            "honorLabels": True,
+            "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-east"}],
+            "metricRelabelings": [
+                {"action": "drop", "regex": "python_gc_.*", "sourceLabels": ["__name__"]}
+            ],
+        }
+    ]
     single = render_docs("replicas=1")
     assert not find(single, "PodDisruptionBudget"), (
         "minAvailable 1 of 1 would block every node drain"
@@ -557,6 +587,11 @@ VALUE_CASES: dict[str, tuple[str, str, Any]] = {
     "upgrade.writesBurst=80": ("SHARED_SVC_UPGRADE_WRITES_BURST", "upgrade_writes_burst", 80),
     "tuning.resyncSeconds=600": ("SHARED_SVC_RESYNC_SECONDS", "resync_seconds", 600.0),
     "tuning.discoverySeconds=30": ("SHARED_SVC_DISCOVERY_SECONDS", "discovery_seconds", 30.0),
+    "tuning.scrapeIntervalSeconds=60": (
+        "SHARED_SVC_SCRAPE_INTERVAL_SECONDS",
+        "scrape_interval_seconds",
+        60.0,
+    ),
     "tuning.coalesceSeconds=0.5": ("SHARED_SVC_COALESCE_SECONDS", "coalesce_seconds", 0.5),
     "tuning.apiCompression=true": ("SHARED_SVC_API_COMPRESSION", "api_compression", True),
     "tuning.backoffBaseSeconds=0.01": (
@@ -730,6 +765,18 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "prometheusRule.enabled=true",
         "prometheusRule.disabled.SharedSvcLeaseErrors=true",
     ),
+    "prometheusRule.for": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.for.SharedSvcReconcileStale=10m",
+    ),
+    "prometheusRule.alertAnnotations": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.alertAnnotations.dashboard=https://grafana.example.com/d/shared-svc",
+    ),
+    "prometheusRule.keepFiringFor": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.keepFiringFor=10m",
+    ),
     "grafanaDashboard.enabled": ("grafanaDashboard.enabled=true",),
     "grafanaDashboard.labels": (
         "grafanaDashboard.enabled=true",
@@ -819,6 +866,9 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
         "prometheusRule.job",
         "prometheusRule.runbookBaseUrl",
         "prometheusRule.disabled",
+        "prometheusRule.for",
+        "prometheusRule.alertAnnotations",
+        "prometheusRule.keepFiringFor",
         "grafanaDashboard.labels",
         "grafanaDashboard.annotations",
         "grafanaDashboard.namespace",
@@ -1004,7 +1054,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 9
+    assert len(documented) == 17
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1022,7 +1072,13 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
     for alert in alerts:
         expr, for_, severity = documented[alert["alert"]]
         # the documented expression, pinned to the namespace and the job by label matchers
-        assert 'namespace="ops", job="shared-svc-metrics"' in alert["expr"]
+        # (the exporters' targets, in whatever job: to the namespace)
+        pin = (
+            ""
+            if alert["alert"] == "SharedSvcExporterScrapedTwice"
+            else ', job="shared-svc-metrics"'
+        )
+        assert f'namespace="ops"{pin}' in alert["expr"]
         assert bare(expr) in bare(alert["expr"]), (expr, alert["expr"])
         assert (alert["for"], alert["labels"]["severity"]) == (for_, severity)
         assert alert["labels"]["team"] == "gpu"
@@ -1044,6 +1100,8 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
             {
                 "SharedSvcUpgradeEvictionBlocked",
                 "SharedSvcUpgradeConsumersNotLeaving",
+                "SharedSvcUpgradeFailedNodes",
+                "SharedSvcUpgradeReconcileErrors",
                 "SharedSvcUpgradeGateMissing",
             },
         ),
@@ -1053,11 +1111,18 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcConfigConflicts",
                 "SharedSvcConflictingWriter",
                 "SharedSvcReconcileStale",
+                "SharedSvcInvalidSpec",
+                "SharedSvcDuplicateScrapeTarget",
+                "SharedSvcExporterScrapedTwice",
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
+                "SharedSvcWebhookCertificateExpiry",
             },
         ),
-        (("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON), {"SharedSvcLeaseErrors"}),
+        (
+            ("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON),
+            {"SharedSvcLeaseErrors", "SharedSvcNoLeader"},
+        ),
         (
             ("prometheusRule.disabled.SharedSvcConfigConflicts=true", *UPGRADE_ON),
             {"SharedSvcConfigConflicts"},
@@ -1123,6 +1188,7 @@ def test_the_dashboard_configmap_is_the_plain_json_only_when_enabled() -> None:
     assert dashboard["uid"] == "shared-svc" and dashboard["panels"]
     assert {v["name"] for v in dashboard["templating"]["list"]} == {
         "datasource",
+        "cluster",
         "namespace",
         "job",
     }
@@ -1150,3 +1216,31 @@ def test_network_policy_admits_the_endpoints_only_when_enabled() -> None:
     assert [r["ports"] for r in one(off, "NetworkPolicy")["spec"]["ingress"]] == [
         [{"port": "http", "protocol": "TCP"}]
     ]
+
+
+def test_alert_annotations_keep_firing_for_and_an_alert_s_for_are_values() -> None:
+    """kube-prometheus-stack's additionalRuleAnnotations and keepFiringFor, and a `for:` of
+    one's own (issue 46); an alert's own annotations win."""
+    rule = one(
+        render_docs(
+            "prometheusRule.enabled=true",
+            "prometheusRule.alertAnnotations.dashboard=https://grafana.example.com/d/x",
+            "prometheusRule.alertAnnotations.summary=not this",
+            "prometheusRule.keepFiringFor=10m",
+            "prometheusRule.for.SharedSvcReconcileStale=20m",
+            "tuning.resyncSeconds=60",
+        ),
+        "PrometheusRule",
+    )
+    alerts = {a["alert"]: a for a in rule["spec"]["groups"][0]["rules"]}
+    for alert in alerts.values():
+        assert alert["keep_firing_for"] == "10m"
+        assert alert["annotations"]["dashboard"] == "https://grafana.example.com/d/x"
+        assert alert["annotations"]["summary"] != "not this"
+    stale = alerts["SharedSvcReconcileStale"]
+    assert stale["for"] == "20m" and alerts["SharedSvcLeaseErrors"]["for"] == "10m"
+    # three resyncs of 60 s
+    assert "shared_svc_last_successful_reconcile_timestamp_seconds{" in stale["expr"]
+    assert "} > 180)" in stale["expr"] and "180 s" in stale["annotations"]["description"]
+    plain = one(render_docs("prometheusRule.enabled=true"), "PrometheusRule")
+    assert all("keep_firing_for" not in a for a in plain["spec"]["groups"][0]["rules"])

@@ -32,7 +32,15 @@ from shared_svc.upgrade.states import state_label_key
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace, unique
 from tests.parts import managed
-from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.svc import (
+    Kube,
+    cp_body,
+    gc_body,
+    running,
+    service_config,
+    service_monitor_gone,
+    settle,
+)
 from tests.test_deploy_chart import (
     ALL_CONVENTIONS,
     MANIFESTS,
@@ -247,7 +255,7 @@ async def test_service_converges_and_reports_as_its_service_account(
         await kube.delete_cr("GPUCluster", "gpu-cluster")
         await settle(svc)
         assert await kube.services() == {}
-        assert await kube.service_monitor("nvidia-dcgm-exporter") is None
+        await service_monitor_gone(kube, "nvidia-dcgm-exporter")  # drained first
 
         assert svc.recorder is not None and svc.recorder.failures == 0, "every Event was written"
         assert svc.elector is not None and svc.elector.last_error is None

@@ -4,6 +4,7 @@ the Services plan. A live ``shared-svc run`` exposes them: tests/test_monitoring
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -16,7 +17,7 @@ from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.model import ObjectStatus, Plan
 from shared_svc.runtime.controller import Controller, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
-from shared_svc.service_metrics import Metrics
+from shared_svc.service_metrics import TARGET_LABELS, Metrics
 from shared_svc.upgrade.gate import GateCheck, GateVerdicts
 from shared_svc.upgrade.planner import NodeStatus
 from shared_svc.upgrade.record import format_time
@@ -156,7 +157,7 @@ def test_every_known_series_is_there_at_zero_from_the_start() -> None:
     UpgradeMetrics(m.registry)
     r = m.registry
     assert all(value(r, "shared_svc_pending", reason=x) == 0 for x in PENDING_REASONS)
-    assert value(r, "shared_svc_service_selector", service="nvidia-dcgm", mode="common") == 0
+    assert value(r, "shared_svc_service_selector", dcgm_service="nvidia-dcgm", mode="common") == 0
     assert value(r, "shared_svc_admission_guard", mode="none") == 0
     assert value(r, "shared_svc_admission_webhooks", served="false") == 0
     assert value(r, "shared_svc_admission_unguarded_writers") == 0
@@ -227,8 +228,8 @@ def test_each_services_selector_mode() -> None:
 
     def modes(service: str) -> tuple[float | None, float | None]:
         return (
-            value(r, "shared_svc_service_selector", service=service, mode="common"),
-            value(r, "shared_svc_service_selector", service=service, mode="app"),
+            value(r, "shared_svc_service_selector", dcgm_service=service, mode="common"),
+            value(r, "shared_svc_service_selector", dcgm_service=service, mode="app"),
         )
 
     assert modes("nvidia-dcgm") == (1, 0)
@@ -237,3 +238,173 @@ def test_each_services_selector_mode() -> None:
     assert value(r, "shared_svc_pending", reason="SelectorMigrationPending") == 0
     outcomes.record_plan_metrics(Plan())
     assert modes("nvidia-dcgm") == (0, 0)
+
+
+def test_no_metric_of_ours_has_a_label_a_service_monitor_target_sets() -> None:
+    """prometheus-operator's targets carry namespace, service, pod, container, endpoint,
+    job and instance: a metric's own label of one of those names would arrive renamed
+    ``exported_<name>`` (issue 46). Every metric the running service registers, both
+    controllers on."""
+    m = Metrics()
+    ServicesMetrics(m.registry)
+    UpgradeMetrics(m.registry)
+    # The label names of every collector, declared or not yet used (prometheus_client keeps
+    # them on the metric; the exposition shows only labels with a child).
+    labels = {
+        name: set(getattr(collector, "_labelnames", ()))
+        for collector, names in m.registry._collector_to_names.items()
+        for name in names
+    }
+    assert labels, "the registry's metrics"
+    clashes = {n: sorted(ls & TARGET_LABELS) for n, ls in labels.items() if ls & TARGET_LABELS}
+    assert not clashes, clashes
+
+
+def test_a_replica_that_never_led_reports_itself_as_no_leader() -> None:
+    """``leader_election_master_status`` is there, 0, before the replica ever leads (as
+    docs/operations.md promises); without leader election the one replica leads."""
+    from shared_svc.service import Service
+
+    for election, status in ((True, 0), (False, 1)):
+        svc = Service(Config(namespace="ns", leader_election=election, pod_name="p"))
+        registry = svc.metrics.registry
+        assert value(registry, "leader_election_master_status", name="shared-svc") == status
+
+
+def test_build_info_and_the_process_and_python_collectors_are_exposed() -> None:
+    """What kube-prometheus-stack's users read of every process (issue 46)."""
+    import platform
+
+    from shared_svc import __version__
+
+    r = Metrics().registry
+    info = {"version": __version__, "python_version": platform.python_version()}
+    assert value(r, "shared_svc_build_info", **info) == 1
+    assert (value(r, "process_resident_memory_bytes") or 0) > 0
+    assert (value(r, "process_start_time_seconds") or 0) > 0
+    assert value(r, "process_cpu_seconds_total") is not None
+    assert value(r, "python_info", **_python_info()) == 1
+    assert value(r, "python_gc_collections_total", generation="0") is not None
+
+
+def _python_info() -> dict[str, str]:
+    import platform
+
+    major, minor, patch = platform.python_version_tuple()
+    return {
+        "implementation": platform.python_implementation(),
+        "major": major,
+        "minor": minor,
+        "patchlevel": patch,
+        "version": platform.python_version(),
+    }
+
+
+async def test_the_work_queue_reports_how_long_a_key_waited_and_was_worked_on() -> None:
+    from shared_svc.runtime.workqueue import WorkQueue
+
+    runtime = RuntimeMetrics.of(CollectorRegistry())
+    runtime.declare("q")
+    queue: WorkQueue[str] = WorkQueue("q", metrics=runtime)
+    r = runtime.registry
+    assert value(r, "workqueue_queue_duration_seconds_count", name="q") == 0
+    queue.add("k")
+    key = await queue.get()
+    assert value(r, "workqueue_queue_duration_seconds_count", name="q") == 1
+    assert value(r, "workqueue_work_duration_seconds_count", name="q") == 0
+    queue.done(key)
+    assert value(r, "workqueue_work_duration_seconds_count", name="q") == 1
+    assert (value(r, "workqueue_work_duration_seconds_sum", name="q") or 0) >= 0
+
+
+async def test_webhook_requests_are_counted_by_path_and_code_with_their_latency() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from shared_svc.admission.server import make_webhook_app
+
+    m = Metrics()
+    app = make_webhook_app(
+        namespace="ns", operator_users=[], needed_by=lambda: None, on_answered=m.webhook_answered
+    )
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "operation": "DELETE",
+            "namespace": "ns",
+            "name": "nvidia-dcgm",
+            "resource": {"group": "", "version": "v1", "resource": "services"},
+            "userInfo": {"username": "alice"},
+        },
+    }
+    async with TestClient(TestServer(app)) as http:
+        assert (await http.post("/validate-delete", json=review)).status == 200
+        assert (await http.post("/mutate", data=b"{")).status == 400
+    r = m.registry
+    ok = {"webhook": "/validate-delete", "code": "200"}
+    assert value(r, "controller_runtime_webhook_requests_total", **ok) == 1
+    bad = {"webhook": "/mutate", "code": "400"}
+    assert value(r, "controller_runtime_webhook_requests_total", **bad) == 1
+    for path in ("/validate-delete", "/mutate"):
+        assert value(r, "controller_runtime_webhook_latency_seconds_count", webhook=path) == 1
+
+
+def test_the_served_certificate_s_expiry_is_a_metric(tmp_path: Any) -> None:
+    import datetime as dt
+
+    from cryptography import x509
+
+    from shared_svc.admission.server import CertReloader
+    from tests.admission import make_tls
+
+    tls = make_tls(tmp_path)
+    m = Metrics()
+    assert (
+        value(m.registry, "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds") == 0
+    )
+    CertReloader(str(tls.cert_file), str(tls.key_file), on_loaded=m.webhook_certificate_loaded)
+    with open(tls.cert_file, "rb") as fh:
+        cert = x509.load_pem_x509_certificate(fh.read())
+    expiry = value(m.registry, "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds")
+    assert expiry == cert.not_valid_after_utc.timestamp()
+    assert expiry > dt.datetime.now(dt.UTC).timestamp()
+
+
+async def test_api_client_requests_are_counted_by_method_and_code() -> None:
+    """rest_client_requests_total, as client-go counts: a 200, a 404, and a request no
+    server answered (``<error>``)."""
+    from aiohttp import web
+    from kubernetes_asyncio import client
+
+    from shared_svc.kube.writer import raw_request
+    from shared_svc.kubeconfig import count_requests
+    from testenv import free_port
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.path == "/api":
+            return web.json_response({"kind": "APIVersions", "versions": ["v1"]})
+        return web.json_response({"kind": "Status", "code": 404}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    m = Metrics()
+    try:
+        for host in (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"):
+            config = client.Configuration(host=host)
+            async with client.ApiClient(configuration=config) as api:
+                count_requests(api, m.api_request)
+                for path in ("/api", "/api/v1/namespaces/none"):
+                    with contextlib.suppress(Exception):
+                        await raw_request(api, "GET", path)
+    finally:
+        await runner.cleanup()
+    r = m.registry
+    assert value(r, "rest_client_requests_total", method="GET", code="200") == 1
+    assert value(r, "rest_client_requests_total", method="GET", code="404") == 1
+    assert value(r, "rest_client_requests_total", method="GET", code="<error>") == 2

@@ -4,7 +4,8 @@
 ``shared-svc run`` runs as its own process with both controllers on the session's control
 plane, leader election on (the shipped default); Prometheus 3.5.0 (testenv/prometheus.py)
 scrapes its ``/metrics`` every second with the labels a ServiceMonitor's target carries
-(``job``: the metrics Service's name, ``namespace``, ``pod``, ``instance``) and loads the
+(``job``: the metrics Service's name, ``namespace``, ``pod``, ``instance``), and one DCGM
+exporter pod's stand-in (its pod IP at port 9400, in a job of its own), and loads the
 chart's PrometheusRule, rendered for that namespace. The world has nodes in an upgrade: one
 whose evicted consumer stays terminating past the eviction timeout (no kubelet finishes
 it: stuck, the node stalled), one whose consumer a PodDisruptionBudget keeps (blocked),
@@ -70,6 +71,7 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
         for target in panel.get("targets", []):
             expr = (
                 target["expr"]
+                .replace("$cluster", ".*")  # All: the targets here carry no cluster label
                 .replace("$namespace", namespace)
                 .replace("$job", JOB)
                 .replace("$__rate_interval", RATE_INTERVAL)
@@ -78,7 +80,11 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
             out.append((panel["title"], expr))
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
-            query = variable["query"]["query"].replace("$namespace", namespace)
+            query = (
+                variable["query"]["query"]
+                .replace("$cluster", ".*")
+                .replace("$namespace", namespace)
+            )
             inner = query.removeprefix("label_values(").rsplit(",", 1)[0]
             out.append((f"variable {variable['name']}", inner))
     return out
@@ -207,10 +213,28 @@ def shared_svc_run(cp: testenv.ControlPlane, namespace: str, log: Path) -> Itera
             proc.wait()
 
 
+EXPORTER_IP = "10.244.250.1"  # a DCGM exporter pod's address (never contacted: a stand-in)
+
+
 @contextlib.contextmanager
 def prometheus_of(port: int, namespace: str) -> Iterator[prom_env.Prometheus]:
-    """Prometheus scraping ``port`` as a ServiceMonitor's target of ``namespace``, with
-    the chart's rules."""
+    """Prometheus scraping ``port`` as a ServiceMonitor's target of ``namespace``, and one
+    DCGM exporter pod of ``namespace`` (a stand-in, at port 9400 of its pod IP, through
+    the stand-ins' proxy) in one job, with the chart's rules."""
+    stand_ins = prom_env.StandIns().start(jobs=("exporters",))
+    stand_ins.add(EXPORTER_IP)
+    exporter_job = {
+        "job_name": "nvidia-dcgm-exporter",
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "proxy_url": f"http://127.0.0.1:{stand_ins.proxies['exporters']}",
+        "static_configs": [
+            {
+                "targets": [f"{EXPORTER_IP}:{prom_env.EXPORTER_PORT}"],
+                "labels": {"namespace": namespace},
+            }
+        ],
+    }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["rules.yaml"],
@@ -225,18 +249,21 @@ def prometheus_of(port: int, namespace: str) -> Iterator[prom_env.Prometheus]:
                         "labels": {"namespace": namespace, "pod": POD},
                     }
                 ],
-            }
+            },
+            exporter_job,
         ],
     }
     rules = yaml.safe_dump({"groups": rule_groups(namespace)}, sort_keys=False)
     try:
         prom = prom_env.start_with(config, {"rules.yaml": rules})
     except testenv.ControlPlaneError as exc:
+        stand_ins.close()
         pytest.fail(f"Prometheus did not start: {exc}")
     try:
         yield prom
     finally:
         prom.stop()
+        stand_ins.close()
 
 
 async def status_of(port: int) -> dict[str, Any]:

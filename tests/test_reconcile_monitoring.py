@@ -323,3 +323,87 @@ def test_unmanaged_same_named_service_monitor_is_adopted_not_reported() -> None:
         action_of(skipped, "ServiceMonitor", "nvidia-dcgm-exporter").reason
         == "ServiceMonitorNotAdopted"
     )
+
+
+# --- a ServiceMonitor going away (issue 46) ------------------------------------------------
+
+
+def test_a_service_monitor_going_away_selects_nothing_first_and_goes_two_intervals_later() -> None:
+    """With a clock (``World.now``): the GPUCluster stops monitoring, so its ``-dra``
+    ServiceMonitor is made to select nothing (its targets end, Prometheus marks their
+    series stale), and is deleted only once it has selected nothing for two of its scrape
+    intervals (15 s) and Prometheus' discovery time (10 s): at 40 s, not before. Without a
+    clock (an offline plan) it goes at once."""
+    from dataclasses import replace
+
+    from shared_svc.reconcile.monitoring import drained_selector
+    from shared_svc.reconcile.names import DRAINED_ANNOTATION
+    from tests.worlds import apply_plan
+
+    gc = gpu_cluster(spec=gc_spec(monitor=SM_ON))
+    w = settled(
+        world(cluster_policy(), gc, stack("ClusterPolicy"), stack("GPUCluster", common=False))
+    )
+    off = gpu_cluster(spec=gc_spec(monitor={"enabled": False}))
+    going = world(cluster_policy(), off, *w.services, *w.service_monitors)
+    offline = plan(going, Settings())
+    assert action_of(offline, "ServiceMonitor", "nvidia-dcgm-exporter-dra").action == "delete"
+
+    t0 = 1_800_000_000.0
+    first = plan(replace(going, now=t0), Settings())
+    drain = action_of(first, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    assert (drain.action, drain.reason) == ("update", "ServiceMonitorDrained")
+    assert first.recheck_after == 40.0
+    # after the alias Service left it (coverage: it selects fewer, so it goes last)
+    writes = [(a.action, a.kind, a.name) for a in first.writes]
+    assert writes.index(("update", "Service", "nvidia-dcgm-exporter-dra")) < writes.index(
+        ("update", "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    )
+    drained = apply_plan(going, first)
+    monitor = next(
+        m for m in drained.service_monitors if m["metadata"]["name"] == "nvidia-dcgm-exporter-dra"
+    )
+    assert monitor["spec"]["selector"] == drained_selector("nvidia-dcgm-exporter-dra")
+    assert DRAINED_ANNOTATION in monitor["metadata"]["annotations"]
+    assert "ownerReferences" not in monitor["metadata"], "not the garbage collector's: ours"
+    assert not any(selects(monitor, s["metadata"]["labels"], NS) for s in drained.services)
+
+    waiting = plan(replace(drained, now=t0 + 39.0), Settings())
+    assert not [a for a in waiting.writes if a.kind == "ServiceMonitor"]
+    assert waiting.recheck_after == 1.0
+    due = plan(replace(drained, now=t0 + 40.0), Settings())
+    assert action_of(due, "ServiceMonitor", "nvidia-dcgm-exporter-dra").action == "delete"
+    assert due.recheck_after is None
+    # one that selects something again (a hand edit) is drained again, not deleted
+    edited = {**monitor, "spec": {**monitor["spec"], "selector": {"matchLabels": {"app": "x"}}}}
+    again = plan(replace(with_monitor(drained, edited), now=t0 + 60.0), Settings())
+    assert action_of(again, "ServiceMonitor", "nvidia-dcgm-exporter-dra").reason == (
+        "ServiceMonitorDrained"
+    )
+
+
+def test_a_drained_service_monitor_a_cr_needs_again_selects_its_services_again() -> None:
+    from dataclasses import replace
+
+    from shared_svc.reconcile.monitoring import monitor_selector
+    from tests.worlds import apply_plan
+
+    gc = gpu_cluster(spec=gc_spec(monitor=SM_ON))
+    w = settled(
+        world(cluster_policy(), gc, stack("ClusterPolicy"), stack("GPUCluster", common=False))
+    )
+    off = gpu_cluster(spec=gc_spec(monitor={"enabled": False}))
+    going = replace(world(cluster_policy(), off, *w.services, *w.service_monitors), now=1.0)
+    drained = apply_plan(going, plan(going, Settings()))
+    back = replace(drained, gpu_clusters=(gc,))
+    result = plan(back, Settings())
+    assert result.recheck_after is None
+    sm = manifest(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra")
+    assert sm["spec"]["selector"] == monitor_selector("nvidia-dcgm-exporter-dra")
+    assert action_of(result, "ServiceMonitor", "nvidia-dcgm-exporter-dra").action == "update"
+
+
+def with_monitor(base: Any, monitor: dict[str, Any]) -> Any:
+    from tests.worlds import with_objects
+
+    return with_objects(base, monitor)

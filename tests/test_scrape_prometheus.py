@@ -36,7 +36,7 @@ from kubernetes_asyncio.client import ApiClient
 import testenv
 from shared_svc.service import Service
 from testenv import prometheus as prom_env
-from tests.conftest import started
+from tests.conftest import serving_stand_ins, started
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.svc import Kube, cp_body, gc_body, settle
@@ -58,11 +58,7 @@ JOBS = tuple(prom_env.JOBS)
 
 @pytest.fixture(scope="module")
 def stand_ins() -> Iterator[prom_env.StandIns]:
-    s = prom_env.StandIns().start()
-    try:
-        yield s
-    finally:
-        s.close()
+    yield from serving_stand_ins()
 
 
 @pytest.fixture(scope="module")

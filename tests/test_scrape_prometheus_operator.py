@@ -17,6 +17,12 @@ along: after every step every ready exporter pod of a stack whose CR exists is e
 target, with the ``job`` of the Service that selects it, and no pod is a target twice for longer
 than one discovery refresh and a configuration reload. Without the adopted ``-dra``
 ServiceMonitor the GPUCluster's own one scrapes every DRA pod a second time.
+
+And no series outlives its pod (issue 46): one scrape interval after the target of a pod
+that no longer runs has left Prometheus, an instant query returns none of its series. The
+GPUCluster carries gpu-operator's finalizer (its deletion waits while its pods go);
+shared-svc drains its ``-dra`` ServiceMonitor (selects nothing) before deleting it, so
+Prometheus marks the DRA pods' series stale instead of dropping the scrape job unmarked.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +46,7 @@ from shared_svc.service import Service
 from testenv import prometheus as prom_env
 from testenv import prometheus_operator as operator_env
 from tests.admission import SimulatedGpuCluster, guard_docs, install, policy_sets, uninstall
-from tests.conftest import started
+from tests.conftest import OPERATOR_PROXY
 from tests.kube import eventually
 from tests.kubelet import Kubelet
 from tests.svc import Kube, cp_body, gc_body, settle
@@ -52,44 +59,14 @@ pytestmark = [
 
 NODES = ("node-a", "node-b")
 EXPORTER_APP = {"ClusterPolicy": "nvidia-dcgm-exporter", "GPUCluster": "nvidia-dcgm-exporter-dra"}
-JOB = "servicemonitors"  # the stand-ins' proxy for the operator's scrape jobs
+JOB = OPERATOR_PROXY  # the stand-ins' proxy for the operator's scrape jobs
 MONITOR = {"enabled": True, "interval": "1s", "scrapeTimeout": "1s"}
+SCRAPE_SECONDS = 1.0  # MONITOR's interval
+GC_FINALIZER = "gpucluster.nvidia.com/dra-resourceclaim"
 SAMPLE_SECONDS = 0.5
 # One discovery refresh, a scrape interval, and the operator's render plus a reload (a
 # ServiceMonitor created, adopted or deleted): the longest a ready pod may be doubled.
 REFRESH_SAMPLES = math.ceil((prom_env.REFRESH_SECONDS + 4.0) / SAMPLE_SECONDS)
-
-
-@pytest.fixture(scope="module")
-def monitoring_crds(kcm_plane: testenv.ControlPlane) -> testenv.ControlPlane:
-    """The module's control plane with prometheus-operator's CRDs (Prometheus, its
-    ServiceMonitor CRD in place of the project's)."""
-    try:
-        operator_env.install_crds(kcm_plane)
-    except testenv.ControlPlaneError as exc:
-        pytest.fail(f"prometheus-operator's CRDs: {exc}", pytrace=False)
-    return kcm_plane
-
-
-@pytest.fixture(scope="module")
-def operator(monitoring_crds: testenv.ControlPlane) -> Iterator[operator_env.Operator]:
-    yield from started("prometheus-operator", lambda: operator_env.start(monitoring_crds))
-
-
-@pytest.fixture(scope="module")
-def stand_ins() -> Iterator[prom_env.StandIns]:
-    s = prom_env.StandIns().start(jobs=(JOB,))
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture(scope="module")
-def prometheus(
-    monitoring_crds: testenv.ControlPlane, stand_ins: prom_env.StandIns
-) -> Iterator[prom_env.Prometheus]:
-    yield from started("Prometheus", lambda: prom_env.start(monitoring_crds, stand_ins, jobs=False))
 
 
 @dataclass
@@ -107,10 +84,12 @@ class Targets:
     kubelet: Kubelet = field(init=False)
     crs: set[str] = field(default_factory=set)
     pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (stack, pod IP)
+    stopped: set[str] = field(default_factory=set)  # pod IPs of the pods that no longer run
     last: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # pod IP -> targets
     samples: int = 0
     doubled: Counter[str] = field(default_factory=Counter)
     longest_doubled: Counter[str] = field(default_factory=Counter)
+    gone: dict[str, float] = field(default_factory=dict)  # pod IP -> when its target went
 
     def __post_init__(self) -> None:
         self.kubelet = Kubelet(self.kapi, self.kk.ns)
@@ -131,8 +110,11 @@ class Targets:
 
     async def sample(self) -> None:
         targets = await asyncio.to_thread(self.targets)
+        now = time.time()
         self.samples += 1
         self.last = targets
+        for ip in self.stopped - set(targets) - set(self.gone):
+            self.gone[ip] = now
         for name, ip in self.pods.items():
             n = len(targets.get(ip, []))
             self.doubled[name] = self.doubled[name] + 1 if n > 1 else 0
@@ -148,7 +130,12 @@ class Targets:
         spec = {"dcgm": {"enabled": False}, "dcgmExporter": {"serviceMonitor": MONITOR}}
         if kind == "GPUCluster":
             spec["dcgmExporter"] = {"enabled": True, "serviceMonitor": MONITOR}
-        await self.kk.create_cr(cp_body(**spec) if kind == "ClusterPolicy" else gc_body(**spec))
+            body = gc_body(**spec)
+            # gpu-operator's finalizer: its deletion waits for its DaemonSets' pods to go
+            body["metadata"]["finalizers"] = [GC_FINALIZER]
+        else:
+            body = cp_body(**spec)
+        await self.kk.create_cr(body)
         self.crs.add(kind)
 
     async def delete_cr(self, kind: str) -> None:
@@ -156,6 +143,10 @@ class Targets:
         await self.kk.delete_cr(
             kind, "cluster-policy" if kind == "ClusterPolicy" else "gpu-cluster"
         )
+
+    async def release_gpu_cluster(self) -> None:
+        """gpu-operator's finalizer comes off once the GPUCluster's pods are gone."""
+        await self.kk.patch_cr("GPUCluster", "gpu-cluster", {"metadata": {"finalizers": None}})
 
     async def run_stack(self, kind: str, *, common: bool) -> None:
         app = EXPORTER_APP[kind]
@@ -170,8 +161,37 @@ class Targets:
     async def stop_stack(self, kind: str) -> None:
         for node in NODES:
             name = f"{EXPORTER_APP[kind]}-{node}"
-            self.pods.pop(name, None)
+            _, ip = self.pods.pop(name)
             await self.kubelet.gone(name)
+            self.stopped.add(ip)
+
+    async def check_no_series_of_gone_pods(self) -> None:
+        """One scrape interval after the target of a pod that no longer runs left
+        Prometheus, an instant query returns none of its series (Prometheus marked them
+        stale; a scrape job dropped whole, with a deleted ServiceMonitor, marks nothing and
+        its series stay for the 5-minute lookback)."""
+
+        async def all_gone() -> bool:
+            return self.stopped <= set(self.gone)
+
+        await eventually(all_gone, timeout=6 * prom_env.REFRESH_SECONDS, interval=0.5)
+        at = max(self.gone[ip] for ip in self.stopped) + SCRAPE_SECONDS
+
+        # A stopped scrape loop writes its markers a little over two intervals later,
+        # stamped with when its next scrape would have been (at the latest ``at``).
+        async def past() -> bool:
+            return time.time() > at + 2 * SCRAPE_SECONDS + 1.0
+
+        await eventually(past, timeout=10, interval=0.2)
+        series = await asyncio.to_thread(
+            self.prom.get, "/api/v1/query", query="dcgm_stand_in_up", time=f"{at:.3f}"
+        )
+        left = sorted(
+            s["metric"].get("pod_ip", "?")
+            for s in series["result"]
+            if s["metric"].get("pod_ip") in self.stopped
+        )
+        assert not left, f"series of pods that no longer run: {left}"
 
     # --- the checks ---
     async def step(self) -> None:
@@ -230,13 +250,14 @@ async def targets(
     kk: Kube,
     kapi: ApiClient,
     svc: Service,
-    monitoring_crds: testenv.ControlPlane,
-    operator: operator_env.Operator,
-    prometheus: prom_env.Prometheus,
-    stand_ins: prom_env.StandIns,
+    operator_crds: testenv.ControlPlane,
+    prometheus_operator: operator_env.Operator,
+    operator_prometheus: prom_env.Prometheus,
+    operator_stand_ins: prom_env.StandIns,
     tmp_path: Path,
 ) -> AsyncIterator[Targets]:
-    cp = monitoring_crds
+    cp, operator = operator_crds, prometheus_operator
+    prometheus, stand_ins = operator_prometheus, operator_stand_ins
     cp.apply_manifests([operator_env.prometheus_resource(cp, kk.ns, tmp_path)])
     reloader = operator_env.ConfigReloader(cp, kk.ns, prometheus, stand_ins.proxies[JOB]).start()
     docs = guard_docs(kk.ns, *policy_sets())
@@ -276,14 +297,23 @@ async def test_cp_to_gc_to_cp_with_both_service_monitors_scrapes_every_exporter_
     await t.delete_cr("ClusterPolicy")
     await t.stop_stack("ClusterPolicy")
     await t.step()
-    # GPUCluster -> ClusterPolicy.
+    await t.check_no_series_of_gone_pods()
+    # GPUCluster -> ClusterPolicy: the GPUCluster is deleted, waits on its finalizer while
+    # its pods go (shared-svc drains its ServiceMonitor meanwhile), then goes.
     await t.create_cr("ClusterPolicy")
     await t.run_stack("ClusterPolicy", common=False)
     await t.step()
     await t.delete_cr("GPUCluster")
+    await settle(t.svc)
     await t.stop_stack("GPUCluster")
+    await t.release_gpu_cluster()
     await t.step()
-    assert {m["metadata"]["name"] for m in await list_monitors(t)} == {"nvidia-dcgm-exporter"}
+    await t.check_no_series_of_gone_pods()
+
+    async def only_canonical() -> bool:
+        return {m["metadata"]["name"] for m in await list_monitors(t)} == {"nvidia-dcgm-exporter"}
+
+    await eventually(only_canonical, timeout=30, interval=0.5)
     assert t.reloader.reloads >= 2, "the operator rendered the ServiceMonitors' changes"
     t.check_no_long_double()
 

@@ -140,6 +140,16 @@ def renewal_reason(
     return None
 
 
+def chain_expiry(pem: bytes) -> float | None:
+    """When the first of a PEM chain's certificates stops being valid (Unix time); None
+    when it holds none that loads."""
+    try:
+        chain = x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return None
+    return min(c.not_valid_after_utc.timestamp() for c in chain) if chain else None
+
+
 def not_after(data: Mapping[str, str]) -> str:
     """When the stored certificate expires (for the log line of a kept pair)."""
     cert = x509.load_pem_x509_certificate(_decode(data, CERT) or b"")

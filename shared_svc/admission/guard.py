@@ -271,9 +271,16 @@ class AdmissionGuard:
         needed_by: Callable[[], NeededBy | None],
         is_leader: Callable[[], bool],
         on_checked: Callable[[GuardMonitor], None] | None = None,
+        on_answered: Callable[[str, int, float], None] | None = None,
+        on_certificate: Callable[[float | None], None] | None = None,
     ) -> None:
+        """``on_answered`` and ``on_certificate``: the webhook server's report of each
+        request and each certificate it loads (``server.make_webhook_app``,
+        ``server.CertReloader``)."""
         self._config = config
         self._needed_by = needed_by
+        self._on_answered = on_answered
+        self._on_certificate = on_certificate
         self._server: HttpServer | None = None  # the webhook server, with a certificate
         self._stop = asyncio.Event()  # start()/stop() only
         self._manager: Manager | None = None
@@ -300,11 +307,14 @@ class AdmissionGuard:
             from shared_svc.admission.server import CertReloader, make_webhook_app
             from shared_svc.http import HttpServer
 
-            self.certs = certs = CertReloader(cfg.webhook_cert_file, cfg.webhook_key_file)
+            self.certs = certs = CertReloader(
+                cfg.webhook_cert_file, cfg.webhook_key_file, on_loaded=self._on_certificate
+            )
             app = make_webhook_app(
                 namespace=cfg.namespace,
                 operator_users=[operator_username(cfg.namespace, cfg.operator_service_account)],
                 needed_by=self._needed_by,
+                on_answered=self._on_answered,
             )
             # The same server settings as the probes': a malformed request is one INFO line,
             # a client that never completes a request is closed.

@@ -12,10 +12,12 @@ import json
 import logging
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from aiohttp import web
 
+from shared_svc.admission.certs import chain_expiry
 from shared_svc.admission.rules import BadReview, review
 from shared_svc.errors import UsageError
 
@@ -30,10 +32,26 @@ def make_webhook_app(
     namespace: str,
     operator_users: Iterable[str],
     needed_by: Callable[[], NeededBy | None],
+    on_answered: Callable[[str, int, float], None] | None = None,
 ) -> web.Application:
+    """``on_answered(path, status, seconds)`` after each request (the webhook metrics)."""
     users = tuple(operator_users)
 
     async def handle(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await respond(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:  # a body over MAX_BODY: 413
+            status = exc.status
+            raise
+        finally:
+            if on_answered is not None:
+                on_answered(request.path, status, time.perf_counter() - started)
+
+    async def respond(request: web.Request) -> web.Response:
         try:
             body = json.loads(await request.read())
             answer = review(body, namespace=namespace, operator_users=users, needed_by=needed_by())
@@ -78,12 +96,30 @@ class CertReloader:
     (cert-manager or the chart rotates the Secret; kubelet swaps the mounted files).
     New connections get the new pair; a pair that does not load keeps the old one."""
 
-    def __init__(self, cert_file: str, key_file: str) -> None:
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        on_loaded: Callable[[float | None], None] | None = None,
+    ) -> None:
+        """``on_loaded(expiry)``: each pair loaded (the first and every reload), with when
+        its certificate stops being valid."""
         self.cert_file, self.key_file = cert_file, key_file
+        self._on_loaded = on_loaded
         self.context = tls_context(cert_file, key_file)
         self._stamp = self._mtimes()
         self.reloads = 0
         self.last_error: str | None = None
+        self._loaded()
+
+    def _loaded(self) -> None:
+        if self._on_loaded is None:
+            return
+        try:
+            with open(self.cert_file, "rb") as fh:
+                self._on_loaded(chain_expiry(fh.read()))
+        except OSError:
+            self._on_loaded(None)
 
     def _mtimes(self) -> tuple[int, int] | None:
         try:
@@ -105,5 +141,6 @@ class CertReloader:
         self._stamp = stamp
         self.reloads += 1
         self.last_error = None
+        self._loaded()
         log.info("webhook certificate reloaded", extra={"certFile": self.cert_file})
         return True

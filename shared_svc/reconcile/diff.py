@@ -16,8 +16,15 @@ from typing import Any
 from shared_svc.k8s.objects import K8sObject, annotations_of, labels_of, meta, spec
 from shared_svc.k8s.selectors import SelectorError, label_selector
 from shared_svc.reconcile.model import Action, ManagedKind
+from shared_svc.reconcile.monitoring import (
+    drain_stamp,
+    drained_selector,
+    drained_since,
+    scrape_interval,
+)
 from shared_svc.reconcile.names import (
     COMMON_LABEL,
+    DRAINED_ANNOTATION,
     INTENT_HASH_ANNOTATION,
     MONITOR_LABEL,
     SCRAPE_ANNOTATION,
@@ -233,6 +240,77 @@ def action_for_unneeded(kind: ManagedKind, name: str, live: K8sObject) -> Action
     )
 
 
+# What the drain waits for beside two scrape intervals: Prometheus' discovery manager sends
+# target updates every 5 s and the scrape manager applies them at most every 5 s; a target
+# gone from discovery has its series marked stale a little over two intervals later, unless
+# its scrape job is dropped first.
+DISCOVERY_SECONDS = 10.0
+
+
+def going_away(
+    name: str, live: K8sObject, now: float, default_interval: float
+) -> tuple[Action | None, float | None]:
+    """A ServiceMonitor of ours that no CR needs (ours alone; a foreign owner's is
+    released by :func:`action_for_unneeded`): made to select nothing first (and let go by
+    the garbage collector: our CR references removed), deleted once it has selected
+    nothing for two of its scrape intervals and ``DISCOVERY_SECONDS`` (``monitoring``'s
+    module docstring). Returns the write (None: wait) and, while it waits, how long."""
+    wait = 2 * scrape_interval(live, default_interval) + DISCOVERY_SECONDS
+    since = drained_since(live, name)
+    if since is None:
+        pre = preconditions_of(live)
+        annotations = meta(live).get("annotations")
+        # Our CR references go with the drain: the garbage collector would take it with the
+        # last of its CRs (a GPUCluster released by its finalizer) before its targets'
+        # series are marked; shared-svc deletes it (the time is on the object).
+        owners: tuple[K8sObject, ...] = (
+            ({"op": "remove", "path": _pointer("metadata", "ownerReferences")},)
+            if "ownerReferences" in meta(live)
+            else ()
+        )
+        stamp: K8sObject = (
+            {
+                "op": "add",
+                "path": _pointer("metadata", "annotations", DRAINED_ANNOTATION),
+                "value": drain_stamp(now),
+            }
+            if isinstance(annotations, dict)
+            else {
+                "op": "add",
+                "path": _pointer("metadata", "annotations"),
+                "value": {DRAINED_ANNOTATION: drain_stamp(now)},
+            }
+        )
+        ops: tuple[K8sObject, ...] = (
+            {"op": "test", "path": "/metadata/uid", "value": pre["uid"]},
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": pre["resourceVersion"]},
+            {"op": "add", "path": _pointer("spec", "selector"), "value": drained_selector(name)},
+            stamp,
+            *owners,
+        )
+        action = Action(
+            "update",
+            "ServiceMonitor",
+            name,
+            "ServiceMonitorDrained",
+            json_patch=ops,
+            preconditions=pre,
+            changed_fields=("spec.selector", OWNERS_PATH) if owners else ("spec.selector",),
+        )
+        return action, wait
+    left = since + wait - now
+    if left > 0:
+        return None, left
+    delete = Action(
+        "delete",
+        "ServiceMonitor",
+        name,
+        _reason("ServiceMonitor", "Deleted"),
+        preconditions=preconditions_of(live),
+    )
+    return delete, None
+
+
 def _scrape_of(obj: K8sObject | None) -> str | None:
     return annotations_of(obj).get(SCRAPE_ANNOTATION) if obj is not None else None
 
@@ -296,6 +374,8 @@ def _phase(action: Action, live: K8sObject | None, whole: _Plan) -> int:
         return 7 if action.kind == "ServiceMonitor" else 8
     body = action.apply
     if action.kind == "ServiceMonitor":
+        if action.reason == "ServiceMonitorDrained":
+            return 6  # selects nothing: after the Services moved away
         if body is None or live is None:
             return 2
         kept = _selected(spec(body).get("selector"), whole.labels)

@@ -30,6 +30,9 @@ class Settings:
     adopt: bool = True
     # Whether the cluster serves monitoring.coreos.com/v1 ServiceMonitor (discovery).
     service_monitor_served: bool = True
+    # The scrape interval of a ServiceMonitor that sets none (the Prometheus' own): one
+    # going away selects nothing for two of its intervals before it is deleted.
+    scrape_interval_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class World:
     pods: tuple[K8sObject, ...] = ()
     services: tuple[K8sObject, ...] = ()
     service_monitors: tuple[K8sObject, ...] = ()
+    # When the snapshot was taken (Unix time), for the rules that wait (a ServiceMonitor
+    # going away); None: no clock (an offline plan), nothing waits. Two worlds of the same
+    # objects are equal whenever they were taken.
+    now: float | None = field(default=None, compare=False)
 
 
 # The kinds the planner reads, by the World field that holds them; the first two are
@@ -57,13 +64,16 @@ WORLD_KINDS: Mapping[str, str] = {
 CLUSTER_SCOPED_KINDS = frozenset({"ClusterPolicy", "GPUCluster"})
 
 
-def world_of(by_kind: Mapping[str, Iterable[K8sObject]]) -> World:
+def world_of(by_kind: Mapping[str, Iterable[K8sObject]], now: float | None = None) -> World:
     """The one World builder (``run``'s cache snapshot and ``plan``'s manifests): the
-    objects of each kind in ``WORLD_KINDS``, by kind; a kind not given is empty."""
+    objects of each kind in ``WORLD_KINDS``, by kind; a kind not given is empty; ``now``,
+    the snapshot's time."""
     unknown = sorted(set(by_kind) - set(WORLD_KINDS))
     if unknown:
         raise ValueError(f"the planner does not read {', '.join(unknown)}")
-    return World(**{WORLD_KINDS[kind]: tuple(objects) for kind, objects in by_kind.items()})
+    return World(
+        **{WORLD_KINDS[kind]: tuple(objects) for kind, objects in by_kind.items()}, now=now
+    )
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,9 @@ class Plan:
     reports: tuple[Report, ...] = ()
     status: tuple[ObjectStatus, ...] = ()
     notes: tuple[str, ...] = field(default=())  # e.g. "ServiceMonitor API not served: skipped"
+    # Seconds until a waiting rule is due (a drained ServiceMonitor's deletion): plan again
+    # then, even if nothing changes. None: nothing waits.
+    recheck_after: float | None = None
 
     @property
     def writes(self) -> tuple[Action, ...]:

@@ -13,10 +13,22 @@ annotation is "true". So a Service's scrape flip and its selection are one write
 object), a Service moves from one ServiceMonitor to the other in one write, and no
 ServiceMonitor ever changes because a scrape decision did. ``jobLabel: app`` on both: the
 Prometheus ``job`` stays the Service's ``app`` label whichever ServiceMonitor scrapes it.
+
+A ServiceMonitor of ours that no CR needs any more first loses its targets: it is made to
+select nothing (:func:`drained_selector`, the time in ``DRAINED_ANNOTATION``), so
+prometheus-operator keeps its scrape job with no target and Prometheus ends every series of
+its targets with a staleness marker; it is deleted once it has selected nothing for two of
+its scrape intervals (:func:`scrape_interval`) and the time Prometheus' discovery takes
+(``diff.DISCOVERY_SECONDS``). Deleted at once, its job would be dropped, and Prometheus
+stops a dropped job without staleness markers (those of targets it dropped a moment
+before included): its series would stay in every instant query for the lookback (5
+minutes) after the pods are gone. The drain also removes our CR references, so the garbage
+collector does not take it with its last CR before then.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +42,7 @@ from shared_svc.reconcile.digest import stable_digest
 from shared_svc.reconcile.model import Pending
 from shared_svc.reconcile.names import (
     APP_LABEL,
+    DRAINED_ANNOTATION,
     EXPORTER_PORT,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -41,7 +54,7 @@ from shared_svc.reconcile.names import (
 )
 from shared_svc.reconcile.owners import OwnerRef
 from shared_svc.reconcile.shapes import managed_labels, with_intent_hash
-from shared_svc.reconcile.specs import CRSpec
+from shared_svc.reconcile.specs import CRSpec, duration_seconds
 
 # (CR setting, key in endpoints[0]) in the order reports list them.
 _ENDPOINT_FIELDS = (
@@ -151,6 +164,41 @@ def _reserved_label_report(name: str, cr: CRSpec, key: str, value: str) -> Repor
         ),
         key=f"ReservedLabelIgnored/{cr.label}/{stable_digest([cr.uid, name, key, value])}",
     )
+
+
+def drained_selector(name: str) -> dict[str, Any]:
+    """What a ServiceMonitor of ours going away selects: nothing (no Service carries this
+    value of ``MONITOR_LABEL``)."""
+    return {"matchLabels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE, MONITOR_LABEL: f"{name}.drained"}}
+
+
+def scrape_interval(monitor: K8sObject, default: float) -> float:
+    """The longest scrape interval of ``monitor``'s endpoints (``default``, the Prometheus'
+    own, for one that sets none or an unreadable one)."""
+    endpoints = spec(monitor).get("endpoints")
+    found = [
+        duration_seconds(e.get("interval")) or default
+        for e in (endpoints if isinstance(endpoints, list) else [])
+        if isinstance(e, dict)
+    ]
+    return max(found, default=default)
+
+
+def drained_since(monitor: K8sObject, name: str) -> float | None:
+    """When ``monitor`` was made to select nothing (Unix time), or None: it selects
+    something, or does not say when."""
+    if spec(monitor).get("selector") != drained_selector(name):
+        return None
+    stamp = (meta(monitor).get("annotations") or {}).get(DRAINED_ANNOTATION)
+    try:
+        when = dt.datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
+def drain_stamp(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def monitor_selector(name: str) -> dict[str, Any]:

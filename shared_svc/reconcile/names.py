@@ -45,6 +45,8 @@ INTENT_HASH_ANNOTATION: Final = "shared-svc.nvidia.com/intent-hash"
 # selects it (each ServiceMonitor selects exactly the Services naming it).
 MONITOR_LABEL: Final = "shared-svc.nvidia.com/service-monitor"
 RESERVED_LABELS: Final = (APP_LABEL, MANAGED_BY_LABEL, STATE_LABEL)
+# On a ServiceMonitor of ours going away: when it was made to select nothing (RFC 3339).
+DRAINED_ANNOTATION: Final = "shared-svc.nvidia.com/drained-at"
 
 SERVICE_API: Final = "v1"
 SERVICE_MONITOR_API: Final = "monitoring.coreos.com/v1"

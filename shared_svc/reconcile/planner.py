@@ -25,6 +25,7 @@ from shared_svc.reconcile.diff import (
     Desired,
     action_for_desired,
     action_for_unneeded,
+    going_away,
     order_actions,
 )
 from shared_svc.reconcile.digest import stable_digest
@@ -106,6 +107,7 @@ class _Planner:
         self.reports: list[Report] = []
         self.pending: list[Pending] = []
         self.notes: list[str] = []
+        self.waits: list[float] = []  # seconds until a waiting rule is due
         self.desired: dict[ObjectKey, Desired] = {}
         self.choices: dict[str, SelectorChoice] = {}
         # Our ServiceMonitors that a CR needs and that we keep (served or not yet): the
@@ -303,6 +305,18 @@ class _Planner:
                 continue
             kind: ManagedKind = "Service" if key[0] == "Service" else "ServiceMonitor"
             unneeded = action_for_unneeded(kind, key[1], live)
+            now = self.world.now  # None (an offline plan, no clock): deleted at once
+            if (
+                unneeded is not None
+                and unneeded.action == "delete"
+                and kind == "ServiceMonitor"
+                and now is not None
+            ):
+                unneeded, wait = going_away(
+                    key[1], live, now, self.settings.scrape_interval_seconds
+                )
+                if wait is not None:
+                    self.waits.append(wait)
             if unneeded is not None:
                 pairs.append((unneeded, live))
         return [(self._announce(action, live), live) for action, live in pairs]
@@ -411,6 +425,7 @@ def plan(world: World, settings: Settings) -> Plan:
         reports=tuple(sorted(planner.reports, key=lambda r: r.key)),
         status=planner.status(),
         notes=tuple(planner.notes),
+        recheck_after=min(planner.waits, default=None),
     )
 
 

@@ -26,6 +26,25 @@ _DURATION = re.compile(
 )
 
 
+_UNIT_SECONDS = {
+    "y": 365 * 86400,
+    "w": 7 * 86400,
+    "d": 86400,
+    "h": 3600,
+    "m": 60,
+    "s": 1,
+    "ms": 0.001,
+}
+_PART = re.compile(r"([0-9]+)(ms|y|w|d|h|m|s)")
+
+
+def duration_seconds(value: object) -> float | None:
+    """A Prometheus duration (``1m30s``) in seconds; None for anything else."""
+    if not isinstance(value, str) or not value or not _DURATION.match(value):
+        return None
+    return float(sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _PART.findall(value)))
+
+
 def _prometheus_duration(value: str) -> str:
     if not value or not _DURATION.match(value):
         raise ValueError(f"{value!r} is not a Prometheus duration (e.g. 15s, 1m30s)")

@@ -48,6 +48,22 @@ class RuntimeMetrics:
             ["name"],
             registry=r,
         )
+        # client-go's work queue latencies (its buckets: 1 us to 10 s, times ten).
+        latency = tuple(10.0**e for e in range(-6, 2))
+        self.workqueue_queue_duration = Histogram(
+            "workqueue_queue_duration_seconds",
+            "Time a key waits in the work queue before it is handed out.",
+            ["name"],
+            registry=r,
+            buckets=latency,
+        )
+        self.workqueue_work_duration = Histogram(
+            "workqueue_work_duration_seconds",
+            "Time from handing a key out to its being done.",
+            ["name"],
+            registry=r,
+            buckets=latency,
+        )
 
     def declare(self, controller: str) -> None:
         """A controller's series, there at 0 from its start (as controller-runtime and
@@ -59,6 +75,8 @@ class RuntimeMetrics:
         self.workqueue_depth.labels(controller).set(0)
         self.workqueue_adds.labels(controller)
         self.workqueue_retries.labels(controller)
+        self.workqueue_queue_duration.labels(controller)
+        self.workqueue_work_duration.labels(controller)
 
     @classmethod
     def of(cls, registry: CollectorRegistry) -> RuntimeMetrics:

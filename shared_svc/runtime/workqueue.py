@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -51,6 +52,10 @@ class WorkQueue(Generic[K]):
         self._shutting_down = False
         self._idle = asyncio.Event()  # set while no key is in flight
         self._idle.set()
+        # With metrics: when each queued key was added, and each key in flight handed out
+        # (workqueue_queue_duration_seconds, workqueue_work_duration_seconds).
+        self._added_at: dict[K, float] = {}
+        self._got_at: dict[K, float] = {}
 
     # --- adding ---
 
@@ -67,6 +72,7 @@ class WorkQueue(Generic[K]):
         self._order.append(key)
         if self._metrics:
             self._metrics.workqueue_adds.labels(self.name).inc()
+            self._added_at[key] = time.monotonic()
         self._depth()
         self._wake_one()
 
@@ -125,6 +131,11 @@ class WorkQueue(Generic[K]):
         self._processing.add(key)
         self._idle.clear()
         self._depth()
+        if self._metrics:
+            now = time.monotonic()
+            added = self._added_at.pop(key, now)
+            self._metrics.workqueue_queue_duration.labels(self.name).observe(now - added)
+            self._got_at[key] = now
         return key
 
     def done(self, key: K, *, dirty_after: float = 0.0) -> None:
@@ -133,6 +144,9 @@ class WorkQueue(Generic[K]):
         self._processing.discard(key)
         if not self._processing:
             self._idle.set()
+        got = self._got_at.pop(key, None)
+        if self._metrics and got is not None:
+            self._metrics.workqueue_work_duration.labels(self.name).observe(time.monotonic() - got)
         if key in self._dirty:
             self._dirty.discard(key)
             self.add_after(key, dirty_after)

@@ -24,7 +24,10 @@ PENDING_REASONS = (
     "ServiceMonitorNotAdopted",
     "DuplicateScrapeTarget",
 )
-# shared_svc_service_selector{service,mode}: what a Service's selector selects by.
+# shared_svc_service_selector{dcgm_service,mode}: what a Service's selector selects by. The
+# Service's label is dcgm_service, not service: prometheus-operator gives every target of a
+# ServiceMonitor a `service` label (the scraped Service's name), which would rename ours to
+# exported_service (TARGET_LABELS in shared_svc.service_metrics).
 SELECTOR_MODES = ("common", "app")
 
 
@@ -48,7 +51,7 @@ class ServicesMetrics:
             "shared_svc_service_selector",
             "1 for what each DCGM Service's selector selects by: the common label or the "
             "stack's app label (0 and 0: the Service is not managed).",
-            ["service", "mode"],
+            ["dcgm_service", "mode"],
             registry=r,
         )
         self.spec_errors = Gauge(

@@ -125,7 +125,10 @@ class Outcomes:
         self, rid: str, result: str, error: str | None, writes: int, duration: float
     ) -> dict[str, Any]:
         """The reconcile's ``lastReconcile`` (for /status), logged unless a standby's."""
-        if result not in ("error", "conflict"):
+        # A standby's plan writes nothing: it is no reconcile of the Services, and it
+        # must not make a stuck leader's age look fresh (the dashboard and the alert read
+        # the leader's gauge, and a standby's stays where its own leadership left it).
+        if result not in ("error", "conflict", "standby"):
             self._metrics.last_success.set(time.time())
         if result != "standby":
             log.info(

@@ -197,14 +197,18 @@ class ServicesController:
     async def _reconcile_key(self, key: str) -> Result:
         """The runtime's reconcile of the one key."""
         if await self.reconcile_once():
-            return Result("success")
+            # a rule that waits (a drained ServiceMonitor's deletion): look again when due
+            wait = self.last_plan.recheck_after if self.last_plan is not None else None
+            return Result("success", requeue_after=wait)
         if self.last_reconcile.get("result") == "conflict":
             return Result("conflict", retry=True)  # planned again from the fresh cache
         return Result("error", retry=True)
 
     def snapshot(self) -> World:
         """What the caches hold now, as the planner reads it (``model.world_of``)."""
-        return world_of({cache.resource.kind: cache.items() for _, cache in self._read()})
+        return world_of(
+            {cache.resource.kind: cache.items() for _, cache in self._read()}, now=time.time()
+        )
 
     async def reconcile_once(self) -> bool:
         """One reconcile from the caches; True unless it failed (an error, or a write that

@@ -210,13 +210,17 @@ alert's section of docs/operations.md). */}}
 - alert: {{ .name }}
   expr: |-
     {{- .expr | nindent 4 }}
-  for: {{ .for }}
+  for: {{ index ($v.for | default dict) .name | default .for }}
+  {{- with $v.keepFiringFor }}
+  keep_firing_for: {{ . }}
+  {{- end }}
   labels:
     {{- toYaml (merge (dict "severity" .severity) $v.alertLabels) | nindent 4 }}
   annotations:
-    summary: {{ .summary | quote }}
-    description: {{ printf .description .ns | quote }}
-    runbook_url: {{ printf "%s#%s" $v.runbookBaseUrl (lower .name) | quote }}
+    {{- $own := dict "summary" .summary "description" (printf .description .ns) "runbook_url" (printf "%s#%s" $v.runbookBaseUrl (lower .name)) }}
+    {{- range $key, $value := merge $own (deepCopy ($v.alertAnnotations | default dict)) }}
+    {{ $key | quote }}: {{ $value | quote }}
+    {{- end }}
 {{- end -}}
 {{- end -}}
 
