@@ -192,7 +192,12 @@ class Service:
                 objects=self.controller.cached_objects,
                 needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
-                on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
+                on_checked=lambda m: self.metrics.publish_guard(
+                    m.mode,
+                    m.webhooks,
+                    len(m.writers),
+                    {g: v.reason for g, v in m.verdicts.items()},
+                ),
             )
             parts += self.admission.runnables()
             parts += self.controller.runnables()

@@ -18,8 +18,17 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.admission.probe import probe, webhooks_of
+from shared_svc.admission.probe import probe, probe_guards, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, operator_username, operator_writes
+from shared_svc.admission.verdicts import (
+    ANSWERED_WRONGLY,
+    FAILING,
+    FAILS_OPEN,
+    GUARDS,
+    NOT_PROBED,
+    Verdict,
+    worst,
+)
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.kube.resources import (
@@ -47,10 +56,17 @@ MISSING_REASON = "AdmissionGuardMissing"
 MISSING_SCOPE = "admission-guard/missing"  # the publisher's scope of its Warning
 NOT_SERVED_REASON = "AdmissionGuardNotServed"
 NOT_SERVED_SCOPE = "admission-guard/not-served"
+# The guard probe through the API server (admission.verdicts): a Warning per guard failing.
+FAILS_OPEN_REASONS = {
+    FAILS_OPEN: "AdmissionGuardFailsOpen",
+    ANSWERED_WRONGLY: "AdmissionGuardAnsweredWrongly",
+}
+FAILS_OPEN_SCOPE = "admission-guard/fails-open"
 GUARD_KINDS = {
     "webhook": "MutatingWebhookConfiguration",
     "delete": "ValidatingWebhookConfiguration",
 }
+GUARD_OBJECT_KINDS = {**GUARD_KINDS, "policy": "MutatingAdmissionPolicyBinding"}
 
 
 def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
@@ -77,6 +93,7 @@ class GuardMonitor(Runnable):
         is_leader: Callable[[], bool],
         interval: float,
         webhook_serving: Callable[[], bool],
+        needed_by: Callable[[], NeededBy | None] = lambda: None,
         on_checked: Callable[[GuardMonitor], None] | None = None,
     ) -> None:
         self._api = api
@@ -87,6 +104,7 @@ class GuardMonitor(Runnable):
         self._is_leader = is_leader
         self._interval = interval
         self._webhook_serving = webhook_serving
+        self._needed_by = needed_by
         self._on_checked = on_checked  # the metrics (shared_svc.service_metrics.publish_guard)
         self.found: dict[str, list[str] | None] = {}
         self.errors: dict[str, str] = {}
@@ -94,6 +112,10 @@ class GuardMonitor(Runnable):
         self.warned: bool = False  # the Warning of the current episode is written
         self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
         self.writers: list[str] = []  # our objects gpu-operator writes with no guard active
+        # the guard probe through the API server, per guard (delete, update)
+        self.verdicts: dict[str, Verdict] = {
+            g: Verdict(g, NOT_PROBED, "not probed yet") for g in GUARDS
+        }
 
     async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
         """Our guard objects of one kind; [] when the kind is not served."""
@@ -129,6 +151,7 @@ class GuardMonitor(Runnable):
         configurations = {k: v for k, v in listed.items() if k in ("webhook", "delete")}
         if all(v is not None for v in configurations.values()):
             await self._probe(configurations)
+        await self._probe_through_api(listed)
         if self._on_checked is not None:
             self._on_checked(self)
 
@@ -156,6 +179,77 @@ class GuardMonitor(Runnable):
                     )
         if self._is_leader():
             await self._recorder.level(NOT_SERVED_SCOPE, reports)
+
+    async def _probe_through_api(self, listed: Mapping[str, list[dict[str, Any]] | None]) -> None:
+        """The leader asks the API server whether it applies the guard (probe_guards: dry
+        runs that change nothing); a Warning per guard failing open or answering wrongly,
+        once per episode. A standby, or a guard whose listing failed, is not probed."""
+        if not self._is_leader():
+            self.verdicts = {g: Verdict(g, NOT_PROBED, "not the leader") for g in GUARDS}
+            return
+        if listed.get("delete") is None or self.mode == "unknown":
+            return  # nothing known: the last verdicts stand
+        hooks = [h.name for h in webhooks_of(listed.get("delete") or ())]
+        objects = self._objects()
+        if objects is None:
+            return  # the caches are not synced yet
+        verdicts = await probe_guards(
+            self._api,
+            self._ns,
+            services=objects,
+            delete_webhooks=hooks,
+            update_guard=self.mode in ("policy", "webhook"),
+            needed_by=self._needed_by(),
+        )
+        self.verdicts = {v.guard: v for v in verdicts}
+        reports = [self._fails_open_report(v, listed) for v in verdicts if v.reason in FAILING]
+        await self._recorder.level(FAILS_OPEN_SCOPE, reports)
+
+    def _fails_open_report(
+        self, verdict: Verdict, listed: Mapping[str, list[dict[str, Any]] | None]
+    ) -> Report:
+        """On the guard object the API server failed to apply: the delete guard's
+        ValidatingWebhookConfiguration, the update guard's MutatingWebhookConfiguration or
+        MutatingAdmissionPolicyBinding (cluster-scoped: the Event is in ``default``)."""
+        kind = (
+            "delete"
+            if verdict.guard == "delete"
+            else ("policy" if self.mode == "policy" else "webhook")
+        )
+        gvr = KINDS[kind]
+        name = str(((listed.get(kind) or [{}])[0].get("metadata") or {}).get("name", ""))
+        reason = FAILS_OPEN_REASONS[verdict.reason]
+        what = (
+            "gpu-operator's deletes of Services a CR needs go through"
+            if verdict.guard == "delete"
+            else "gpu-operator's whole-object updates undo shared-svc's (ConflictingWriter follows)"
+        )
+        return Report(
+            type="Warning",
+            reason=reason,
+            action="Reconcile",
+            regarding=ObjectRef(
+                api_version=f"{gvr.group}/{gvr.version}",
+                kind=GUARD_OBJECT_KINDS[kind],
+                name=name,
+            ),
+            note=(
+                f"the API server does not apply the admission guard's {verdict.guard} guard "
+                f"({verdict.reason}: {verdict.detail}): {what}. Probed with a dry run of "
+                f"Service {verdict.target}. Runbook: docs/operations.md, "
+                "SharedSvcAdmissionGuardFailsOpen."
+            )[:1000],
+            key=f"{reason}/{self._ns}/{verdict.guard}",
+        )
+
+    @property
+    def fails_open(self) -> bool | None:
+        """True when a guard fails open or answers wrongly by the last probe, False when
+        each probed guard was served, None when none was probed."""
+        reason = worst(self.verdicts.values())
+        if reason in FAILING:
+            return True
+        return False if reason == "served" else None
 
     def _not_served_report(
         self, kind: str, configuration: str, webhook: str, error: str | None
@@ -249,6 +343,8 @@ class GuardMonitor(Runnable):
             "webhookServing": self._webhook_serving(),
             "served": self.served,
             "webhooks": list(self.webhooks),
+            "failsOpen": self.fails_open,
+            "probe": {g: v.as_status() for g, v in self.verdicts.items()},
             "checkedAt": self.checked_at,
             "errors": dict(self.errors),
         }
@@ -288,6 +384,7 @@ class AdmissionGuard:
             is_leader=is_leader,
             interval=config.discovery_seconds,
             webhook_serving=lambda: self.webhook_port is not None,
+            needed_by=needed_by,
             on_checked=on_checked,
         )
 
