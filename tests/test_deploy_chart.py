@@ -721,6 +721,11 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "prometheusRule.enabled=true",
         "prometheusRule.disabled.SharedSvcLeaseErrors=true",
     ),
+    "prometheusRule.apiServerFailOpen": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.apiServerFailOpen.enabled=true",
+        "prometheusRule.apiServerFailOpen.job=kube-apiserver",
+    ),
     "grafanaDashboard.enabled": ("grafanaDashboard.enabled=true",),
     "grafanaDashboard.labels": (
         "grafanaDashboard.enabled=true",
@@ -810,6 +815,7 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
         "prometheusRule.job",
         "prometheusRule.runbookBaseUrl",
         "prometheusRule.disabled",
+        "prometheusRule.apiServerFailOpen",
         "grafanaDashboard.labels",
         "grafanaDashboard.annotations",
         "grafanaDashboard.namespace",
@@ -995,7 +1001,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 9
+    assert len(documented) == 10
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1046,6 +1052,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcReconcileStale",
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
+                "SharedSvcAdmissionGuardFailsOpen",
             },
         ),
         (("replicas=1", "leaderElection.enabled=false", *UPGRADE_ON), {"SharedSvcLeaseErrors"}),
