@@ -337,7 +337,9 @@ def test_the_webhook_port_moves_the_container_port_and_the_service_follows_by_na
 def test_host_network_serves_the_webhook_on_the_node_and_still_resolves_cluster_names() -> None:
     """EKS with a custom CNI: the control plane reaches no pod IP, only the nodes."""
     docs = render_docs(
-        "admission.webhook.hostNetwork=true", "admission.webhook.port=9443", "networkPolicy.enabled=true"
+        "admission.webhook.hostNetwork=true",
+        "admission.webhook.port=9443",
+        "networkPolicy.enabled=true",
     )
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
@@ -367,3 +369,37 @@ def test_host_network_refuses_a_port_the_node_already_uses(
 ) -> None:
     with pytest.raises(RenderError, match=message):
         render("admission.webhook.hostNetwork=true", *sets)
+
+
+def test_helm_test_probes_the_guard_as_the_service_in_a_pod_no_service_selects() -> None:
+    """``helm test``: ``shared-svc admission probe`` once, under shared-svc's own
+    ServiceAccount (no right of its own), never behind one of shared-svc's Services."""
+    from shared_svc.cli import main
+
+    docs = render_docs(namespace="ops")
+    [pod] = find(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert (
+        spec["serviceAccountName"]
+        == one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    assert spec["restartPolicy"] == "Never"
+    [container] = spec["containers"]
+    assert container["args"] == ["admission", "probe", "--namespace", "ops"]
+    assert (
+        container["image"]
+        == one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    labels = pod["metadata"]["labels"]
+    for selecting in [*find(docs, "Service"), *find(docs, "PodDisruptionBudget")]:
+        selector = selecting["spec"].get("selector") or {}
+        selector = selector.get("matchLabels", selector)
+        assert not selector.items() <= labels.items(), selecting["metadata"]["name"]
+    # the CLI takes exactly these arguments (a wrong one would be a usage error, exit 2)
+    with pytest.raises(SystemExit) as help_exit:
+        main([*container["args"], "--help"])
+    assert help_exit.value.code == 0
+    # left out where there is no guard to probe, or when switched off (plain manifests)
+    assert not find(render_docs("helmTest.enabled=false"), "Pod")
+    assert not find(render_docs("admission.webhook.enabled=false"), "Pod")

@@ -275,7 +275,9 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
         def build(w: World) -> None:
             metric = "shared_svc_admission_guard_probe"
             w.add(metric, {**w.target("shared-svc-a"), "guard": "delete", "reason": reason}, leader)
-            w.add(metric, {**w.target("shared-svc-b"), "guard": "delete", "reason": reason}, standby)
+            w.add(
+                metric, {**w.target("shared-svc-b"), "guard": "delete", "reason": reason}, standby
+            )
             w.add(metric, {**w.target("shared-svc-a"), "guard": "update", "reason": reason}, "0x60")
             w.foreign(metric, "1x60", guard="delete", reason="fails_open")
 

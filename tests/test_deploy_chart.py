@@ -26,7 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy" / "chart" / "shared-svc"
 MANIFESTS = REPO / "deploy" / "manifests"
 # Plain manifest -> the --set flags it was rendered with (deploy/render.sh).
-PLAIN_SETS = ("admission.mutation=policy", "admission.preDeleteHook=false")
+PLAIN_SETS = (
+    "admission.mutation=policy",
+    "admission.preDeleteHook=false",
+    "helmTest.enabled=false",
+)
 PLAIN = {
     "shared-svc.yaml": PLAIN_SETS,
     "shared-svc-upgrade.yaml": (*PLAIN_SETS, "controllers.upgrade=true"),

@@ -81,6 +81,47 @@ def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
     return "none"
 
 
+async def list_guard(api: ApiClient, namespace: str, gvr: GVR) -> list[dict[str, Any]]:
+    """The guard objects of one kind for ``namespace`` (by GUARD_LABEL), by name; [] when
+    the kind is not served (MutatingAdmissionPolicy before 1.36). Raises on other errors."""
+    try:
+        res = await raw_request(
+            api,
+            "GET",
+            gvr.collection(),
+            query=[("labelSelector", f"{GUARD_LABEL}={namespace}")],
+            timeout=10.0,
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
+
+
+async def probe_listed(
+    api: ApiClient,
+    namespace: str,
+    listed: Mapping[str, Sequence[Mapping[str, Any]] | None],
+    services: Sequence[Mapping[str, Any]],
+    needed_by: NeededBy | None = None,
+) -> list[Verdict]:
+    """The guard probe through the API server (``probe.probe_guards``) of the guards
+    ``listed`` (per kind of :data:`KINDS`): the monitor's, every check, and ``shared-svc
+    admission probe``'s, once."""
+    found = {
+        k: None if v is None else [i["metadata"]["name"] for i in v] for k, v in listed.items()
+    }
+    return await probe_guards(
+        api,
+        namespace,
+        services=services,
+        delete_webhooks=[h.name for h in webhooks_of(listed.get("delete") or ())],
+        update_guard=guard_mode(found) in ("policy", "webhook"),
+        needed_by=needed_by,
+    )
+
+
 class GuardMonitor(Runnable):
     def __init__(
         self,
@@ -118,27 +159,18 @@ class GuardMonitor(Runnable):
         }
 
     async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
-        """Our guard objects of one kind; [] when the kind is not served."""
-        plural = gvr.plural
+        """Our guard objects of one kind; [] when the kind is not served; None (and the
+        error kept) when the list fails."""
         try:
-            res = await raw_request(
-                self._api,
-                "GET",
-                gvr.collection(),
-                query=[("labelSelector", f"{GUARD_LABEL}={self._ns}")],
-                timeout=10.0,
-            )
+            items = await list_guard(self._api, self._ns, gvr)
         except ApiException as exc:
-            if exc.status == 404:
-                self.errors.pop(plural, None)
-                return []  # not served (MutatingAdmissionPolicy before 1.36)
-            self.errors[plural] = f"{exc.status} {exc.reason}"
+            self.errors[gvr.plural] = f"{exc.status} {exc.reason}"
             return None
         except Exception as exc:  # the API server is away: unknown, try again later
-            self.errors[plural] = f"{type(exc).__name__}: {exc}"[:200]
+            self.errors[gvr.plural] = f"{type(exc).__name__}: {exc}"[:200]
             return None
-        self.errors.pop(plural, None)
-        return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
+        self.errors.pop(gvr.plural, None)
+        return items
 
     async def check(self) -> None:
         listed = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
@@ -189,18 +221,10 @@ class GuardMonitor(Runnable):
             return
         if listed.get("delete") is None or self.mode == "unknown":
             return  # nothing known: the last verdicts stand
-        hooks = [h.name for h in webhooks_of(listed.get("delete") or ())]
         objects = self._objects()
         if objects is None:
             return  # the caches are not synced yet
-        verdicts = await probe_guards(
-            self._api,
-            self._ns,
-            services=objects,
-            delete_webhooks=hooks,
-            update_guard=self.mode in ("policy", "webhook"),
-            needed_by=self._needed_by(),
-        )
+        verdicts = await probe_listed(self._api, self._ns, listed, objects, self._needed_by())
         self.verdicts = {v.guard: v for v in verdicts}
         reports = [self._fails_open_report(v, listed) for v in verdicts if v.reason in FAILING]
         await self._recorder.level(FAILS_OPEN_SCOPE, reports)
