@@ -19,11 +19,11 @@ from tests.test_deploy_chart import (
     CHART,
     REPO,
     Doc,
+    RenderError,
     config_from_env,
     container_env,
     find,
     one,
-    RenderError,
     render,
     render_docs,
 )
