@@ -129,9 +129,9 @@ async def _dry_run(
             api, method, path, body=body, content_type=content_type, query=query, timeout=timeout
         )
     except ApiException as exc:
-        headers = exc.headers or {}
-        warnings = headers.getall("Warning", []) if hasattr(headers, "getall") else []
-        return int(exc.status or 0), status_of(exc), list(warnings)
+        headers: Any = exc.headers
+        found = headers.getall("Warning", []) if hasattr(headers, "getall") else []
+        return int(exc.status or 0), status_of(exc), list(found)
     try:
         raw = await resp.read()
         warnings = list(resp.headers.getall("Warning", []))
