@@ -82,6 +82,15 @@ class TcpProxy:
         proxy.port = proxy.server.sockets[0].getsockname()[1]
         return proxy
 
+    @classmethod
+    async def start_to(cls, port: int) -> TcpProxy:
+        """A proxy to another server on 127.0.0.1 (a webhook server: ``freeze`` is a pod
+        that stops answering)."""
+        proxy = cls(port)
+        proxy.server = await asyncio.start_server(proxy._serve, "127.0.0.1", 0)
+        proxy.port = proxy.server.sockets[0].getsockname()[1]
+        return proxy
+
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"

@@ -150,6 +150,7 @@ class GuardMonitor(Runnable):
         self.found: dict[str, list[str] | None] = {}
         self.errors: dict[str, str] = {}
         self.checked_at: str | None = None
+        self.checks = 0  # checks completed (each lists, probes and reports once)
         self.warned: bool = False  # the Warning of the current episode is written
         self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
         self.writers: list[str] = []  # our objects gpu-operator writes with no guard active
@@ -184,6 +185,7 @@ class GuardMonitor(Runnable):
         if all(v is not None for v in configurations.values()):
             await self._probe(configurations)
         await self._probe_through_api(listed)
+        self.checks += 1
         if self._on_checked is not None:
             self._on_checked(self)
 
