@@ -87,9 +87,12 @@ class Rig:
         await eventually(done, timeout=60, interval=0.05)
 
     async def point_service_at(self, address: str) -> None:
+        """The webhook Service names another address; the connections the API server
+        keeps to the old one end (as when a pod goes), so its next call resolves anew."""
         await self.kube.core.patch_namespaced_service(
             WEBHOOK_SERVICE, self.kube.ns, {"spec": {"externalName": address}}
         )
+        self.proxy.drop()
 
     def guard_name(self, kind: str) -> str:
         return next(d["metadata"]["name"] for d in self.docs if d["kind"] == kind)
