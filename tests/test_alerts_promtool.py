@@ -285,7 +285,7 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
 
     def fail_open_count(values: str, name: str) -> Callable[[World], None]:
         def build(w: World) -> None:
-            api = {"job": "apiserver", "instance": "10.0.0.100:6443", "type": "validating"}
+            api = {"job": "apiserver", "instance": "10.0.0.100:6443", "type": "validate"}
             w.add(FAIL_OPEN_COUNT, {**api, "name": name}, values)
             w.add(FAIL_OPEN_COUNT, {**api, "name": "other.example.com"}, "0+1x60")
 
@@ -376,7 +376,7 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
                 Case(
                     fail_open_count("0+1x60", delete_hook),
                     "15m",
-                    {"name": delete_hook, "type": "validating"},
+                    {"name": delete_hook, "type": "validate"},
                     "10",
                 )
             ],
