@@ -163,6 +163,15 @@ async def served(rig: Rig, guards: tuple[str, ...] = ("delete", "update")) -> bo
     return all(rig.reason(g) == "served" for g in guards)
 
 
+async def until_served(rig: Rig) -> None:
+    try:
+        await eventually(lambda: served(rig), timeout=60)
+    except AssertionError:
+        log = (rig.cp.workdir / "kube-apiserver.log").read_text(errors="replace")
+        calls = [line for line in log.splitlines() if "guard" in line or "match" in line][-5:]
+        raise AssertionError(f"never served: {rig.status}\n" + "\n".join(calls)) from None
+
+
 def fail_open_calls(cp: ControlPlane, webhook: str) -> float:
     """The API server's own count of calls to ``webhook`` that failed open."""
     status, text = cp.request("GET", "/metrics")
@@ -208,7 +217,7 @@ async def test_a_guard_the_api_server_cannot_reach_is_reported_failing_open_and_
     await kube.create_cr(cp_body())
     async with guarded(cp, kube, tmp_path, mode) as rig:
         await settle(rig.svc)
-        await eventually(lambda: served(rig), timeout=60)
+        await until_served(rig)
         assert rig.status["failsOpen"] is False
         assert rig.status["probe"]["delete"]["target"] in NAMES
         before = await kept(kube)
@@ -273,7 +282,7 @@ async def test_the_probe_command_passes_on_a_served_guard_and_fails_on_an_unreac
     await kube.create_cr(cp_body())
     async with guarded(control_plane, kube, tmp_path, "webhook") as rig:
         await settle(rig.svc)
-        await eventually(lambda: served(rig), timeout=60)
+        await until_served(rig)
 
         def probe() -> Callable[[], Awaitable[int]]:
             args = [
@@ -312,7 +321,7 @@ async def test_the_guard_never_blocks_shared_svcs_own_deletes(
     await kube.create_cr(cp_body())
     async with guarded(control_plane, kube, tmp_path, "webhook") as rig:
         await settle(rig.svc)
-        await eventually(lambda: served(rig), timeout=60)
+        await until_served(rig)
         await kube.delete_cr("ClusterPolicy", "cluster-policy")
         await settle(rig.svc)
         assert await kube.services() == {WEBHOOK_SERVICE: await kube.service(WEBHOOK_SERVICE)}

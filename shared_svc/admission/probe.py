@@ -146,9 +146,12 @@ async def probe_delete(
 ) -> Verdict:  # fmt: skip
     """A dry-run DELETE of ``target`` by this client's identity, judged."""
     name = str(target["metadata"]["name"])
+    # In the body: with a DeleteOptions body the API server reads no query parameter, so
+    # a dryRun given only as ?dryRun=All would delete the object.
     body = {
         "apiVersion": "v1",
         "kind": "DeleteOptions",
+        "dryRun": ["All"],
         "preconditions": {"uid": target["metadata"].get("uid")},
     }
     try:
