@@ -62,6 +62,9 @@ FAILS_OPEN_REASONS = {
     ANSWERED_WRONGLY: "AdmissionGuardAnsweredWrongly",
 }
 FAILS_OPEN_SCOPE = "admission-guard/fails-open"
+# Failing verdicts in a row before the Warning: one is a guard just installed that the API
+# server has not loaded yet (its informers); two is within two probe periods.
+FAILS_OPEN_CHECKS = 2
 GUARD_KINDS = {
     "webhook": "MutatingWebhookConfiguration",
     "delete": "ValidatingWebhookConfiguration",
@@ -158,6 +161,7 @@ class GuardMonitor(Runnable):
         self.verdicts: dict[str, Verdict] = {
             g: Verdict(g, NOT_PROBED, "not probed yet") for g in GUARDS
         }
+        self._failing: dict[str, int] = dict.fromkeys(GUARDS, 0)  # failing checks in a row
 
     async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
         """Our guard objects of one kind; [] when the kind is not served; None (and the
@@ -216,8 +220,9 @@ class GuardMonitor(Runnable):
 
     async def _probe_through_api(self, listed: Mapping[str, list[dict[str, Any]] | None]) -> None:
         """The leader asks the API server whether it applies the guard (probe_guards: dry
-        runs that change nothing); a Warning per guard failing open or answering wrongly,
-        once per episode. A standby, or a guard whose listing failed, is not probed."""
+        runs that change nothing); a Warning per guard failing open or answering wrongly
+        in FAILS_OPEN_CHECKS checks in a row, once per episode. A standby, or a guard
+        whose listing failed, is not probed."""
         if not self._is_leader():
             self.verdicts = {g: Verdict(g, NOT_PROBED, "not the leader") for g in GUARDS}
             return
@@ -228,7 +233,13 @@ class GuardMonitor(Runnable):
             return  # the caches are not synced yet
         verdicts = await probe_listed(self._api, self._ns, listed, objects, self._needed_by())
         self.verdicts = {v.guard: v for v in verdicts}
-        reports = [self._fails_open_report(v, listed) for v in verdicts if v.reason in FAILING]
+        for v in verdicts:
+            self._failing[v.guard] = self._failing[v.guard] + 1 if v.reason in FAILING else 0
+        reports = [
+            self._fails_open_report(v, listed)
+            for v in verdicts
+            if self._failing[v.guard] >= FAILS_OPEN_CHECKS
+        ]
         await self._recorder.level(FAILS_OPEN_SCOPE, reports)
 
     def _fails_open_report(
