@@ -31,7 +31,7 @@ import pytest
 from shared_svc.cli import main
 from shared_svc.service import Service
 from testenv import ControlPlane
-from tests.admission import Tls, guard_docs, install, make_tls, uninstall
+from tests.admission import ADMISSION_API, Tls, guard_docs, install, make_tls, uninstall
 from tests.apiproxy import TcpProxy
 from tests.kube import eventually
 from tests.svc import (
@@ -340,3 +340,35 @@ async def test_the_guard_never_blocks_shared_svcs_own_deletes(
         assert set(await kube.services()) == {WEBHOOK_SERVICE}, "shared-svc deleted its Services"
         await rig.checks(2)
         assert rig.reason("delete") == "not_probed"  # nothing to guard
+
+
+async def test_a_policy_the_api_server_no_longer_applies_is_reported_failing_open(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """Policy mode: the MutatingAdmissionPolicy gone from under its binding (the binding
+    is what shared-svc lists): the update guard fails open; the delete guard is served."""
+    cp = control_plane
+    await kube.create_cr(cp_body())
+    async with guarded(cp, kube, tmp_path, "policy") as rig:
+        await settle(rig.svc)
+        await until_served(rig)
+        [policy] = [d for d in rig.docs if d["kind"] == "MutatingAdmissionPolicy"]
+        path = f"{ADMISSION_API}/mutatingadmissionpolicies/{policy['metadata']['name']}"
+        code, _ = cp.request("DELETE", path)
+        assert code == 200
+        await eventually(lambda: _reason_is(rig, "update", "fails_open"), timeout=30)
+        await rig.checks(1)
+        assert rig.reason("delete") == "served" and rig.status["failsOpen"] is True
+        binding = (
+            "MutatingAdmissionPolicyBinding",
+            rig.guard_name("MutatingAdmissionPolicyBinding"),
+        )
+        warned = await eventually(lambda: warnings(kube, *binding), timeout=15)
+        assert all("update guard" in e["note"] for e in warned)
+        install(cp, [policy])
+        await until_served(rig)
+
+
+async def _reason_is(rig: Rig, guard: str, reason: str) -> bool:
+    await asyncio.sleep(0)
+    return rig.reason(guard) == reason
