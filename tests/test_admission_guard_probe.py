@@ -352,6 +352,11 @@ async def test_a_policy_the_api_server_no_longer_applies_is_reported_failing_ope
     async with guarded(cp, kube, tmp_path, "policy") as rig:
         await settle(rig.svc)
         await until_served(rig)
+        binding = (
+            "MutatingAdmissionPolicyBinding",
+            rig.guard_name("MutatingAdmissionPolicyBinding"),
+        )
+        before = occurrences(await warnings(kube, *binding))  # a guard being loaded at start
         [policy] = [d for d in rig.docs if d["kind"] == "MutatingAdmissionPolicy"]
         path = f"{ADMISSION_API}/mutatingadmissionpolicies/{policy['metadata']['name']}"
         code, _ = cp.request("DELETE", path)
@@ -359,12 +364,12 @@ async def test_a_policy_the_api_server_no_longer_applies_is_reported_failing_ope
         await eventually(lambda: _reason_is(rig, "update", "fails_open"), timeout=30)
         await rig.checks(1)
         assert rig.reason("delete") == "served" and rig.status["failsOpen"] is True
-        binding = (
-            "MutatingAdmissionPolicyBinding",
-            rig.guard_name("MutatingAdmissionPolicyBinding"),
-        )
-        warned = await eventually(lambda: warnings(kube, *binding), timeout=15)
-        assert all("update guard" in e["note"] for e in warned)
+
+        async def warned() -> list[dict[str, Any]]:
+            found = await warnings(kube, *binding)
+            return found if occurrences(found) > before else []
+
+        assert all("update guard" in e["note"] for e in await eventually(warned, timeout=15))
         install(cp, [policy])
         await until_served(rig)
 
