@@ -65,11 +65,11 @@ FAILS_OPEN_SCOPE = "admission-guard/fails-open"
 # Failing verdicts in a row before the Warning: one is a guard just installed that the API
 # server has not loaded yet (its informers); two is within two probe periods.
 FAILS_OPEN_CHECKS = 2
-GUARD_KINDS = {
+GUARD_KINDS = {  # the kind of the guard object each KINDS entry lists
+    "policy": "MutatingAdmissionPolicyBinding",
     "webhook": "MutatingWebhookConfiguration",
     "delete": "ValidatingWebhookConfiguration",
 }
-GUARD_OBJECT_KINDS = {**GUARD_KINDS, "policy": "MutatingAdmissionPolicyBinding"}
 
 
 def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
@@ -122,6 +122,22 @@ async def probe_listed(
         delete_webhooks=[h.name for h in webhooks_of(listed.get("delete") or ())],
         update_guard=guard_mode(found) in ("policy", "webhook"),
         needed_by=needed_by,
+    )
+
+
+def guard_warning(kind: str, name: str, reason: str, note: str, *, key: str) -> Report:
+    """A Warning about one guard object (``kind``: a key of :data:`KINDS`); cluster-scoped,
+    so the Event is in ``default``."""
+    gvr = KINDS[kind]
+    return Report(
+        type="Warning",
+        reason=reason,
+        action="Reconcile",
+        regarding=ObjectRef(
+            api_version=f"{gvr.group}/{gvr.version}", kind=GUARD_KINDS[kind], name=name
+        ),
+        note=note,
+        key=key,
     )
 
 
@@ -253,7 +269,6 @@ class GuardMonitor(Runnable):
             if verdict.guard == "delete"
             else ("policy" if self.mode == "policy" else "webhook")
         )
-        gvr = KINDS[kind]
         name = str(((listed.get(kind) or [{}])[0].get("metadata") or {}).get("name", ""))
         reason = FAILS_OPEN_REASONS[verdict.reason]
         what = (
@@ -261,16 +276,11 @@ class GuardMonitor(Runnable):
             if verdict.guard == "delete"
             else "gpu-operator's whole-object updates undo shared-svc's (ConflictingWriter follows)"
         )
-        return Report(
-            type="Warning",
-            reason=reason,
-            action="Reconcile",
-            regarding=ObjectRef(
-                api_version=f"{gvr.group}/{gvr.version}",
-                kind=GUARD_OBJECT_KINDS[kind],
-                name=name,
-            ),
-            note=(
+        return guard_warning(
+            kind,
+            name,
+            reason,
+            (
                 f"the API server does not apply the admission guard's {verdict.guard} guard "
                 f"({verdict.reason}: {verdict.detail}): {what}. Probed with a dry run of "
                 f"Service {verdict.target}. Runbook: docs/operations.md, "
@@ -291,17 +301,11 @@ class GuardMonitor(Runnable):
     def _not_served_report(
         self, kind: str, configuration: str, webhook: str, error: str | None
     ) -> Report:
-        gvr = KINDS[kind]
-        return Report(
-            type="Warning",
-            reason=NOT_SERVED_REASON,
-            action="Reconcile",
-            regarding=ObjectRef(
-                api_version=f"{gvr.group}/{gvr.version}",
-                kind=GUARD_KINDS[kind],
-                name=configuration,
-            ),
-            note=(
+        return guard_warning(
+            kind,
+            configuration,
+            NOT_SERVED_REASON,
+            (
                 f"the admission guard's webhook {webhook} is configured but not served ({error}); "
                 "with failurePolicy Ignore the API server lets gpu-operator's writes through "
                 "unguarded. Serve the webhook at that URL (webhook_port equal to the URL's port, "
