@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.service import Service
 from testenv import ControlPlane
+from testenv.gpu_operator import apiserver_requests
 from testenv.service import running as running  # the tests' way to run the service
 from testenv.workloads import DcgmWorkloads
 from testenv.workloads import cp_body as cp_body  # the tests' CR bodies
@@ -187,18 +187,6 @@ async def converged(service: Service) -> bool:
         and not ctrl.last_plan.writes
         and not ctrl.pending()
     )
-
-
-def apiserver_requests(cp: ControlPlane) -> list[tuple[dict[str, str], int]]:
-    """The API server's own ``apiserver_request_total`` (its /metrics): labels and count."""
-    status, text = cp.request("GET", "/metrics")
-    assert status == 200, text
-    out = []
-    for line in str(text).splitlines():
-        if line.startswith("apiserver_request_total{"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            out.append((labels, int(float(line.rsplit(" ", 1)[1]))))
-    return out
 
 
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
