@@ -241,6 +241,7 @@ class GuardMonitor(Runnable):
         whose listing failed, is not probed."""
         if not self._is_leader():
             self.verdicts = {g: Verdict(g, NOT_PROBED, "not the leader") for g in GUARDS}
+            self._failing = dict.fromkeys(GUARDS, 0)
             return
         if listed.get("delete") is None or self.mode == "unknown":
             return  # nothing known: the last verdicts stand
