@@ -64,6 +64,7 @@ class Rig:
     proxy: TcpProxy
     kubeconfig: Path
     docs: list[dict[str, Any]]
+    config: Any
 
     @property
     def status(self) -> dict[str, Any]:
@@ -118,7 +119,9 @@ def identity(cp: ControlPlane, namespace: str, directory: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def guarded(cp: ControlPlane, kube: Kube, tmp_path: Path, mode: str) -> AsyncIterator[Rig]:
+async def guarded(
+    cp: ControlPlane, kube: Kube, tmp_path: Path, mode: str, **overrides: Any
+) -> AsyncIterator[Rig]:
     ns = kube.ns
     tls = make_tls(tmp_path / "tls", dns_names=(f"{WEBHOOK_SERVICE}.{ns}.svc",))
     kubeconfig = identity(cp, ns, tmp_path)
@@ -130,6 +133,7 @@ async def guarded(cp: ControlPlane, kube: Kube, tmp_path: Path, mode: str) -> As
         webhook_key_file=tls.key_file,
         webhook_port=free_port(),
         discovery_seconds=0.5,
+        **overrides,
     )
     docs = guard_docs(ns, *guard_sets(mode, tls))
     assert {d["kind"] for d in docs} >= {"ValidatingWebhookConfiguration"}
@@ -150,7 +154,7 @@ async def guarded(cp: ControlPlane, kube: Kube, tmp_path: Path, mode: str) -> As
                 service["port"] = proxy.port
         install(cp, docs)
         try:
-            yield Rig(cp, kube, svc, proxy, kubeconfig, docs)
+            yield Rig(cp, kube, svc, proxy, kubeconfig, docs, config)
         finally:
             uninstall(cp, docs)
             await proxy.close()
@@ -377,3 +381,44 @@ async def test_a_policy_the_api_server_no_longer_applies_is_reported_failing_ope
 async def _reason_is(rig: Rig, guard: str, reason: str) -> bool:
     await asyncio.sleep(0)
     return rig.reason(guard) == reason
+
+
+async def test_only_the_leader_probes(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """Two replicas: the leader probes and says served; the standby sends no dry run and
+    says not_probed, so the alert's max is the leader's verdict."""
+    await kube.create_cr(cp_body())
+    async with guarded(control_plane, kube, tmp_path, "webhook", leader_election=True) as rig:
+        await eventually(lambda: _leads(rig.svc), timeout=30)
+        standby_config = rig.config.model_copy(
+            update={"pod_name": "shared-svc-standby", "webhook_port": free_port()}
+        )
+        async with running(standby_config) as standby:
+            await settle(rig.svc)
+            await until_served(rig)
+            assert standby.admission is not None
+            monitor = standby.admission.monitor
+            start = monitor.checks
+            await eventually(lambda: _checked(monitor, start + 2), timeout=30)
+            assert not standby.is_leader()
+            status = standby.status()["admissionGuard"]
+            assert {g: v["reason"] for g, v in status["probe"].items()} == {
+                "delete": "not_probed",
+                "update": "not_probed",
+            }
+            assert status["failsOpen"] is None
+            name = "shared_svc_admission_guard_probe"
+            assert metric(standby, name, guard="delete", reason="not_probed") == 1
+            assert metric(standby, name, guard="delete", reason="fails_open") == 0
+            assert metric(rig.svc, name, guard="delete", reason="served") == 1
+
+
+async def _leads(svc: Service) -> bool:
+    await asyncio.sleep(0)
+    return svc.is_leader()
+
+
+async def _checked(monitor: Any, n: int) -> bool:
+    await asyncio.sleep(0)
+    return bool(monitor.checks >= n)
