@@ -6,17 +6,19 @@ probe`` in a pod under shared-svc's ServiceAccount.
 The fences are firewall rules in the node's network namespace on the connections the API
 server's address opens to the pod range (the connections it keeps open included), as the
 providers set them: GKE private clusters admit the control plane to nodes and pods on 443
-and 10250 only. The pods' own connections to the API server (and their answers) pass."""
+and 10250 only; EKS with a custom CNI reaches no pod IP at all. The pods' own connections
+to the API server (and their answers) pass."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from testenv.node import HOST_IP, POD_CIDR, Node
+from testenv.node import HOST_IP, NODE_LINK, POD_CIDR, SERVICE_CIDR, Node
 from tests.kube import eventually
 from tests.real_node import (
     CHART,
@@ -34,6 +36,7 @@ from tests.real_node import (
 pytestmark = pytest.mark.node
 
 GKE = ["-m", "multiport", "!", "--dports", "443,10250"]  # what GKE's rule leaves open
+EKS: list[str] = []  # no pod IP at all
 
 
 def rule(*match: str) -> list[str]:
@@ -121,3 +124,47 @@ async def test_a_fenced_webhook_port_fails_helm_test_and_port_10250_passes_it(cl
         moved = helm_test(node)
         assert moved.returncode == 0, moved.stdout + moved.stderr
         assert "delete guard: served" in moved.stdout + moved.stderr
+
+
+@contextlib.contextmanager
+def service_route(node: Node) -> Iterator[None]:
+    """A process on the node's own network reaches the API server as a node's does: its
+    packets to the kubernetes Service are routed (the node namespace has no default route:
+    a route for the Service range through its link, the host's end refusing that range),
+    then kube-proxy's OUTPUT rules translate the address to the API server's."""
+
+    def ip(*args: str) -> str:
+        proc = subprocess.run(
+            node.in_node("ip", *args), capture_output=True, text=True, check=False, timeout=30
+        )
+        assert proc.returncode == 0, (args, proc.stderr)
+        return proc.stdout
+
+    before = ip("route", "show", SERVICE_CIDR).split()  # the node's own (unreachable) route
+    ip("route", "replace", SERVICE_CIDR, "dev", NODE_LINK)
+    try:
+        yield
+    finally:
+        if before:
+            ip("route", "replace", *before)
+        else:
+            ip("route", "del", SERVICE_CIDR, "dev", NODE_LINK)
+
+
+async def test_no_pod_ip_reachable_fails_helm_test_and_host_network_passes_it(clean: Node) -> None:
+    node = clean
+    with Fence(node, EKS), service_route(node):
+        install(node, "replicas=1")  # pod IPs: the API server reaches none
+        await adopted(node)
+        fenced = helm_test(node)
+        assert fenced.returncode != 0, fenced.stdout
+        assert "delete guard: fails_open" in fenced.stdout + fenced.stderr
+        helm(
+            node, "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            "--set", "admission.webhook.hostNetwork=true", "--wait", "--timeout", "3m",
+        )  # fmt: skip
+        values = node.helm("get", "values", RELEASE, "-n", NS).stdout
+        assert "hostNetwork: true" in values
+        passed = helm_test(node)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        assert "delete guard: served" in passed.stdout + passed.stderr
