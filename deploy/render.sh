@@ -21,6 +21,8 @@ render() {  # render OUTPUT DESCRIPTION [--set k=v]...
 # the MutatingAdmissionPolicy (helm install decides from the cluster's discovery instead).
 # admission.preDeleteHook=false: kubectl would run the uninstall Job at once; the plain
 # manifests' uninstall deletes the guard first by hand (docs/install.md).
-plain=(--set admission.mutation=policy --set admission.preDeleteHook=false)
+# helmTest.enabled=false: kubectl would run the test Pod at once (check with
+# `shared-svc admission probe` instead, docs/install.md).
+plain=(--set admission.mutation=policy --set admission.preDeleteHook=false --set helmTest.enabled=false)
 render "$here/manifests/shared-svc.yaml" "(Services controller)" "${plain[@]}"
 render "$here/manifests/shared-svc-upgrade.yaml" "(Services and driver-upgrade controllers)" "${plain[@]}" --set controllers.upgrade=true

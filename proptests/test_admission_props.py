@@ -224,13 +224,17 @@ def test_the_review_patch_is_the_rule(pair: Any) -> None:
             st.lists(st.sampled_from(["ClusterPolicy/cluster-policy", "GPUCluster/gpu-cluster"])),
         ),
     ),
+    st.booleans(),
 )
-def test_a_delete_is_refused_only_for_gpu_operator_while_a_cr_needs_it(
+def test_a_delete_is_refused_only_for_gpu_operator_or_a_dry_run_while_a_cr_needs_it(
     target: tuple[str, str],
     namespace: str,
     user: str,
     needed_by: dict[tuple[str, str], list[str]] | None,
+    dry_run: bool,
 ) -> None:
+    """A dry run (the guard probe's; the chart's matchConditions send no other) is judged
+    as gpu-operator's delete; a real delete by anyone else is never refused."""
     kind, name = target
     verdict = decide_delete(
         kind=kind,
@@ -240,15 +244,13 @@ def test_a_delete_is_refused_only_for_gpu_operator_while_a_cr_needs_it(
         username=user,
         operator_users=[OPERATOR],
         needed_by=needed_by,
+        dry_run=dry_run,
     )
-    refused = (
-        target in NAMES
-        and namespace == NS
-        and user == OPERATOR
-        and needed_by is not None
-        and bool(needed_by.get(target))
-    )
+    judged = target in NAMES and namespace == NS and (user == OPERATOR or dry_run)
+    refused = judged and needed_by is not None and bool(needed_by.get(target))
     assert verdict.allowed is not refused
+    if dry_run and judged and not refused:
+        assert verdict.message, "an allowed dry run says the guard answered"
     if refused:
         assert (verdict.code, verdict.reason) == (404, "NotFound")
         assert all(cr in verdict.message for cr in (needed_by or {})[target])

@@ -194,7 +194,12 @@ class Service:
                 objects=self.controller.cached_objects,
                 needed_by=self.controller.needed_by,
                 is_leader=self.is_leader,
-                on_checked=lambda m: self.metrics.publish_guard(m.mode, m.webhooks, len(m.writers)),
+                on_checked=lambda m: self.metrics.publish_guard(
+                    m.mode,
+                    m.webhooks,
+                    len(m.writers),
+                    {g: v.reason for g, v in m.verdicts.items()},
+                ),
                 on_answered=self.metrics.webhook_answered,
                 on_certificate=self.metrics.webhook_certificate_loaded,
             )

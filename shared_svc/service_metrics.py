@@ -12,6 +12,7 @@ in one process in tests and each /metrics shows only its own figures.
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -38,6 +39,10 @@ TARGET_LABELS = frozenset(
 GUARD_MODES = ("policy", "webhook", "none", "unknown")
 # shared_svc_admission_webhooks{served}: the guard's webhooks by what their probe found.
 WEBHOOK_SERVED = ("true", "false", "unprobed")
+# shared_svc_admission_guard_probe{guard, reason}: the guard probe through the API server
+# (admission.verdicts' GUARDS and REASONS, spelled out: this layer imports no admission).
+PROBE_GUARDS = ("delete", "update")
+PROBE_REASONS = ("served", "fails_open", "answered_wrongly", "probe_failed", "not_probed")
 
 
 class Metrics:
@@ -133,15 +138,34 @@ class Metrics:
             "only on a replica that serves the webhook.",
             registry=r,
         )
+        self.guard_probe = Gauge(
+            "shared_svc_admission_guard_probe",
+            "1 for the last verdict of the guard probe through the API server, per guard "
+            "(delete, update): served, fails_open (the API server let a dry run through that "
+            "the guard refuses or changes), answered_wrongly, probe_failed or not_probed.",
+            ["guard", "reason"],
+            registry=r,
+        )
+        for guard in PROBE_GUARDS:
+            for reason in PROBE_REASONS:
+                self.guard_probe.labels(guard, reason).set(1 if reason == "not_probed" else 0)
         for mode in GUARD_MODES:
             self.guard_mode.labels(mode).set(0)
         for served in WEBHOOK_SERVED:
             self.guard_webhooks.labels(served).set(0)
 
     def publish_guard(
-        self, mode: str, webhooks: list[dict[str, Any]], unguarded_writers: int
+        self,
+        mode: str,
+        webhooks: list[dict[str, Any]],
+        unguarded_writers: int,
+        verdicts: Mapping[str, str] | None = None,
     ) -> None:
-        """The guard monitor's findings after each check (``admission.guard.GuardMonitor``)."""
+        """The guard monitor's findings after each check (``admission.guard.GuardMonitor``);
+        ``verdicts``: the probe's reason per guard."""
+        for guard, reason in (verdicts or {}).items():
+            for r in PROBE_REASONS:
+                self.guard_probe.labels(guard, r).set(1 if r == reason else 0)
         for m in GUARD_MODES:
             self.guard_mode.labels(m).set(1 if m == mode else 0)
         served = {True: "true", False: "false", None: "unprobed"}

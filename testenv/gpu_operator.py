@@ -384,20 +384,32 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def request_counts(cp: ControlPlane, resource: str = "services") -> Counter[tuple[str, str]]:
-    """The API server's own count of requests on ``resource`` (its ``/metrics``, no
-    subresources): (verb, code) -> count. Subtract two counts for what happened between."""
+def apiserver_requests(cp: ControlPlane) -> list[tuple[dict[str, str], int]]:
+    """The API server's own ``apiserver_request_total`` (its ``/metrics``): each series'
+    labels and count."""
     status, text = cp.request("GET", "/metrics")
     if status != 200:
         raise ControlPlaneError(f"/metrics: {status} {text}")
-    out: Counter[tuple[str, str]] = Counter()
+    out = []
     for line in str(text).splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            if labels.get("resource") == resource and not labels.get("subresource"):
-                out[labels.get("verb", ""), labels.get("code", "")] += int(
-                    float(line.rsplit(" ", 1)[1])
-                )
+            out.append((labels, int(float(line.rsplit(" ", 1)[1]))))
+    return out
+
+
+def request_counts(cp: ControlPlane, resource: str = "services") -> Counter[tuple[str, str]]:
+    """The API server's own count of requests on ``resource`` (no subresources, no dry
+    runs: shared-svc's guard probe changes nothing): (verb, code) -> count. Subtract two
+    counts for what happened between."""
+    out: Counter[tuple[str, str]] = Counter()
+    for labels, n in apiserver_requests(cp):
+        if (
+            labels.get("resource") == resource
+            and not labels.get("subresource")
+            and not labels.get("dry_run")
+        ):
+            out[labels.get("verb", ""), labels.get("code", "")] += n
     return out
 
 

@@ -69,7 +69,9 @@ class Tls:
     key_file: str
 
 
-def make_tls(directory: Path) -> Tls:
+def make_tls(directory: Path, dns_names: tuple[str, ...] = ()) -> Tls:
+    """``dns_names``: more names of the serving certificate (a webhook behind a Service is
+    called with the server name ``<service>.<namespace>.svc``)."""
     directory.mkdir(parents=True, exist_ok=True)
     d = str(directory)
 
@@ -84,7 +86,8 @@ def make_tls(directory: Path) -> Tls:
         "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
         "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr",
     )  # fmt: skip
-    (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    sans = ",".join(["IP:127.0.0.1", *(f"DNS:{n}" for n in dns_names)])
+    (directory / "ext.cnf").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
     run(
         "x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
         "-CAcreateserial", "-days", "1", "-extfile", f"{d}/ext.cnf", "-out", f"{d}/tls.crt",

@@ -1,7 +1,8 @@
 """Proxies on 127.0.0.1 between the service and the test API server, to make faults.
 
 - :class:`TcpProxy` forwards bytes. ``freeze()`` stops forwarding on every connection
-  (open and new) while keeping them open: a leader whose network froze. ``blackhole()``
+  (open and new) while keeping them open: a leader whose network froze (or a webhook server
+  that stopped answering: ``start_to``); ``drop()`` closes the connections open now. ``blackhole()``
   silences the connections open now and forever, while new ones work: a watch on a
   connection that died without a FIN (or a server that stopped delivering).
 - :class:`ThrottlingProxy` terminates TLS with the API server's own certificate and
@@ -82,6 +83,15 @@ class TcpProxy:
         proxy.port = proxy.server.sockets[0].getsockname()[1]
         return proxy
 
+    @classmethod
+    async def start_to(cls, port: int) -> TcpProxy:
+        """A proxy to another server on 127.0.0.1 (a webhook server: ``freeze`` is a pod
+        that stops answering)."""
+        proxy = cls(port)
+        proxy.server = await asyncio.start_server(proxy._serve, "127.0.0.1", 0)
+        proxy.port = proxy.server.sockets[0].getsockname()[1]
+        return proxy
+
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
@@ -111,6 +121,15 @@ class TcpProxy:
         """Silences every connection open now (they stay open); returns how many."""
         for pipe in self.pipes:
             pipe.silenced = True
+        return len(self.pipes)
+
+    def drop(self) -> int:
+        """Closes every connection open now (new ones work): what a client sees when the
+        server it kept a connection to goes away. Returns how many."""
+        for pipe in self.pipes:
+            for w in pipe.writers:
+                with contextlib.suppress(Exception):
+                    w.close()
         return len(self.pipes)
 
     async def close(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,7 @@ from shared_svc.config import Config
 from shared_svc.k8s.events import Report
 from shared_svc.service import Service
 from testenv import ControlPlane
+from testenv.gpu_operator import apiserver_requests
 from testenv.service import running as running  # the tests' way to run the service
 from testenv.workloads import DcgmWorkloads
 from testenv.workloads import cp_body as cp_body  # the tests' CR bodies
@@ -192,23 +192,30 @@ async def converged(service: Service) -> bool:
     )
 
 
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
 def apiserver_write_count(
     cp: ControlPlane, resources: tuple[str, ...] = ("services", "servicemonitors", "events")
 ) -> int:
-    """Write requests the API server itself counted (its /metrics), for the given resources."""
-    status, text = cp.request("GET", "/metrics")
-    assert status == 200, text
-    total = 0
-    for line in str(text).splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if (
-            labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
-            and labels.get("resource") in resources
-        ):
-            total += int(float(line.rsplit(" ", 1)[1]))
-    return total
+    """Write requests the API server itself counted, for the given resources; dry runs
+    (``dry_run="All"``: the guard probe's) change nothing and are not counted."""
+    return sum(
+        n
+        for labels, n in apiserver_requests(cp)
+        if labels.get("verb") in WRITE_VERBS
+        and labels.get("resource") in resources
+        and not labels.get("dry_run")
+    )
+
+
+def apiserver_dry_run_count(cp: ControlPlane, resource: str = "services") -> int:
+    """Dry-run write requests (``dry_run="All"``) the API server counted for ``resource``."""
+    return sum(
+        n
+        for labels, n in apiserver_requests(cp)
+        if labels.get("dry_run") and labels.get("resource") == resource
+    )
 
 
 class FlakyRecorder:

@@ -120,8 +120,12 @@ def test_the_guard_is_parameterised_by_namespace_and_names_what_the_rule_guards(
         "url": "https://127.0.0.1:9443/validate-delete",
         "caBundle": "Q0E=",
     }
-    user = {c["name"]: c["expression"] for c in webhook["matchConditions"]}["from-gpu-operator"]
+    conditions = {c["name"]: c["expression"] for c in webhook["matchConditions"]}
+    user = conditions["from-gpu-operator-or-the-probe"]
     assert '"system:serviceaccount:ops:nvidia-operator"' in user
+    # shared-svc's own ServiceAccount: its dry runs only (the guard probe).
+    assert 'request.userInfo.username == "system:serviceaccount:ops:shared-svc" &&' in user
+    assert "request.dryRun == true" in user
 
 
 def listed_names(expression: str) -> list[set[str]]:

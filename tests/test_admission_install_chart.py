@@ -19,6 +19,7 @@ from tests.test_deploy_chart import (
     CHART,
     REPO,
     Doc,
+    RenderError,
     config_from_env,
     container_env,
     find,
@@ -248,6 +249,7 @@ ADMISSION_CASES = {
     "admission.preDeleteHook": "admission.preDeleteHook=false",
     "admission.webhook.enabled": "admission.webhook.enabled=false",
     "admission.webhook.port": "admission.webhook.port=9443",
+    "admission.webhook.hostNetwork": "admission.webhook.hostNetwork=true",
     "admission.webhook.url": "admission.webhook.url=https://127.0.0.1:9443",
     "admission.webhook.caBundle": (
         "admission.certificate.source=external",
@@ -308,3 +310,96 @@ def test_rendering_twice_gives_the_same_manifests(sets: tuple[str, ...]) -> None
 def test_notes_say_what_uninstall_does() -> None:
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     assert "helm uninstall" in notes and "pre-delete" in notes
+
+
+# --- reachability where control planes are fenced (issue 43) ------------------------------
+
+
+@pytest.mark.parametrize("port", [10250, 443])
+def test_the_webhook_port_moves_the_container_port_and_the_service_follows_by_name(
+    port: int,
+) -> None:
+    """GKE private clusters: the control plane reaches pods on 443 and 10250 only."""
+    docs = render_docs(f"admission.webhook.port={port}", "networkPolicy.enabled=true")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert {"name": "webhook", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    assert container_env(docs)["SHARED_SVC_WEBHOOK_PORT"] == str(port)
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    service = one(docs, "Service", "shared-svc-webhook")["spec"]
+    assert service["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    policy = one(docs, "NetworkPolicy")["spec"]
+    assert {"ports": [{"port": "webhook", "protocol": "TCP"}]} in policy["ingress"]
+
+
+def test_host_network_serves_the_webhook_on_the_node_and_still_resolves_cluster_names() -> None:
+    """EKS with a custom CNI: the control plane reaches no pod IP, only the nodes."""
+    docs = render_docs(
+        "admission.webhook.hostNetwork=true",
+        "admission.webhook.port=9443",
+        "networkPolicy.enabled=true",
+    )
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    [container] = pod["containers"]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+    assert one(docs, "NetworkPolicy")["spec"]["ingress"][-1]["ports"] == [
+        {"port": "webhook", "protocol": "TCP"}
+    ]
+    # with the webhook served elsewhere, the pods keep their own network
+    away = render_docs("admission.webhook.hostNetwork=true", "admission.webhook.enabled=false")
+    assert "hostNetwork" not in one(away, "Deployment")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("admission.webhook.port=10250",), "10250 is taken on the node"),
+        (("admission.webhook.port=8080",), "8080 is taken on the node"),
+        (
+            ("admission.webhook.url=https://127.0.0.1:9443",),
+            "does not go with admission.webhook.url",
+        ),
+    ],
+)
+def test_host_network_refuses_a_port_the_node_already_uses(
+    sets: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(RenderError, match=message):
+        render("admission.webhook.hostNetwork=true", *sets)
+
+
+def test_helm_test_probes_the_guard_as_the_service_in_a_pod_no_service_selects() -> None:
+    """``helm test``: ``shared-svc admission probe`` once, under shared-svc's own
+    ServiceAccount (no right of its own), never behind one of shared-svc's Services."""
+    from shared_svc.cli import main
+
+    docs = render_docs(namespace="ops")
+    [pod] = find(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert (
+        spec["serviceAccountName"]
+        == one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    assert spec["restartPolicy"] == "Never"
+    [container] = spec["containers"]
+    assert container["args"] == ["admission", "probe", "--namespace", "ops"]
+    assert (
+        container["image"]
+        == one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    labels = pod["metadata"]["labels"]
+    for selecting in [*find(docs, "Service"), *find(docs, "PodDisruptionBudget")]:
+        selector = selecting["spec"].get("selector") or {}
+        selector = selector.get("matchLabels", selector)
+        assert not selector.items() <= labels.items(), selecting["metadata"]["name"]
+    # the CLI takes exactly these arguments (a wrong one would be a usage error, exit 2)
+    with pytest.raises(SystemExit) as help_exit:
+        main([*container["args"], "--help"])
+    assert help_exit.value.code == 0
+    # left out where there is no guard to probe, or when switched off (plain manifests)
+    assert not find(render_docs("helmTest.enabled=false"), "Pod")
+    assert not find(render_docs("admission.webhook.enabled=false"), "Pod")

@@ -55,9 +55,12 @@ ALERTS = (
     "SharedSvcAdmissionGuardNotServed",
     "SharedSvcAdmissionGuardMissing",
     "SharedSvcWebhookCertificateExpiry",
+    "SharedSvcAdmissionGuardFailsOpen",
 )
 # Lease alerts: rendered only with leader election.
 LEASE_ALERTS = ("SharedSvcNoLeader", "SharedSvcLeaseErrors")
+# The API server's fail-open count (prometheusRule.apiServerFailOpen.enabled): its metric.
+FAIL_OPEN_COUNT = "apiserver_admission_webhook_fail_open_count"
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,10 @@ RENDERINGS = {
         alerts=tuple(
             a for a in ALERTS if a not in ("SharedSvcLeaseErrors", "SharedSvcUpgradeGateMissing")
         ),
+    ),
+    "api-server-fail-open": Rendering(
+        (*ON, "prometheusRule.apiServerFailOpen.enabled=true"),
+        alerts=(*ALERTS, "SharedSvcAdmissionWebhookCallsFailOpen"),
     ),
 }
 
@@ -337,6 +344,30 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
     expiry = "shared_svc_admission_webhook_certificate_expiry_timestamp_seconds"
     failed = {**nj, "state": "upgrade-failed"}
     duplicate = {**nj, "reason": "DuplicateScrapeTarget"}
+
+    def probe(leader: str, standby: str, reason: str = "fails_open") -> Callable[[World], None]:
+        # Only the leader probes: the standby says not_probed (0 for every other reason).
+        def build(w: World) -> None:
+            metric = "shared_svc_admission_guard_probe"
+            w.add(metric, {**w.target("shared-svc-a"), "guard": "delete", "reason": reason}, leader)
+            w.add(
+                metric, {**w.target("shared-svc-b"), "guard": "delete", "reason": reason}, standby
+            )
+            w.add(metric, {**w.target("shared-svc-a"), "guard": "update", "reason": reason}, "0x60")
+            w.foreign(metric, "1x60", guard="delete", reason="fails_open")
+
+        return build
+
+    def fail_open_count(values: str, name: str) -> Callable[[World], None]:
+        def build(w: World) -> None:
+            api = {"job": "apiserver", "instance": "10.0.0.100:6443", "type": "validate"}
+            w.add(FAIL_OPEN_COUNT, {**api, "name": name}, values)
+            w.add(FAIL_OPEN_COUNT, {**api, "name": "other.example.com"}, "0+1x60")
+
+        return build
+
+    guard_fails = {**nj, "guard": "delete", "reason": "fails_open"}
+    delete_hook = "delete-guard.shared-svc.nvidia.com"
     table: dict[str, tuple[list[Case], list[Case]]] = {
         "SharedSvcDown": (
             # both replicas down; no target at all (the ServiceMonitor not selected)
@@ -491,6 +522,38 @@ def cases(alert: str, r: Rendering) -> tuple[list[Case], list[Case]]:
             [Case(gauge("shared_svc_admission_unguarded_writers", "2x60"), "15m", nj, "2")],
             [Case(gauge("shared_svc_admission_unguarded_writers", "2x5 0x55"), "15m", None)],
         ),
+        "SharedSvcAdmissionGuardFailsOpen": (
+            [
+                Case(probe("1x60", "0x60"), "15m", guard_fails, "1"),
+                Case(
+                    probe("1x60", "0x60", "answered_wrongly"),
+                    "15m",
+                    {**guard_fails, "reason": "answered_wrongly"},
+                    "1",
+                ),
+            ],
+            # served again; failing for less than 5m; a served guard
+            [
+                Case(probe("1x5 0x55", "0x60"), "15m", None),
+                Case(probe("0x10 1x50", "0x60"), "13m", None),
+                Case(probe("1x60", "0x60", "served"), "15m", None),
+            ],
+        ),
+        "SharedSvcAdmissionWebhookCallsFailOpen": (
+            [
+                Case(
+                    fail_open_count("0+1x60", delete_hook),
+                    "15m",
+                    {"name": delete_hook, "type": "validate"},
+                    "10",
+                )
+            ],
+            # no failed call for the last 10 minutes; only another webhook's
+            [
+                Case(fail_open_count("0+1x5 5x55", delete_hook), "30m", None),
+                Case(fail_open_count("0x60", delete_hook), "15m", None),
+            ],
+        ),
     }
     return table[alert]
 
@@ -566,8 +629,10 @@ def test_every_alert_fires_when_it_should_and_only_then(rendering: str, tmp_path
     assert tuple(rules) == r.alerts
     tests = promtool_tests(r, rules)
     names = {s["series"].split("{", 1)[0] for t in tests["tests"] for s in t["input_series"]}
-    # every metric of the service's registry, and Prometheus' own ``up``
-    assert names <= exposed_metric_names() | {"up"}, names - exposed_metric_names()
+    # every metric of the service's registry, Prometheus' own ``up`` and the API server's
+    # fail-open count
+    exposed = exposed_metric_names() | {"up", FAIL_OPEN_COUNT}
+    assert names <= exposed, names - exposed
     failures = run_promtool(tmp_path, groups, tests)
     assert not failures, failures
 

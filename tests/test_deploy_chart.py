@@ -26,7 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy" / "chart" / "shared-svc"
 MANIFESTS = REPO / "deploy" / "manifests"
 # Plain manifest -> the --set flags it was rendered with (deploy/render.sh).
-PLAIN_SETS = ("admission.mutation=policy", "admission.preDeleteHook=false")
+PLAIN_SETS = (
+    "admission.mutation=policy",
+    "admission.preDeleteHook=false",
+    "helmTest.enabled=false",
+)
 PLAIN = {
     "shared-svc.yaml": PLAIN_SETS,
     "shared-svc-upgrade.yaml": (*PLAIN_SETS, "controllers.upgrade=true"),
@@ -777,6 +781,11 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "prometheusRule.enabled=true",
         "prometheusRule.keepFiringFor=10m",
     ),
+    "prometheusRule.apiServerFailOpen": (
+        "prometheusRule.enabled=true",
+        "prometheusRule.apiServerFailOpen.enabled=true",
+        "prometheusRule.apiServerFailOpen.job=kube-apiserver",
+    ),
     "grafanaDashboard.enabled": ("grafanaDashboard.enabled=true",),
     "grafanaDashboard.labels": (
         "grafanaDashboard.enabled=true",
@@ -869,6 +878,7 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
         "prometheusRule.for",
         "prometheusRule.alertAnnotations",
         "prometheusRule.keepFiringFor",
+        "prometheusRule.apiServerFailOpen",
         "grafanaDashboard.labels",
         "grafanaDashboard.annotations",
         "grafanaDashboard.namespace",
@@ -1054,7 +1064,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()
-    assert len(documented) == 17
+    assert len(documented) == 18
     docs = render_docs(
         "prometheusRule.enabled=true",
         "prometheusRule.labels.team=gpu-ops",
@@ -1117,6 +1127,7 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
                 "SharedSvcAdmissionGuardNotServed",
                 "SharedSvcAdmissionGuardMissing",
                 "SharedSvcWebhookCertificateExpiry",
+                "SharedSvcAdmissionGuardFailsOpen",
             },
         ),
         (

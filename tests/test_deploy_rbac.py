@@ -62,6 +62,7 @@ KINDS = {
     "ClusterRoleBinding": ("clusterrolebindings", False),
     "Deployment": ("deployments", True),
     "Service": ("services", True),
+    "Pod": ("pods", True),  # the helm test hook
     "PodDisruptionBudget": ("poddisruptionbudgets", True),
     "ServiceMonitor": ("servicemonitors", True),
     "MutatingAdmissionPolicy": ("mutatingadmissionpolicies", False),

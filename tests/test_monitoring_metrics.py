@@ -196,6 +196,26 @@ def test_the_guard_monitors_findings() -> None:
     assert value(r, "shared_svc_admission_webhooks", served="false") == 0
 
 
+def test_the_guard_probes_verdict_per_guard_one_reason_at_a_time() -> None:
+    from shared_svc.admission.verdicts import GUARDS, REASONS
+    from shared_svc.service_metrics import PROBE_GUARDS, PROBE_REASONS
+
+    assert (PROBE_GUARDS, PROBE_REASONS) == (GUARDS, REASONS)  # spelled out in both layers
+    m = Metrics()
+    r = m.registry
+    name = "shared_svc_admission_guard_probe"
+    # from the start: every series, not_probed
+    for guard in GUARDS:
+        assert [value(r, name, guard=guard, reason=x) for x in REASONS] == [0, 0, 0, 0, 1]
+    m.publish_guard("webhook", [], 0, {"delete": "fails_open", "update": "served"})
+    assert value(r, name, guard="delete", reason="fails_open") == 1
+    assert value(r, name, guard="delete", reason="not_probed") == 0
+    assert value(r, name, guard="update", reason="served") == 1
+    m.publish_guard("webhook", [], 0, {"delete": "served", "update": "served"})
+    assert value(r, name, guard="delete", reason="fails_open") == 0
+    assert value(r, name, guard="delete", reason="served") == 1
+
+
 class _Quiet:
     async def emit(self, report: Any) -> None:  # pragma: no cover - never called here
         raise AssertionError(report)

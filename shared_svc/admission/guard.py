@@ -18,8 +18,17 @@ from typing import TYPE_CHECKING, Any
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from shared_svc.admission.probe import probe, webhooks_of
+from shared_svc.admission.probe import probe, probe_guards, webhooks_of
 from shared_svc.admission.rules import GUARD_LABEL, operator_username, operator_writes
+from shared_svc.admission.verdicts import (
+    ANSWERED_WRONGLY,
+    FAILING,
+    FAILS_OPEN,
+    GUARDS,
+    NOT_PROBED,
+    Verdict,
+    worst,
+)
 from shared_svc.k8s.events import ObjectRef, Report
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.kube.resources import (
@@ -47,7 +56,17 @@ MISSING_REASON = "AdmissionGuardMissing"
 MISSING_SCOPE = "admission-guard/missing"  # the publisher's scope of its Warning
 NOT_SERVED_REASON = "AdmissionGuardNotServed"
 NOT_SERVED_SCOPE = "admission-guard/not-served"
-GUARD_KINDS = {
+# The guard probe through the API server (admission.verdicts): a Warning per guard failing.
+FAILS_OPEN_REASONS = {
+    FAILS_OPEN: "AdmissionGuardFailsOpen",
+    ANSWERED_WRONGLY: "AdmissionGuardAnsweredWrongly",
+}
+FAILS_OPEN_SCOPE = "admission-guard/fails-open"
+# Failing verdicts in a row before the Warning: one is a guard just installed that the API
+# server has not loaded yet (its informers); two is within two probe periods.
+FAILS_OPEN_CHECKS = 2
+GUARD_KINDS = {  # the kind of the guard object each KINDS entry lists
+    "policy": "MutatingAdmissionPolicyBinding",
     "webhook": "MutatingWebhookConfiguration",
     "delete": "ValidatingWebhookConfiguration",
 }
@@ -65,6 +84,63 @@ def guard_mode(found: Mapping[str, Sequence[str] | None]) -> str:
     return "none"
 
 
+async def list_guard(api: ApiClient, namespace: str, gvr: GVR) -> list[dict[str, Any]]:
+    """The guard objects of one kind for ``namespace`` (by GUARD_LABEL), by name; [] when
+    the kind is not served (MutatingAdmissionPolicy before 1.36). Raises on other errors."""
+    try:
+        res = await raw_request(
+            api,
+            "GET",
+            gvr.collection(),
+            query=[("labelSelector", f"{GUARD_LABEL}={namespace}")],
+            timeout=10.0,
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+    return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
+
+
+async def probe_listed(
+    api: ApiClient,
+    namespace: str,
+    listed: Mapping[str, Sequence[Mapping[str, Any]] | None],
+    services: Sequence[Mapping[str, Any]],
+    needed_by: NeededBy | None = None,
+) -> list[Verdict]:
+    """The guard probe through the API server (``probe.probe_guards``) of the guards
+    ``listed`` (per kind of :data:`KINDS`): the monitor's, every check, and ``shared-svc
+    admission probe``'s, once."""
+    found = {
+        k: None if v is None else [i["metadata"]["name"] for i in v] for k, v in listed.items()
+    }
+    return await probe_guards(
+        api,
+        namespace,
+        services=services,
+        delete_webhooks=[h.name for h in webhooks_of(listed.get("delete") or ())],
+        update_guard=guard_mode(found) in ("policy", "webhook"),
+        needed_by=needed_by,
+    )
+
+
+def guard_warning(kind: str, name: str, reason: str, note: str, *, key: str) -> Report:
+    """A Warning about one guard object (``kind``: a key of :data:`KINDS`); cluster-scoped,
+    so the Event is in ``default``."""
+    gvr = KINDS[kind]
+    return Report(
+        type="Warning",
+        reason=reason,
+        action="Reconcile",
+        regarding=ObjectRef(
+            api_version=f"{gvr.group}/{gvr.version}", kind=GUARD_KINDS[kind], name=name
+        ),
+        note=note,
+        key=key,
+    )
+
+
 class GuardMonitor(Runnable):
     def __init__(
         self,
@@ -77,6 +153,7 @@ class GuardMonitor(Runnable):
         is_leader: Callable[[], bool],
         interval: float,
         webhook_serving: Callable[[], bool],
+        needed_by: Callable[[], NeededBy | None] = lambda: None,
         on_checked: Callable[[GuardMonitor], None] | None = None,
     ) -> None:
         self._api = api
@@ -87,36 +164,34 @@ class GuardMonitor(Runnable):
         self._is_leader = is_leader
         self._interval = interval
         self._webhook_serving = webhook_serving
+        self._needed_by = needed_by
         self._on_checked = on_checked  # the metrics (shared_svc.service_metrics.publish_guard)
         self.found: dict[str, list[str] | None] = {}
         self.errors: dict[str, str] = {}
         self.checked_at: str | None = None
+        self.checks = 0  # checks completed (each lists, probes and reports once)
         self.warned: bool = False  # the Warning of the current episode is written
         self.webhooks: list[dict[str, Any]] = []  # each configured webhook: served or not
         self.writers: list[str] = []  # our objects gpu-operator writes with no guard active
+        # the guard probe through the API server, per guard (delete, update)
+        self.verdicts: dict[str, Verdict] = {
+            g: Verdict(g, NOT_PROBED, "not probed yet") for g in GUARDS
+        }
+        self._failing: dict[str, int] = dict.fromkeys(GUARDS, 0)  # failing checks in a row
 
     async def _list(self, gvr: GVR) -> list[dict[str, Any]] | None:
-        """Our guard objects of one kind; [] when the kind is not served."""
-        plural = gvr.plural
+        """Our guard objects of one kind; [] when the kind is not served; None (and the
+        error kept) when the list fails."""
         try:
-            res = await raw_request(
-                self._api,
-                "GET",
-                gvr.collection(),
-                query=[("labelSelector", f"{GUARD_LABEL}={self._ns}")],
-                timeout=10.0,
-            )
+            items = await list_guard(self._api, self._ns, gvr)
         except ApiException as exc:
-            if exc.status == 404:
-                self.errors.pop(plural, None)
-                return []  # not served (MutatingAdmissionPolicy before 1.36)
-            self.errors[plural] = f"{exc.status} {exc.reason}"
+            self.errors[gvr.plural] = f"{exc.status} {exc.reason}"
             return None
         except Exception as exc:  # the API server is away: unknown, try again later
-            self.errors[plural] = f"{type(exc).__name__}: {exc}"[:200]
+            self.errors[gvr.plural] = f"{type(exc).__name__}: {exc}"[:200]
             return None
-        self.errors.pop(plural, None)
-        return sorted(res.get("items") or [], key=lambda i: str(i["metadata"]["name"]))
+        self.errors.pop(gvr.plural, None)
+        return items
 
     async def check(self) -> None:
         listed = {kind: await self._list(gvr) for kind, gvr in KINDS.items()}
@@ -129,6 +204,8 @@ class GuardMonitor(Runnable):
         configurations = {k: v for k, v in listed.items() if k in ("webhook", "delete")}
         if all(v is not None for v in configurations.values()):
             await self._probe(configurations)
+        await self._probe_through_api(listed)
+        self.checks += 1
         if self._on_checked is not None:
             self._on_checked(self)
 
@@ -157,20 +234,79 @@ class GuardMonitor(Runnable):
         if self._is_leader():
             await self._recorder.level(NOT_SERVED_SCOPE, reports)
 
+    async def _probe_through_api(self, listed: Mapping[str, list[dict[str, Any]] | None]) -> None:
+        """The leader asks the API server whether it applies the guard (probe_guards: dry
+        runs that change nothing); a Warning per guard failing open or answering wrongly
+        in FAILS_OPEN_CHECKS checks in a row, once per episode. A standby, or a guard
+        whose listing failed, is not probed."""
+        if not self._is_leader():
+            self.verdicts = {g: Verdict(g, NOT_PROBED, "not the leader") for g in GUARDS}
+            self._failing = dict.fromkeys(GUARDS, 0)
+            return
+        if listed.get("delete") is None or self.mode == "unknown":
+            return  # nothing known: the last verdicts stand
+        objects = self._objects()
+        if objects is None:
+            return  # the caches are not synced yet
+        verdicts = await probe_listed(self._api, self._ns, listed, objects, self._needed_by())
+        self.verdicts = {v.guard: v for v in verdicts}
+        for v in verdicts:
+            self._failing[v.guard] = self._failing[v.guard] + 1 if v.reason in FAILING else 0
+        reports = [
+            self._fails_open_report(v, listed)
+            for v in verdicts
+            if self._failing[v.guard] >= FAILS_OPEN_CHECKS
+        ]
+        await self._recorder.level(FAILS_OPEN_SCOPE, reports)
+
+    def _fails_open_report(
+        self, verdict: Verdict, listed: Mapping[str, list[dict[str, Any]] | None]
+    ) -> Report:
+        """On the guard object the API server failed to apply: the delete guard's
+        ValidatingWebhookConfiguration, the update guard's MutatingWebhookConfiguration or
+        MutatingAdmissionPolicyBinding (cluster-scoped: the Event is in ``default``)."""
+        kind = (
+            "delete"
+            if verdict.guard == "delete"
+            else ("policy" if self.mode == "policy" else "webhook")
+        )
+        name = str(((listed.get(kind) or [{}])[0].get("metadata") or {}).get("name", ""))
+        reason = FAILS_OPEN_REASONS[verdict.reason]
+        what = (
+            "gpu-operator's deletes of Services a CR needs go through"
+            if verdict.guard == "delete"
+            else "gpu-operator's whole-object updates undo shared-svc's (ConflictingWriter follows)"
+        )
+        return guard_warning(
+            kind,
+            name,
+            reason,
+            (
+                f"the API server does not apply the admission guard's {verdict.guard} guard "
+                f"({verdict.reason}: {verdict.detail}): {what}. Probed with a dry run of "
+                f"Service {verdict.target}. Runbook: docs/operations.md, "
+                "SharedSvcAdmissionGuardFailsOpen."
+            )[:1000],
+            key=f"{reason}/{self._ns}/{verdict.guard}",
+        )
+
+    @property
+    def fails_open(self) -> bool | None:
+        """True when a guard fails open or answers wrongly by the last probe, False when
+        each probed guard was served, None when none was probed."""
+        reason = worst(self.verdicts.values())
+        if reason in FAILING:
+            return True
+        return False if reason == "served" else None
+
     def _not_served_report(
         self, kind: str, configuration: str, webhook: str, error: str | None
     ) -> Report:
-        gvr = KINDS[kind]
-        return Report(
-            type="Warning",
-            reason=NOT_SERVED_REASON,
-            action="Reconcile",
-            regarding=ObjectRef(
-                api_version=f"{gvr.group}/{gvr.version}",
-                kind=GUARD_KINDS[kind],
-                name=configuration,
-            ),
-            note=(
+        return guard_warning(
+            kind,
+            configuration,
+            NOT_SERVED_REASON,
+            (
                 f"the admission guard's webhook {webhook} is configured but not served ({error}); "
                 "with failurePolicy Ignore the API server lets gpu-operator's writes through "
                 "unguarded. Serve the webhook at that URL (webhook_port equal to the URL's port, "
@@ -249,6 +385,8 @@ class GuardMonitor(Runnable):
             "webhookServing": self._webhook_serving(),
             "served": self.served,
             "webhooks": list(self.webhooks),
+            "failsOpen": self.fails_open,
+            "probe": {g: v.as_status() for g, v in self.verdicts.items()},
             "checkedAt": self.checked_at,
             "errors": dict(self.errors),
         }
@@ -295,6 +433,7 @@ class AdmissionGuard:
             is_leader=is_leader,
             interval=config.discovery_seconds,
             webhook_serving=lambda: self.webhook_port is not None,
+            needed_by=needed_by,
             on_checked=on_checked,
         )
 

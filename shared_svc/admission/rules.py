@@ -9,7 +9,10 @@
   plan) is answered ``404 NotFound``, which gpu-operator takes as "already deleted" (a 403
   would stall its later states). Every other delete is allowed. The object is named by the
   request, or, in a delete of a collection (the API server asks once per object with no
-  name: the GPUCluster's clean-up deletes by the state label), by ``oldObject``.
+  name: the GPUCluster's clean-up deletes by the state label), by ``oldObject``. A dry-run
+  DELETE is answered as gpu-operator's, by whomever: it removes nothing, and the chart's
+  ``matchConditions`` send the webhook no dry run but shared-svc's own guard probe
+  (``admission.probe``), which reads the answer to know the API server reached the guard.
 - ``review``: one AdmissionReview v1 request in, its response out.
 
 The MutatingAdmissionPolicy in the chart (templates/admission-policy.yaml) expresses the
@@ -46,6 +49,8 @@ GUARDED: dict[str, tuple[str, ...]] = {
     "ServiceMonitor": SERVICE_MONITOR_NAMES,
 }
 RESOURCE_KINDS = {"services": "Service", "servicemonitors": "ServiceMonitor"}
+# The warning of an allowed dry-run delete (the guard probe reads it: answered, not needed).
+PROBE_ALLOWED = "shared-svc's delete guard allows this delete: no CR needs the object"
 
 
 class BadReview(ValueError):
@@ -124,22 +129,26 @@ def decide_delete(
     username: str,
     operator_users: Iterable[str],
     needed_by: Mapping[tuple[str, str], Sequence[str]] | None,
+    dry_run: bool = False,
 ) -> DeleteVerdict:
     """404 for gpu-operator's delete of an object a CR still needs; allowed otherwise.
 
     ``needed_by`` is shared-svc's own view (its last plan): (kind, name) -> the CRs that
     need the object. ``None`` (no plan yet) allows: the guard fails open, like the
-    webhook's ``failurePolicy: Ignore``.
+    webhook's ``failurePolicy: Ignore``. A dry run is judged as gpu-operator's (the guard
+    probe), and an allowed one says why in its message (``PROBE_ALLOWED``): the probe
+    tells "the guard answered: allowed" from "the API server never asked".
     """
     if request_namespace != namespace or not is_guarded(kind, name):
         return DeleteVerdict(True)
-    if username not in set(operator_users):
+    if username not in set(operator_users) and not dry_run:
         return DeleteVerdict(True)  # shared-svc's own deletes, a user's
     if needed_by is None:
         return DeleteVerdict(True, message="shared-svc has no plan yet: allowed")
     needers = list(needed_by.get((kind, name), ()))
     if not needers:
-        return DeleteVerdict(True)  # the last CR that needed it let it go
+        # the last CR that needed it let it go
+        return DeleteVerdict(True, message=PROBE_ALLOWED if dry_run else "")
     return DeleteVerdict(
         False,
         code=404,
@@ -195,6 +204,7 @@ def review(
                 username=str(user.get("username", "")) if isinstance(user, Mapping) else "",
                 operator_users=operator_users,
                 needed_by=needed_by,
+                dry_run=request.get("dryRun") is True,
             )
             if not verdict.allowed:
                 response["allowed"] = False

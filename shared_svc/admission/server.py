@@ -68,6 +68,8 @@ def make_webhook_app(
                     "object": f"{(req.get('resource') or {}).get('resource')}/{req.get('name')}",
                     "user": (req.get("userInfo") or {}).get("username"),
                     "result": "restored" if response["allowed"] else "refused-404",
+                    # a dry run: the guard probe's (admission.verdicts), nothing written
+                    "dryRun": req.get("dryRun") is True,
                 },
             )
         return web.json_response(answer)

@@ -12,6 +12,11 @@ configurations).
 ``remove`` deletes the guard's switches before Helm deletes the rest: the policy binding
 first, then the webhook configurations, then (when named) the generated Secret. Objects
 already gone count as removed.
+
+``probe`` asks the API server once whether it applies the guard of a namespace, as the
+leader does every check (``admission.verdicts``: dry runs that change nothing); the
+chart's ``helm test`` hook. Exit 0: every installed guard served, or nothing to guard yet;
+1: a guard fails open or answers wrongly; 2: the probe could not judge.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from shared_svc.config import add_flags
+from shared_svc.config import add_flags, flag_values, load
 from shared_svc.errors import UsageError
 from shared_svc.k8s.labels import is_object_name
 from shared_svc.kube.resources import (
@@ -77,6 +82,21 @@ def register(subparsers: Any) -> None:
     )
     _register_certs(commands)
     _register_remove(commands)
+    _register_probe(commands)
+
+
+def _register_probe(commands: Any) -> None:
+    probe = commands.add_parser(
+        "probe",
+        help="ask the API server once whether it applies the admission guard (helm test)",
+        description="Dry runs through the API server, as the leader probes every check: a "
+        "DELETE of a Service a CR needs, which the delete guard refuses, and an update "
+        "shaped like gpu-operator's, which the update guard undoes. Nothing changes. "
+        "Exit 0: served (or nothing to guard yet), 1: a guard fails open or answers "
+        "wrongly, 2: no answer to judge.",
+    )
+    add_flags(probe, ["namespace", "kubeconfig"])
+    probe.set_defaults(handler=_probe)
 
 
 def _register_certs(commands: Any) -> None:
@@ -306,3 +326,29 @@ def _remove(args: argparse.Namespace) -> int:
         return 0
 
     return _run(args, body)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from shared_svc.admission.guard import KINDS, list_guard, probe_listed
+    from shared_svc.admission.verdicts import FAILING, PROBE_FAILED, worst
+    from shared_svc.kube.resources import SERVICES
+    from shared_svc.kube.writer import raw_request
+
+    config = load(flag_values(args, ["namespace", "kubeconfig"]))
+    namespace = config.namespace
+
+    async def body(api: Any) -> int:
+        listed = {kind: await list_guard(api, namespace, gvr) for kind, gvr in KINDS.items()}
+        res = await raw_request(api, "GET", SERVICES.collection(namespace))
+        verdicts = await probe_listed(api, namespace, listed, res.get("items") or [])
+        for v in verdicts:
+            where = f" (Service {namespace}/{v.target})" if v.target else ""
+            print(f"{v.guard} guard: {v.reason}{where}: {v.detail}")
+        reason = worst(verdicts)
+        if reason in FAILING:
+            return 1
+        return 2 if reason == PROBE_FAILED else 0
+
+    from shared_svc.commands.api import with_api
+
+    return with_api(config.kubeconfig, body)

@@ -73,6 +73,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not (or .Values.controllers.services .Values.controllers.upgrade) -}}
 {{- fail "controllers.services and controllers.upgrade are both false: nothing to run" -}}
 {{- end -}}
+{{- $w := .Values.admission.webhook -}}
+{{- if $w.hostNetwork -}}
+{{- if $w.url -}}
+{{- fail "admission.webhook.hostNetwork serves the webhook from the pods: it does not go with admission.webhook.url" -}}
+{{- end -}}
+{{- if has (int $w.port) (list 10250 10255 10256 (int .Values.port)) -}}
+{{- fail (printf "admission.webhook.hostNetwork: admission.webhook.port %d is taken on the node (the kubelet's 10250/10255, kube-proxy's 10256, or shared-svc's own port); choose a free one (docs/install.md)" (int $w.port)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The admission guard (docs/install.md). "true" when the MutatingAdmissionPolicy is
