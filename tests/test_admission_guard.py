@@ -522,12 +522,15 @@ async def test_a_configured_webhook_url_that_reaches_no_server_is_said_in_status
         unserved = [w for w in status["webhooks"] if w["served"] is False]
         assert {w["url"] for w in unserved} >= {f"https://127.0.0.1:{port}/validate-delete"}
         assert all(w["error"] for w in unserved)
-        warned = await eventually(
-            lambda: kube.events_for("AdmissionGuardNotServed", namespace="default"), timeout=15
-        )
-        ours = [e for e in warned if f"127.0.0.1:{port}" in e["note"]]
-        assert ours and all(e["type"] == "Warning" for e in ours)
-        assert {e["regarding"]["kind"] for e in ours} >= {"ValidatingWebhookConfiguration"}
+        async def warned_of_both() -> list[dict[str, Any]] | None:
+            # One Warning per webhook, sent one after the other: wait for the delete guard's.
+            events = await kube.events_for("AdmissionGuardNotServed", namespace="default")
+            ours = [e for e in events if f"127.0.0.1:{port}" in e["note"]]
+            kinds = {e["regarding"]["kind"] for e in ours}
+            return ours if "ValidatingWebhookConfiguration" in kinds else None
+
+        ours = await eventually(warned_of_both, timeout=15)
+        assert all(e["type"] == "Warning" for e in ours)
         await asyncio.sleep(1.5)  # more checks: one Warning per webhook, not one per check
         again = await kube.events_for("AdmissionGuardNotServed", namespace="default")
         assert [e for e in again if f"127.0.0.1:{port}" in e["note"]] == ours
