@@ -99,7 +99,19 @@ class OperatorWorld:
 
 
 async def gpu_operator_world(cp: ControlPlane, namespace: str, directory: Path) -> OperatorWorld:
+    """A fresh world on the session's node: the Services an earlier module's world left
+    (``helm uninstall`` leaves them, by design) are deleted first, so gpu-operator creates
+    its own again."""
     cp.ensure_namespace(namespace)
+    for name in SERVICES:
+        status, body = cp.request("DELETE", f"/api/v1/namespaces/{namespace}/services/{name}")
+        assert status in (200, 202, 404), (name, status, body)
+
+    async def gone() -> bool:
+        await asyncio.sleep(0)
+        return all(service(cp, name, namespace) is None for name in SERVICES)
+
+    await eventually(gone, timeout=60)
     body = cp_body(
         dcgm={"enabled": True},
         dcgmExporter={"enabled": True, "service": {"internalTrafficPolicy": "Cluster"}},
