@@ -522,6 +522,7 @@ async def test_a_configured_webhook_url_that_reaches_no_server_is_said_in_status
         unserved = [w for w in status["webhooks"] if w["served"] is False]
         assert {w["url"] for w in unserved} >= {f"https://127.0.0.1:{port}/validate-delete"}
         assert all(w["error"] for w in unserved)
+
         async def warned_of_both() -> list[dict[str, Any]] | None:
             # One Warning per webhook, sent one after the other: wait for the delete guard's.
             events = await kube.events_for("AdmissionGuardNotServed", namespace="default")
