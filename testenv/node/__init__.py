@@ -187,9 +187,11 @@ def cgroup_mounts() -> dict[str, Path]:
     return out
 
 
-def _ns_link(pid: int, kind: str) -> str | None:
+def _ns_link(pid: int, kind: str, tid: int | None = None) -> str | None:
+    """The namespace ``kind`` of process ``pid`` (of its thread ``tid`` if given)."""
+    task = "" if tid is None else f"task/{tid}/"
     try:
-        return os.readlink(f"/proc/{pid}/ns/{kind}")
+        return os.readlink(f"/proc/{pid}/{task}ns/{kind}")
     except OSError:
         return None
 
@@ -362,11 +364,19 @@ def _cleanup(state: State, stop_control_plane: Callable[[], None] | None = None)
         problems.append(f"the namespace holder (pid {state.holder}) did not stop")
     # The kernel frees a namespace's devices asynchronously (its cleanup_net work): on a
     # loaded machine the veth outlived the holder by more than 10 s (seen in a whole run).
+    # Whatever still keeps the namespace (a process or thread that entered it late, an open
+    # descriptor, a bind mount) is ended or unmounted here, and named if the link stays.
     deadline = time.monotonic() + 60
+    kept: list[str] = []
     while _link_exists(HOST_LINK) and time.monotonic() < deadline:
+        if state.netns is not None:
+            kept = _release_namespace(state.netns)
         time.sleep(0.1)
     if _link_exists(HOST_LINK):
-        problems.append(f"link {HOST_LINK} still there (something keeps the node's namespace)")
+        problems.append(
+            f"link {HOST_LINK} still there (something keeps the node's namespace:"
+            f" {'; '.join(kept) or 'nothing seen, the kernel has not freed it'})"
+        )
     # 6. The host's routes, the cgroups, the workdir and the record.
     for route in reversed(state.routes):
         out = _run(["ip", "route", "del", *route], check=False)
@@ -383,6 +393,36 @@ def _cleanup(state: State, stop_control_plane: Callable[[], None] | None = None)
         shutil.rmtree(workdir, ignore_errors=True)
     STATE_FILE.unlink(missing_ok=True)
     return problems
+
+
+def _release_namespace(netns: str) -> list[str]:
+    """What keeps the network namespace ``netns`` ("net:[...]") alive after its holder
+    went, each released: a process with a thread in it is killed, a bind mount of it (in
+    this mount namespace) unmounted; a descriptor of a process of ours is named only. The
+    id cannot have been reused while any of these keeps it."""
+    kept = []
+    for pid in _pids():
+        if pid == os.getpid():
+            continue
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        if any(_ns_link(pid, "net", tid) == netns for tid in tids):
+            kept.append(f"pid {pid} {' '.join(_cmdline(pid))[:80]!r} in it (killed)")
+            _kill(pid, signal.SIGKILL)
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == netns:
+                        kept.append(f"pid {pid} {' '.join(_cmdline(pid))[:80]!r} holds fd {fd}")
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[3] == netns:
+            kept.append(f"mounted at {fields[4]} (unmounted)")
+            _run(["umount", "-l", fields[4]], check=False)
+    return kept
 
 
 def _remove_cgroups() -> list[str]:
