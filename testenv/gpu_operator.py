@@ -211,6 +211,7 @@ class GpuOperator:
     log: Path
     process: subprocess.Popen[bytes]
     health_url: str
+    metrics_address: str  # host:port of its /metrics (controller-runtime's, plain HTTP)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -295,6 +296,7 @@ def start(
         cp.workdir / "gpu-operator.kubeconfig", token, user=SERVICE_ACCOUNT
     )
     health = f"127.0.0.1:{testenv.free_port()}"
+    metrics = f"127.0.0.1:{testenv.free_port()}"
     args = [
         "unshare",
         "--mount",
@@ -305,7 +307,7 @@ def start(
         "gpu-operator",
         str(builddir),
         str(builddir / "gpu-operator"),
-        "--metrics-bind-address=0",
+        f"--metrics-bind-address={metrics}",
         f"--health-probe-bind-address={health}",
         "--leader-elect=false",
         *extra_args,
@@ -326,7 +328,9 @@ def start(
             env=env,
             start_new_session=True,
         )
-    op = GpuOperator(cp, namespace, builddir, kubeconfig, log, proc, f"http://{health}/readyz")
+    op = GpuOperator(
+        cp, namespace, builddir, kubeconfig, log, proc, f"http://{health}/readyz", metrics
+    )
     try:
         _wait_ready(op, timeout)
     except BaseException:

@@ -63,12 +63,19 @@ ACTIVE = {
 # --- the queries ---------------------------------------------------------------------
 
 
-def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
-    """(panel title, query) of every target, the variables filled in."""
+GPU_OPERATOR_SERIES = "gpu_operator_"  # gpu-operator's own metrics (its upgrade gauges)
+
+
+def dashboard_queries(namespace: str, *, gpu_operator: bool = False) -> list[tuple[str, str]]:
+    """(panel title, query) of every target, the variables filled in: of shared-svc's
+    series, or (``gpu_operator``) of gpu-operator's own, which only the real gpu-operator
+    exposes (tests/test_upgrade_gpu_operator_flow.py evaluates those)."""
     dashboard = json.loads(DASHBOARD.read_text())
     out = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
+            if (GPU_OPERATOR_SERIES in target["expr"]) != gpu_operator:
+                continue
             expr = (
                 target["expr"]
                 .replace("$cluster", ".*")  # All: the targets here carry no cluster label
@@ -79,7 +86,7 @@ def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
             assert "$" not in expr, f"{panel['title']}: a variable this test does not fill: {expr}"
             out.append((panel["title"], expr))
     for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
+        if variable["type"] == "query" and not gpu_operator:
             query = (
                 variable["query"]["query"]
                 .replace("$cluster", ".*")

@@ -16,6 +16,12 @@ termination grace period they use in full, and an unrelated pod.
 - Without the gate: ``GPUConsumerGateMissing`` on the ClusterPolicy when shared-svc
   starts, and ``GPUConsumersAtDriverRestart`` on each node, where a freed consumer was
   indeed still there at ``pod-restart-required``.
+- The dashboard's two upgrade panels agree (issue 46), read from the real Prometheus that
+  scrapes both parties (static jobs with the labels their ServiceMonitors give:
+  ``gpu-operator`` in its namespace, shared-svc's metrics job): shared-svc's "done, total,
+  failed" and gpu-operator's own ``gpu_operator_nodes_upgrades_*`` show both nodes done,
+  none failed, in progress or pending; every gpu-operator query of the dashboard returns
+  its series here.
 
 Pod deletions and state-label changes are ordered by their resourceVersions (one etcd:
 its global revision), not by clocks.
@@ -24,6 +30,7 @@ its global revision), not by clocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,13 +40,16 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+import testenv
 from shared_svc.cli import main as cli
 from shared_svc.controllers.upgrade.io import FIELD_MANAGER
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from testenv import ControlPlane
 from testenv import gpu_operator as gpu_env
+from testenv import prometheus as prom_env
 from tests.kube import api_client, eventually
 from tests.svc import running
+from tests.test_monitoring_prometheus import JOB, dashboard_queries, problems
 from tests.upgrade_flow import (
     APPS,
     DRIVER_DS,
@@ -68,7 +78,7 @@ from tests.upgrade_flow import (
     workloads,
 )
 
-pytestmark = [pytest.mark.apiserver, pytest.mark.gpu_operator]
+pytestmark = [pytest.mark.apiserver, pytest.mark.gpu_operator, pytest.mark.prometheus]
 
 CP_PATH = f"/apis/nvidia.com/v1/clusterpolicies/{gpu_env.CLUSTER_POLICY}"
 SPEC: dict[str, Any] = {
@@ -99,10 +109,49 @@ class World:
     op: gpu_env.GpuOperator
     api: ApiClient
     cluster: Cluster
+    prom: prom_env.Prometheus
+    metrics_port: int  # shared-svc's, which Prometheus scrapes as the chart's job
     versions: list[str] = field(default_factory=lambda: ["580.82.07"])
 
     def log(self) -> str:
         return f"gpu-operator log {self.op.log}; stand-in errors {self.cluster.errors[-5:]}"
+
+    def panel(self, title: str) -> list[str]:
+        """The queries of the dashboard's panel ``title`` (of either party's series)."""
+        queries = dashboard_queries(OPERATOR_NS) + dashboard_queries(OPERATOR_NS, gpu_operator=True)
+        return [q for t, q in queries if t == title]
+
+    def values(self, title: str) -> list[float | None]:
+        """What the panel ``title`` shows now: each query's one value (None: no data)."""
+        out: list[float | None] = []
+        for query in self.panel(title):
+            result = self.prom.get("/api/v1/query", query=query)["result"]
+            out.append(float(result[0]["value"][1]) if result else None)
+        return out
+
+
+OURS = "Driver upgrade: done, total, failed"
+THEIRS = "Driver upgrade, gpu-operator's count: done, in progress, failed, pending"
+
+
+def prometheus_of(op: gpu_env.GpuOperator, metrics_port: int) -> prom_env.Prometheus:
+    """Prometheus scraping gpu-operator's /metrics as the ServiceMonitor gpu-operator makes
+    for itself would (job ``gpu-operator``, its namespace) and shared-svc's at
+    ``metrics_port`` as the chart's ServiceMonitor would (job and namespace)."""
+    jobs = (("gpu-operator", op.metrics_address), (JOB, f"127.0.0.1:{metrics_port}"))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "static_configs": [{"targets": [target], "labels": {"namespace": OPERATOR_NS}}],
+            }
+            for job, target in jobs
+        ],
+    }
+    return prom_env.start_with(config)
 
 
 async def _driver_pods(api: ApiClient) -> list[K8sObject]:
@@ -144,7 +193,12 @@ async def world(gpu_operator: gpu_env.GpuOperator) -> AsyncIterator[World]:
         consumer=is_consumer,
     )
     task = asyncio.ensure_future(cluster.run(stop))
-    w = World(cp, gpu_operator, api, cluster)
+    metrics_port = testenv.free_port()
+    try:
+        prom = prometheus_of(gpu_operator, metrics_port)
+    except testenv.ControlPlaneError as exc:
+        pytest.fail(f"Prometheus did not start: {exc}")
+    w = World(cp, gpu_operator, api, cluster, prom, metrics_port)
     try:
         await post(api, "/api/v1/namespaces", {"metadata": {"name": APPS}})
         await post(
@@ -169,6 +223,7 @@ async def world(gpu_operator: gpu_env.GpuOperator) -> AsyncIterator[World]:
         await wait_until("driver install", lambda: _unsettled(w, version=w.versions[-1]), w.log)
         yield w
     finally:
+        prom.stop()
         stop.set()
         await asyncio.wait_for(task, 30)
         await api.close()
@@ -185,6 +240,7 @@ class Upgrade:
     started_rv: int  # the bump
     gate: dict[str, Any]
     status: dict[str, Any]
+    panels: dict[str, list[float | None]]  # the two upgrade panels once both nodes are done
 
     def freed(self, node: str) -> list[K8sObject]:
         return [self.declared[node], self.exporter[node]]
@@ -222,7 +278,7 @@ async def _upgrade(w: World, *, gate: bool) -> Upgrade:
             content_type=MERGE_PATCH,
         )
     before = await _gate_events(w.api, "GPUConsumerGateMissing")
-    config = upgrade_service_config(w.cp)
+    config = upgrade_service_config(w.cp).model_copy(update={"port": w.metrics_port})
     async with recording(w.api) as rec, running(config) as service:
         upgrades = service.upgrade
         assert upgrades is not None
@@ -256,7 +312,25 @@ async def _upgrade(w: World, *, gate: bool) -> Upgrade:
         started_rv = int(bumped["metadata"]["resourceVersion"])
         await wait_until("upgrade", lambda: _both_upgraded(w, rec, started_rv, version), w.log)
         status = service.status()
-    return Upgrade(rec, declared, exporter, unrelated, started_rv, verdict, status)
+        panels = await _panels_done(w)
+    return Upgrade(rec, declared, exporter, unrelated, started_rv, verdict, status, panels)
+
+
+async def _panels_done(w: World) -> dict[str, list[float | None]]:
+    """The two upgrade panels once both show every node done (gpu-operator sets its gauges
+    on its next upgrade reconcile, a node label change away); what they show after 60 s
+    otherwise, for the assertion to name."""
+    done = {OURS: [2.0, 2.0, 0.0], THEIRS: [2.0, 0.0, 0.0, 0.0]}
+    shown: dict[str, list[float | None]] = {}
+
+    async def agree() -> bool:
+        for title in done:
+            shown[title] = await asyncio.to_thread(w.values, title)
+        return shown == done
+
+    with contextlib.suppress(AssertionError):
+        await eventually(agree, timeout=60, interval=0.5)
+    return dict(shown)
 
 
 async def _both_upgraded(w: World, rec: Recorder, after: int, version: str) -> str | None:
@@ -329,6 +403,12 @@ async def test_with_the_gate_every_freed_consumer_is_gone_before_the_driver_rest
 
 async def _check_gated(world: World, up: Upgrade) -> None:
     assert up.gate["state"] == "ok", up.gate
+    # The dashboard: shared-svc's count and gpu-operator's own agree, every node done.
+    assert up.panels == {OURS: [2.0, 2.0, 0.0], THEIRS: [2.0, 0.0, 0.0, 0.0]}, up.panels
+    found: list[str] = []
+    for title, query in dashboard_queries(OPERATOR_NS, gpu_operator=True):
+        found += await asyncio.to_thread(problems, world.prom, title, query, returns=True)
+    assert dashboard_queries(OPERATOR_NS, gpu_operator=True) and not found, found
     rec = up.rec
     for node in NODES:
         cordon = up.reached(node, "cordon-required")
