@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck unit proptest-long bench lock
-.PHONY: compat testenv-versions
+.PHONY: compat testenv-versions soak
 
 # The Kubernetes versions of the test control plane, one module file each
 # (testenv/kube/<minor>.mod): the whole suite runs on the default, the compatibility suite
@@ -75,6 +75,15 @@ test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs 
 	for v in $(COMPAT_VERSIONS); do \
 	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -m compat --kube-version $$v || exit 1; \
 	done
+
+# The soak (tests/soak/): a seeded life of the cluster with faults on the real parties, every
+# invariant checked after every step; the same SEED replays it (make test runs a bounded one,
+# tests/test_soak.py). BUDGET: seconds at most.
+STEPS ?= 10000
+SEED ?= 1
+BUDGET ?= 86400
+soak: venv testenv testenv-gpu-operator
+	$(BIN)/python -m tests.soak --steps $(STEPS) --seed $(SEED) --budget $(BUDGET)
 
 # The compatibility suite alone, on every version (make test runs it too).
 compat: venv testenv-versions testenv-gpu-operator

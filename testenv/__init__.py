@@ -149,6 +149,7 @@ class ControlPlane:
     kube_version: str = DEFAULT_KUBE_VERSION  # the minor it runs (kube/<minor>.mod)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _apiserver_args: list[str] = field(default_factory=list)
+    _etcd_args: list[str] = field(default_factory=list)
     _owns_workdir: bool = True
 
     # --- HTTP helpers (admin) ---
@@ -452,6 +453,22 @@ class ControlPlane:
         )
         self.wait_ready()
 
+    def kill_etcd(self) -> None:
+        """Kills etcd (-9), as a node that lost power would; :meth:`start_etcd` brings it
+        back on its data (written without fsync: a process kill loses nothing)."""
+        proc = self.processes.pop("etcd", None)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+    def start_etcd(self) -> None:
+        """(Re)starts etcd with the same flags and data; waits until the API server is ready."""
+        if "etcd" in self.processes:
+            return
+        self.processes["etcd"] = _spawn(self._etcd_args, self.workdir / "etcd.log")
+        self.wait_ready()
+
     def stop(self) -> None:
         for name in STOP_ORDER:
             _terminate(self.processes.pop(name, None))
@@ -651,6 +668,7 @@ def start(
         etcd_url=etcd_url,
         kube_version=minor,
         _apiserver_args=apiserver_args,
+        _etcd_args=etcd_args,
         _owns_workdir=owns,
     )
     try:

@@ -1,0 +1,275 @@
+"""The soak's model (pure): the CRs as the steps leave them, what each needs, and the next
+step, drawn from the seed and the model alone (a seed replays the same history).
+
+The model is written from the contract (the design's section 2 and docs/reconcile.md), not
+from shared-svc's core: it would share a bug with the code it checks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+CP, GC = "ClusterPolicy", "GPUCluster"
+CP_NAME, CP2_NAME, GC_NAME = "cluster-policy", "cluster-policy-b", "gpu-cluster"
+DCGM, DCGM_DRA = "nvidia-dcgm", "nvidia-dcgm-dra"
+EXPORTER, EXPORTER_DRA = "nvidia-dcgm-exporter", "nvidia-dcgm-exporter-dra"
+SERVICES = (DCGM, DCGM_DRA, EXPORTER, EXPORTER_DRA)
+MONITOR = EXPORTER  # the ServiceMonitor shared-svc keeps for the exporter Services
+TYPES = ("ClusterIP", "NodePort")
+INVALID_TYPE = "Bogus"  # the CRDs take any string; only shared-svc judges it
+
+# The faults, each whole in its step (made and undone), some with a CR change inside.
+FAULTS = (
+    "kill",  # a replica killed (-9) and started again, as its kubelet would
+    "term",  # a replica stopped (SIGTERM) and started again
+    "freeze",  # a replica stopped (SIGSTOP) for seconds (some past the Lease), continued
+    "lease",  # the Lease deleted
+    "apiserver",  # kube-apiserver restarted
+    "etcd",  # etcd killed (-9) and started again
+    "watches",  # every connection of the replicas to the API server cut
+    "rbac",  # the replicas' bindings deleted for a few seconds, then restored
+    "guard",  # the delete webhook unreachable for a few seconds
+)
+WEIGHTS: dict[str, int] = {
+    "cp-create": 3,
+    "cp-delete": 1,
+    "cp-edit": 6,
+    "cp2-create": 1,
+    "cp2-delete": 1,
+    "gc-create": 3,
+    "gc-delete": 1,
+    "gc-edit": 6,
+    "rollout": 2,  # the DRA DaemonSets' template gains the common labels, or loses them
+    **dict.fromkeys(FAULTS, 1),
+}
+Key = tuple[str, str]  # (kind, name)
+
+
+@dataclass(frozen=True)
+class CR:
+    """A CR as the model knows it. ``None``: the field is unset (the stack's default)."""
+
+    kind: str
+    name: str
+    born: int  # the step that created it: the oldest ClusterPolicy is the active one
+    dcgm: bool | None = None
+    exporter: bool | None = None  # GPUCluster: None is no dcgmExporter block at all
+    service_type: str | None = None
+    monitor: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.kind, self.name)
+
+    @property
+    def invalid(self) -> bool:
+        return self.service_type == INVALID_TYPE
+
+    def spec(self) -> dict[str, Any]:
+        """The CR's spec (for a ClusterPolicy: what is merged into gpu-operator's)."""
+        spec: dict[str, Any] = {"draDriver": {}} if self.kind == GC else {}
+        if self.dcgm is not None:
+            spec["dcgm"] = {"enabled": self.dcgm}
+        exporter: dict[str, Any] = {}
+        if self.exporter is not None:
+            exporter["enabled"] = self.exporter
+        if self.service_type is not None:
+            exporter["service"] = {"type": self.service_type}
+        if self.monitor:
+            exporter["serviceMonitor"] = {"enabled": True}
+        if exporter or (self.kind == GC and self.exporter is not None):
+            spec["dcgmExporter"] = exporter
+        return spec
+
+    def own_needs(self) -> frozenset[str]:
+        """The Services this CR needs by its own spec (section 2's tables: a ClusterPolicy's
+        stacks are on unless turned off; a GPUCluster's DCGM only when turned on, its
+        exporter when its block is there and not turned off)."""
+        spec = self.spec()
+        exporter_block = spec.get("dcgmExporter")
+        dcgm_on = spec.get("dcgm", {}).get("enabled", self.kind == CP)
+        if self.kind == CP:
+            exporter_on = (exporter_block or {}).get("enabled", True)
+        else:
+            exporter_on = exporter_block is not None and exporter_block.get("enabled", True)
+        names = set()
+        if dcgm_on:
+            names |= {DCGM} if self.kind == CP else {DCGM, DCGM_DRA}
+        if exporter_on:
+            names |= {EXPORTER} if self.kind == CP else {EXPORTER, EXPORTER_DRA}
+        return frozenset(names)
+
+
+@dataclass(frozen=True)
+class Model:
+    crs: tuple[CR, ...] = ()
+    # What an invalid CR keeps needing: what it needed when it turned invalid.
+    kept: tuple[tuple[Key, frozenset[str]], ...] = ()
+    dra_common: bool = False  # the DRA DaemonSets' pods carry the common labels
+
+    def get(self, key: Key) -> CR | None:
+        return next((cr for cr in self.crs if cr.key == key), None)
+
+    def with_cr(self, cr: CR) -> Model:
+        old = self.get(cr.key)
+        crs = (*(c for c in self.crs if c.key != cr.key), cr)
+        kept = dict(self.kept)
+        if cr.invalid and old is not None and not old.invalid:
+            kept[cr.key] = self.needs_of(old)
+        elif cr.invalid and old is None:
+            kept[cr.key] = frozenset()
+        elif not cr.invalid:
+            kept.pop(cr.key, None)
+        return replace(self, crs=crs, kept=tuple(sorted(kept.items())))
+
+    def without(self, key: Key) -> Model:
+        kept = tuple((k, v) for k, v in self.kept if k != key)
+        return replace(self, crs=tuple(c for c in self.crs if c.key != key), kept=kept)
+
+    def active_policy(self) -> CR | None:
+        policies = sorted((c for c in self.crs if c.kind == CP), key=lambda c: (c.born, c.name))
+        return policies[0] if policies else None
+
+    def needs_of(self, cr: CR) -> frozenset[str]:
+        if cr.kind == CP and cr is not self.active_policy():
+            return frozenset()
+        if cr.kind == GC and cr.name != GC_NAME:
+            return frozenset()
+        if cr.invalid:
+            return dict(self.kept).get(cr.key, frozenset())
+        return cr.own_needs()
+
+    def needs(self) -> dict[str, frozenset[Key]]:
+        """Each needed Service and the CRs that need it."""
+        out: dict[str, set[Key]] = {}
+        for cr in self.crs:
+            for name in self.needs_of(cr):
+                out.setdefault(name, set()).add(cr.key)
+        return {name: frozenset(keys) for name, keys in out.items()}
+
+    def monitor_needed(self) -> bool:
+        return any(
+            cr.monitor and not cr.invalid and EXPORTER in self.needs_of(cr) for cr in self.crs
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: its kind, the model after it, and what the world must do."""
+
+    index: int
+    kind: str  # a CR change ("gc-edit") or a fault ("kill")
+    change: str = ""  # the CR change of the step ("gc-edit"; a fault's, made while it lasts)
+    cr: CR | None = None  # the CR created or edited (or, for a delete, the one deleted)
+    leader: bool = True  # a replica fault hits the leader (else a standby)
+    seconds: float = 0.0  # how long a fault lasts (freeze, rbac, guard)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.index, "kind": self.kind}
+        if self.change == "rollout":
+            out["change"] = "rollout"
+            out.update(self.detail)
+        if self.cr is not None:
+            out["change"] = self.change
+            out["cr"] = {"kind": self.cr.kind, "name": self.cr.name, "spec": self.cr.spec()}
+        if self.kind in ("kill", "term", "freeze"):
+            out["replica"] = "leader" if self.leader else "standby"
+        if self.seconds:
+            out["seconds"] = self.seconds
+        return out
+
+
+def _edit(rng: random.Random, cr: CR) -> CR:
+    """One field of ``cr`` changed (the exporter settings, a stack on or off, an invalid
+    spec and its repair)."""
+    what = rng.choice(("dcgm", "exporter", "type", "type", "monitor", "invalid"))
+    if what == "dcgm":
+        return replace(cr, dcgm=not cr.dcgm if cr.dcgm is not None else rng.choice((True, False)))
+    if what == "exporter":
+        choices: tuple[bool | None, ...] = (True, False) if cr.kind == CP else (True, False, None)
+        return replace(cr, exporter=rng.choice([c for c in choices if c != cr.exporter]))
+    if what == "monitor":
+        return replace(cr, monitor=not cr.monitor)
+    if what == "invalid":
+        return replace(cr, service_type=None if cr.invalid else INVALID_TYPE)
+    return replace(cr, service_type=rng.choice([*TYPES, None]))
+
+
+def _new(rng: random.Random, kind: str, name: str, born: int) -> CR:
+    if kind == CP:  # gpu-operator's own spec sets both
+        return CR(kind, name, born, dcgm=rng.random() < 0.7, exporter=rng.random() < 0.8)
+    return CR(
+        kind,
+        name,
+        born,
+        dcgm=rng.choice((True, False, None)),
+        exporter=rng.choice((True, True, False, None)),
+        service_type=rng.choice((None, None, *TYPES)),
+        monitor=rng.random() < 0.3,
+    )
+
+
+def cr_change(rng: random.Random, model: Model, index: int) -> tuple[str, CR | None, Model]:
+    """A change possible in ``model`` (a CR's, or a rollout of the DRA DaemonSets): its
+    kind, the CR (None for a rollout), the model after it."""
+    kinds = ["rollout"]
+    for kind, name, prefix in ((CP, CP_NAME, "cp"), (CP, CP2_NAME, "cp2"), (GC, GC_NAME, "gc")):
+        exists = model.get((kind, name)) is not None
+        kinds += [f"{prefix}-delete"] if exists else [f"{prefix}-create"]
+        if exists and prefix != "cp2":
+            kinds.append(f"{prefix}-edit")
+    step = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+    if step == "rollout":
+        return step, None, replace(model, dra_common=not model.dra_common)
+    prefix, _, verb = step.partition("-")
+    kind, name = {"cp": (CP, CP_NAME), "cp2": (CP, CP2_NAME), "gc": (GC, GC_NAME)}[prefix]
+    if verb == "create":
+        cr = _new(rng, kind, name, index)
+        return step, cr, model.with_cr(cr)
+    old = model.get((kind, name))
+    assert old is not None
+    if verb == "delete":
+        return step, old, model.without(old.key)
+    cr = _edit(rng, old)
+    return step, cr, model.with_cr(cr)
+
+
+def next_step(rng: random.Random, model: Model, index: int) -> tuple[Step, Model]:
+    """The step ``index`` and the model after it; a CR change or a fault (with a CR change
+    inside it half the time: a migration while the leader is killed)."""
+    faults = sum(WEIGHTS[f] for f in FAULTS)
+    changes = sum(w for k, w in WEIGHTS.items() if k not in FAULTS)
+    if rng.random() < faults / (faults + changes):
+        kind = rng.choice(FAULTS)
+        change, cr = "", None
+        if rng.random() < 0.5:
+            change, cr, model = cr_change(rng, model, index)
+        step = Step(
+            index,
+            kind,
+            change=change,
+            cr=cr,
+            detail={"common": model.dra_common} if change == "rollout" else {},
+            leader=rng.random() < 0.5,
+            seconds=round(rng.uniform(1.0, 4.0), 1),
+        )
+        if kind == "freeze" and rng.random() < 0.4:  # past the Lease (15 s): a standby leads
+            step = replace(step, seconds=round(rng.uniform(17.0, 20.0), 1))
+        return step, model
+    kind, cr, model = cr_change(rng, model, index)
+    detail = {"common": model.dra_common} if kind == "rollout" else {}
+    return Step(index, kind, change=kind, cr=cr, detail=detail), model
+
+
+def history(seed: int, steps: int) -> list[tuple[Step, Model]]:
+    """The whole history of ``seed``: every step and the model after it."""
+    rng = random.Random(seed)
+    model = Model()
+    out = []
+    for index in range(steps):
+        step, model = next_step(rng, model, index)
+        out.append((step, model))
+    return out
