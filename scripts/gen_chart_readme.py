@@ -148,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {README}", file=sys.stderr)
     elif args.check:
         if not README.exists() or README.read_text() != text:
-            print(f"{README} is stale: run python scripts/gen_chart_readme.py --write", file=sys.stderr)
+            print(
+                f"{README} is stale: run python scripts/gen_chart_readme.py --write",
+                file=sys.stderr,
+            )
             return 1
     else:
         sys.stdout.write(text)

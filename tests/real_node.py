@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from shared_svc import __version__
 from testenv import ControlPlane
-from testenv.node import Node
+from testenv.node import CGROUP_ROOT, Node, cgroup_mounts
 from testenv.workloads import cp_body
 from tests.admission import SimulatedOperator
 from tests.kube import api_client, eventually
@@ -307,3 +308,37 @@ def pods_of(api: ApiClient) -> Any:
 
 def leases_of(api: ApiClient) -> Any:
     return client.CoordinationV1Api(api).list_namespaced_lease
+
+
+def process_field(pid: int, name: str) -> list[str]:
+    """A field of a process's /proc status (``Uid``, ``Gid``, ``Groups``), split."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(line for line in status if line.startswith(name + ":")).split()[1:]
+
+
+def process_identity(pid: int) -> tuple[list[str], list[str]]:
+    """A process's real, effective, saved and filesystem uids, and its root mount's options."""
+    uids = process_field(pid, "Uid")
+    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    root = next(line for line in mounts if line.split()[4] == "/")
+    return uids, root.split()[5].split(",")
+
+
+def container_pids(node: Node, running: list[dict[str, Any]]) -> list[int]:
+    """The main process of each pod's container, found by its cgroup on the host."""
+    pids = []
+    mounts = cgroup_mounts()
+    hierarchy = mounts.get("pids") or next(iter(mounts.values()))
+    for pod in running:
+        (state,) = pod["status"]["containerStatuses"]
+        cid = state["containerID"].split("://", 1)[1]
+        # os.walk passes over the cgroups the kubelet removes meanwhile (rglob raises)
+        found = [
+            Path(top) / cid for top, dirs, _ in os.walk(hierarchy / CGROUP_ROOT) if cid in dirs
+        ]
+        (directory,) = found or [None]
+        assert directory is not None, f"no cgroup of container {cid}"
+        procs = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+        assert procs, f"no process in {directory}"
+        pids.append(min(procs))
+    return pids

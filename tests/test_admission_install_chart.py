@@ -174,7 +174,9 @@ def test_openshift_service_ca_signs_the_service_and_injects_its_bundle() -> None
     assert {hook(j) for j in find(docs, "Job")} == {"pre-delete"}, "no certificate Job"
     assert not find(docs, "Certificate") and not find(docs, "Issuer")
     service = one(docs, "Service", "gpu-shared-svc-webhook")
-    secret = service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"]
+    secret = service["metadata"]["annotations"][
+        "service.beta.openshift.io/serving-cert-secret-name"
+    ]
     volume = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"][0]
     assert volume["secret"]["secretName"] == secret == "gpu-shared-svc-webhook-tls"
     assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key"], (
@@ -201,7 +203,7 @@ def test_openshift_service_ca_signs_the_service_and_injects_its_bundle() -> None
     assert one(named, "Service", "shared-svc-webhook")["metadata"]["annotations"] == {
         "service.beta.openshift.io/serving-cert-secret-name": "ocp-tls"
     }
-    with pytest.raises(RenderError, match="serviceCA.*admission.webhook.url"):
+    with pytest.raises(RenderError, match=r"serviceCA.*admission\.webhook\.url"):
         render("admission.certificate.source=serviceCA", "admission.webhook.url=https://1.2.3.4")
     with pytest.raises(RenderError, match="caBundle goes with"):
         render("admission.certificate.source=serviceCA", "admission.webhook.caBundle=Q0E=")

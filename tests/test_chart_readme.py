@@ -61,10 +61,10 @@ def test_the_readme_is_generated_from_values_yaml(gen: ModuleType) -> None:
 def test_every_value_is_a_documented_row_with_its_default(gen: ModuleType) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     rows = table(gen.render())
-    for path, value in leaves(values).items():
+    for path in leaves(values):
         # the leaf's own row, or the row of the documented map that holds it whole
         row = next(
-            (k for k in rows if path == k or path.startswith(k + ".") and rows[k][1]), None
+            (k for k in rows if path == k or (path.startswith(k + ".") and rows[k][1])), None
         )
         assert row is not None, f"{path}: no row"
         whole = values

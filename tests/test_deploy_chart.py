@@ -1287,9 +1287,7 @@ def every_pod(docs: list[Doc]) -> list[Doc]:
 
 def test_every_pod_defaults_to_a_critical_class_linux_nodes_and_the_platform_s_uid() -> None:
     docs = render_docs()
-    assert {d["metadata"]["name"] for d in find(docs, "Pod")} == {
-        "shared-svc-test-admission-guard"
-    }
+    assert {d["metadata"]["name"] for d in find(docs, "Pod")} == {"shared-svc-test-admission-guard"}
     specs = every_pod(docs)
     assert len(specs) == 5, "Deployment, certs-pre, certs-post, guard-remove, test Pod"
     for pod in specs:
@@ -1350,9 +1348,10 @@ def test_extra_env_follows_the_chart_s_and_cannot_replace_a_setting() -> None:
         "spec"
     ]["containers"][0]
     assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
-    assert container["env"][:-1] == one(render_docs(), "Deployment")["spec"]["template"]["spec"][
-        "containers"
-    ][0]["env"]
+    assert (
+        container["env"][:-1]
+        == one(render_docs(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    )
     for name in ("SHARED_SVC_PORT", "POD_NAME", "SHARED_SVC_WEBHOOK_PORT"):
         with pytest.raises(RenderError, match=f"extraEnv: {name} is set by the chart"):
             render(f"extraEnv[0].name={name}", "extraEnv[0].value=1")
@@ -1422,9 +1421,7 @@ def test_argo_cd_s_pre_delete_hook_stands_beside_helm_s(sets: tuple[str, ...]) -
         helm_hook, argo_hook = hook_annotations(doc)
         # Argo CD runs no Helm pre-delete hook; every other hook it maps from Helm's own
         # (pre-install -> PreSync, ...), so only the pre-delete objects carry its annotation
-        assert (argo_hook == "PreDelete") == ("pre-delete" in helm_hook.split(",")), doc[
-            "metadata"
-        ]
+        assert (argo_hook == "PreDelete") == ("pre-delete" in helm_hook.split(",")), doc["metadata"]
         if argo_hook:
             assert doc["metadata"]["annotations"]["argocd.argoproj.io/hook-delete-policy"] == (
                 "BeforeHookCreation,HookSucceeded"
@@ -1452,6 +1449,7 @@ def test_chart_metadata_for_artifact_hub() -> None:
         assert link["url"].startswith(chart["home"]), link
     assert all(c["kind"] in ("added", "changed", "fixed", "removed", "security", "deprecated")
                for c in yaml.safe_load(notes["artifacthub.io/changes"]))  # fmt: skip
-    assert notes["artifacthub.io/prerelease"] == str("-" in chart["version"] or chart[
-        "version"
-    ].startswith("0.")).lower()
+    assert (
+        notes["artifacthub.io/prerelease"]
+        == str("-" in chart["version"] or chart["version"].startswith("0.")).lower()
+    )

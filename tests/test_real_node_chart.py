@@ -16,12 +16,11 @@ import base64
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testenv.node import CGROUP_ROOT, Node, cgroup_mounts
+from testenv.node import Node
 from tests.admission import ADMISSION_API, guard_effective
 from tests.kube import eventually
 from tests.real_node import (
@@ -33,6 +32,7 @@ from tests.real_node import (
     SELECTOR,
     SERVICES,
     OperatorWorld,
+    container_pids,
     get,
     gpu_operator_world,
     guard_answers,
@@ -44,6 +44,7 @@ from tests.real_node import (
     pod_status,
     pods,
     pods_of,
+    process_identity,
     ready,
     service,
     services_of,
@@ -229,35 +230,6 @@ async def test_chart_defaults_on_the_built_image_install_serve_the_guard_and_ado
         answered = await writer.put(name)
         assert answered["metadata"]["resourceVersion"] == was["metadata"]["resourceVersion"]
         assert service(cp, name) == was
-
-
-def process_identity(pid: int) -> tuple[list[str], list[str]]:
-    """A process's real, effective, saved and filesystem uids, and its root mount's options."""
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    uids = next(line for line in status if line.startswith("Uid:")).split()[1:]
-    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-    root = next(line for line in mounts if line.split()[4] == "/")
-    return uids, root.split()[5].split(",")
-
-
-def container_pids(node: Node, running: list[dict[str, Any]]) -> list[int]:
-    """The main process of each pod's container, found by its cgroup on the host."""
-    pids = []
-    mounts = cgroup_mounts()
-    hierarchy = mounts.get("pids") or next(iter(mounts.values()))
-    for pod in running:
-        (state,) = pod["status"]["containerStatuses"]
-        cid = state["containerID"].split("://", 1)[1]
-        # os.walk passes over the cgroups the kubelet removes meanwhile (rglob raises)
-        found = [
-            Path(top) / cid for top, dirs, _ in os.walk(hierarchy / CGROUP_ROOT) if cid in dirs
-        ]
-        (directory,) = found or [None]
-        assert directory is not None, f"no cgroup of container {cid}"
-        procs = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
-        assert procs, f"no process in {directory}"
-        pids.append(min(procs))
-    return pids
 
 
 async def test_failover_by_pod_delete_and_by_container_kill_converges_once(
