@@ -192,7 +192,7 @@ def test_openshift_service_ca_signs_the_service_and_injects_its_bundle() -> None
         assert client["service"]["name"] == service["metadata"]["name"]
         assert client["service"]["namespace"] == "ops"
     remove = job_args(jobs(docs)["pre-delete"])
-    assert remove.secret is None, "the operator's Secret goes with its Service"
+    assert remove.secret is None, "the operator's Secret is not the chart's to delete"
     # other sources carry no OpenShift annotation
     for source in ("chart", "certManager"):
         text = render(f"admission.certificate.source={source}")
