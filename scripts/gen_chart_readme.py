@@ -16,13 +16,13 @@ PyYAML (a dependency of the project already): nothing to download.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import _generated as generated  # scripts/_generated.py (this directory)
 import yaml
 
 CHART = Path(__file__).resolve().parent.parent / "deploy" / "chart" / "shared-svc"
@@ -137,25 +137,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the chart's README.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        README.write_text(text)
-        print(f"wrote {README}", file=sys.stderr)
-    elif args.check:
-        if not README.exists() or README.read_text() != text:
-            print(
-                f"{README} is stale: run python scripts/gen_chart_readme.py --write",
-                file=sys.stderr,
-            )
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return generated.main(argv, script=__file__, doc=__doc__ or "", target=README, render=render)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from shared_svc import __version__
 from testenv import ControlPlane
 from testenv.node import CGROUP_ROOT, Node, cgroup_mounts
 from testenv.workloads import cp_body
-from tests.admission import SimulatedOperator
+from tests.admission import SimulatedOperator, guard_effective
 from tests.kube import api_client, eventually
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,6 +134,18 @@ async def gpu_operator_world(cp: ControlPlane, namespace: str, directory: Path) 
     return OperatorWorld(writer, owner, created)
 
 
+@contextlib.asynccontextmanager
+async def operator_world(
+    cp: ControlPlane, namespace: str, directory: Path
+) -> AsyncIterator[OperatorWorld]:
+    """``gpu_operator_world`` for a block: gpu-operator's client closed at its end."""
+    world = await gpu_operator_world(cp, namespace, directory)
+    try:
+        yield world
+    finally:
+        await world.writer.close()
+
+
 def get(cp: ControlPlane, path: str) -> dict[str, Any] | None:
     status, body = cp.request("GET", path)
     assert status in (200, 404), (path, status, body)
@@ -199,6 +211,34 @@ def guard_answers(cp: ControlPlane) -> dict[str, float]:
         if labels.get("name") == DELETE_GUARD:
             out["fail-open"] = out.get("fail-open", 0) + value
     return out
+
+
+async def guard_holds(cp: ControlPlane, world: OperatorWorld, namespace: str = NS) -> None:
+    """The guard, served by the release's pods behind its webhook Service, as gpu-operator
+    meets it through the API server: its delete of ``nvidia-dcgm`` (a ClusterPolicy needs
+    it) is answered 404 by the delete guard (counted by the API server, no call failing
+    open) and changes nothing; its whole-object PUT of each Service changes nothing (the
+    update guard puts shared-svc's shape back)."""
+    writer = world.writer
+
+    async def guarded() -> bool:
+        return await writer.delete("nvidia-dcgm", dry_run=True) == 404
+
+    await eventually(guarded, timeout=90, interval=0.5)
+    before = guard_answers(cp)
+    assert await writer.delete("nvidia-dcgm") == 404
+    after = guard_answers(cp)
+    assert after.get("404", 0) == before.get("404", 0) + 1, (before, after)
+    assert after.get("fail-open", 0) == before.get("fail-open", 0)
+    live = service(cp, "nvidia-dcgm", namespace)
+    assert live is not None and live["metadata"]["uid"] == world.uid("nvidia-dcgm")
+    await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True), timeout=60)
+    for name in SERVICES:
+        was = service(cp, name, namespace)
+        assert was is not None
+        answered = await writer.put(name)
+        assert answered["metadata"]["resourceVersion"] == was["metadata"]["resourceVersion"]
+        assert service(cp, name, namespace) == was
 
 
 def pod_manifest(name: str, command: list[str] | None = None, **spec: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ values.yaml fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.test_config_doc import load_script
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gen_chart_readme.py"
 CHART = REPO / "deploy" / "chart" / "shared-svc"
@@ -24,11 +25,7 @@ CHART = REPO / "deploy" / "chart" / "shared-svc"
 
 @pytest.fixture
 def gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_chart_readme", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def table(text: str) -> dict[str, list[str]]:
