@@ -742,7 +742,7 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
     "serviceAccount.annotations": (
         "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=svc@p.iam",
     ),
-    "priorityClassName": ("priorityClassName=gpu-critical",),
+    "priorityClassName": ("priorityClassName=system-node-critical",),
     "podLabels": ("podLabels.team=gpu",),
     "podAnnotations": ("podAnnotations.example\\.com/owner=gpu",),
     "podSecurityContext": ("podSecurityContext.fsGroup=65532",),
@@ -1032,7 +1032,7 @@ def test_shutdown_delay_is_a_prestop_sleep_inside_the_grace_period() -> None:
 def test_pod_placement_and_security_values_reach_every_pod() -> None:
     docs = render_docs(*ALL_CONVENTIONS)
     for pod in pods(docs):
-        assert pod["priorityClassName"] == "gpu-critical"
+        assert pod["priorityClassName"] == "system-node-critical"
         assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "example.com/pool": "system"}
         assert pod["tolerations"] == [
             {
