@@ -912,8 +912,14 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ALL_CONVENTIONS, (*UPGRADE_ON, "serviceMonitor.enabled=true"), PLAIN_SETS],
-    ids=["defaults", "every-new-value", "upgrade-servicemonitor", "plain-manifests"],
+    [
+        (),
+        ALL_CONVENTIONS,
+        (*UPGRADE_ON, "serviceMonitor.enabled=true"),
+        PLAIN_SETS,
+        ("admission.certificate.source=serviceCA", "admission.mutation=webhook"),
+    ],
+    ids=["defaults", "every-new-value", "upgrade-servicemonitor", "plain-manifests", "openshift"],
 )
 def test_helm_lint_passes(sets: tuple[str, ...]) -> None:
     proc = lint(*sets)
