@@ -12,13 +12,13 @@ chart in step.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
+import _generated as generated  # scripts/_generated.py (this directory)
 from pydantic.fields import FieldInfo
 
 from shared_svc import config
@@ -186,22 +186,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"rewrite {DOC.name}")
-    mode.add_argument("--check", action="store_true", help=f"exit 1 if {DOC.name} is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        DOC.write_text(text)
-        print(f"wrote {DOC}", file=sys.stderr)
-    elif args.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC} is stale: run python scripts/gen_config_doc.py --write", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return generated.main(argv, script=__file__, doc=__doc__ or "", target=DOC, render=render)
 
 
 if __name__ == "__main__":

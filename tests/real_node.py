@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,9 +20,9 @@ from kubernetes_asyncio.client import ApiClient
 
 from shared_svc import __version__
 from testenv import ControlPlane
-from testenv.node import Node
+from testenv.node import CGROUP_ROOT, Node, cgroup_mounts
 from testenv.workloads import cp_body
-from tests.admission import SimulatedOperator
+from tests.admission import SimulatedOperator, guard_effective
 from tests.kube import api_client, eventually
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,6 +134,18 @@ async def gpu_operator_world(cp: ControlPlane, namespace: str, directory: Path) 
     return OperatorWorld(writer, owner, created)
 
 
+@contextlib.asynccontextmanager
+async def operator_world(
+    cp: ControlPlane, namespace: str, directory: Path
+) -> AsyncIterator[OperatorWorld]:
+    """``gpu_operator_world`` for a block: gpu-operator's client closed at its end."""
+    world = await gpu_operator_world(cp, namespace, directory)
+    try:
+        yield world
+    finally:
+        await world.writer.close()
+
+
 def get(cp: ControlPlane, path: str) -> dict[str, Any] | None:
     status, body = cp.request("GET", path)
     assert status in (200, 404), (path, status, body)
@@ -198,6 +211,34 @@ def guard_answers(cp: ControlPlane) -> dict[str, float]:
         if labels.get("name") == DELETE_GUARD:
             out["fail-open"] = out.get("fail-open", 0) + value
     return out
+
+
+async def guard_holds(cp: ControlPlane, world: OperatorWorld, namespace: str = NS) -> None:
+    """The guard, served by the release's pods behind its webhook Service, as gpu-operator
+    meets it through the API server: its delete of ``nvidia-dcgm`` (a ClusterPolicy needs
+    it) is answered 404 by the delete guard (counted by the API server, no call failing
+    open) and changes nothing; its whole-object PUT of each Service changes nothing (the
+    update guard puts shared-svc's shape back)."""
+    writer = world.writer
+
+    async def guarded() -> bool:
+        return await writer.delete("nvidia-dcgm", dry_run=True) == 404
+
+    await eventually(guarded, timeout=90, interval=0.5)
+    before = guard_answers(cp)
+    assert await writer.delete("nvidia-dcgm") == 404
+    after = guard_answers(cp)
+    assert after.get("404", 0) == before.get("404", 0) + 1, (before, after)
+    assert after.get("fail-open", 0) == before.get("fail-open", 0)
+    live = service(cp, "nvidia-dcgm", namespace)
+    assert live is not None and live["metadata"]["uid"] == world.uid("nvidia-dcgm")
+    await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True), timeout=60)
+    for name in SERVICES:
+        was = service(cp, name, namespace)
+        assert was is not None
+        answered = await writer.put(name)
+        assert answered["metadata"]["resourceVersion"] == was["metadata"]["resourceVersion"]
+        assert service(cp, name, namespace) == was
 
 
 def pod_manifest(name: str, command: list[str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -307,3 +348,37 @@ def pods_of(api: ApiClient) -> Any:
 
 def leases_of(api: ApiClient) -> Any:
     return client.CoordinationV1Api(api).list_namespaced_lease
+
+
+def process_field(pid: int, name: str) -> list[str]:
+    """A field of a process's /proc status (``Uid``, ``Gid``, ``Groups``), split."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(line for line in status if line.startswith(name + ":")).split()[1:]
+
+
+def process_identity(pid: int) -> tuple[list[str], list[str]]:
+    """A process's real, effective, saved and filesystem uids, and its root mount's options."""
+    uids = process_field(pid, "Uid")
+    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    root = next(line for line in mounts if line.split()[4] == "/")
+    return uids, root.split()[5].split(",")
+
+
+def container_pids(node: Node, running: list[dict[str, Any]]) -> list[int]:
+    """The main process of each pod's container, found by its cgroup on the host."""
+    pids = []
+    mounts = cgroup_mounts()
+    hierarchy = mounts.get("pids") or next(iter(mounts.values()))
+    for pod in running:
+        (state,) = pod["status"]["containerStatuses"]
+        cid = state["containerID"].split("://", 1)[1]
+        # os.walk passes over the cgroups the kubelet removes meanwhile (rglob raises)
+        found = [
+            Path(top) / cid for top, dirs, _ in os.walk(hierarchy / CGROUP_ROOT) if cid in dirs
+        ]
+        (directory,) = found or [None]
+        assert directory is not None, f"no cgroup of container {cid}"
+        procs = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+        assert procs, f"no process in {directory}"
+        pids.append(min(procs))
+    return pids

@@ -166,6 +166,49 @@ def test_cert_manager_issues_and_injects() -> None:
     }
 
 
+def test_openshift_service_ca_signs_the_service_and_injects_its_bundle() -> None:
+    # OpenShift's service CA operator: the Service's serving-cert-secret-name annotation
+    # makes it write the Service's certificate (tls.crt, tls.key) into that Secret, and
+    # inject-cabundle on a webhook configuration makes it fill every webhook's caBundle.
+    docs = render_docs("admission.certificate.source=serviceCA", name="gpu", namespace="ops")
+    assert {hook(j) for j in find(docs, "Job")} == {"pre-delete"}, "no certificate Job"
+    assert not find(docs, "Certificate") and not find(docs, "Issuer")
+    service = one(docs, "Service", "gpu-shared-svc-webhook")
+    secret = service["metadata"]["annotations"][
+        "service.beta.openshift.io/serving-cert-secret-name"
+    ]
+    volume = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["secret"]["secretName"] == secret == "gpu-shared-svc-webhook-tls"
+    assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key"], (
+        "the service CA's Secret has no ca.crt"
+    )
+    for kind in WEBHOOKS:
+        config = one(docs, kind)
+        assert config["metadata"]["annotations"] == {
+            "service.beta.openshift.io/inject-cabundle": "true"
+        }
+        client = config["webhooks"][0]["clientConfig"]
+        assert "caBundle" not in client, "the operator's bundle would be reset on every sync"
+        assert client["service"]["name"] == service["metadata"]["name"]
+        assert client["service"]["namespace"] == "ops"
+    remove = job_args(jobs(docs)["pre-delete"])
+    assert remove.secret is None, "the operator's Secret is not the chart's to delete"
+    # other sources carry no OpenShift annotation
+    for source in ("chart", "certManager"):
+        text = render(f"admission.certificate.source={source}")
+        assert "service.beta.openshift.io" not in text, source
+    named = render_docs(
+        "admission.certificate.source=serviceCA", "admission.certificate.secretName=ocp-tls"
+    )
+    assert one(named, "Service", "shared-svc-webhook")["metadata"]["annotations"] == {
+        "service.beta.openshift.io/serving-cert-secret-name": "ocp-tls"
+    }
+    with pytest.raises(RenderError, match=r"serviceCA.*admission\.webhook\.url"):
+        render("admission.certificate.source=serviceCA", "admission.webhook.url=https://1.2.3.4")
+    with pytest.raises(RenderError, match="caBundle goes with"):
+        render("admission.certificate.source=serviceCA", "admission.webhook.caBundle=Q0E=")
+
+
 def test_external_certificate_is_mounted_and_its_ca_rendered() -> None:
     docs = render_docs(
         "admission.certificate.source=external",

@@ -19,11 +19,15 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gen_config_doc.py"
 
 
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_config_doc", SCRIPT)
+def load_script(script: Path = SCRIPT) -> ModuleType:
+    """A generator of scripts/ as a module (its directory on the path while it imports
+    ``_generated``, as when it runs)."""
+    spec = importlib.util.spec_from_file_location(script.stem, script)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(script.parent))
+        spec.loader.exec_module(module)
     return module
 
 

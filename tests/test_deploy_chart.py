@@ -409,10 +409,10 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert one(docs, "ServiceAccount", "shared-svc").get("automountServiceAccountToken") is False, (
         "only the Deployment opts in"
     )
+    # no UID of the chart's: the image's user (65532) here, the namespace's under
+    # OpenShift's restricted SCC (docs/install.md "OpenShift")
     assert pod["securityContext"] == {
         "runAsNonRoot": True,
-        "runAsUser": 65532,
-        "runAsGroup": 65532,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     (container,) = pod["containers"]
@@ -742,7 +742,7 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
     "serviceAccount.annotations": (
         "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=svc@p.iam",
     ),
-    "priorityClassName": ("priorityClassName=system-cluster-critical",),
+    "priorityClassName": ("priorityClassName=system-node-critical",),
     "podLabels": ("podLabels.team=gpu",),
     "podAnnotations": ("podAnnotations.example\\.com/owner=gpu",),
     "podSecurityContext": ("podSecurityContext.fsGroup=65532",),
@@ -751,7 +751,19 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=node-role.kubernetes.io/control-plane",
         "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
     ),
-    "nodeSelector": ("nodeSelector.kubernetes\\.io/os=linux",),
+    "nodeSelector": ("nodeSelector.example\\.com/pool=system",),
+    "topologySpreadConstraints": (
+        "topologySpreadConstraints[0].maxSkew=1",
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    ),
+    "extraEnv": ("extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy:3128"),
+    "hooks.resources": ("hooks.resources.limits.memory=256Mi",),
+    "extraObjects": (
+        "extraObjects[0].apiVersion=v1",
+        "extraObjects[0].kind=ConfigMap",
+        "extraObjects[0].metadata.name=extra",
+    ),
     "shutdownDelaySeconds": ("shutdownDelaySeconds=0",),
     "tolerations": (
         "tolerations[0].key=node-role.kubernetes.io/control-plane",
@@ -829,15 +841,23 @@ CONVENTION_KEYS = (
     "affinity",
     "nodeSelector",
     "tolerations",
+    "topologySpreadConstraints",
+    "extraEnv",
+    "hooks",
+    "extraObjects",
     "prometheusRule",
     "grafanaDashboard",
     "networkPolicy",
 )
-OPAQUE = {"podSecurityContext", "securityContext", "affinity"}
-# every convention value at once (the serviceAccount.create case names its account)
+OPAQUE = {"podSecurityContext", "securityContext", "affinity", "nodeSelector"}
+# every convention value at once (the serviceAccount.create case names its account; an
+# extra object is the user's, without the chart's labels)
 ALL_CONVENTIONS = tuple(
     dict.fromkeys(
-        s for key, sets in CONVENTION_CASES.items() if key != "serviceAccount.name" for s in sets
+        s
+        for key, sets in CONVENTION_CASES.items()
+        if key not in ("serviceAccount.name", "extraObjects")
+        for s in sets
     )
 )
 STANDARD_LABELS = (
@@ -892,8 +912,14 @@ def test_every_convention_value_renders_and_changes_the_output() -> None:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ALL_CONVENTIONS, (*UPGRADE_ON, "serviceMonitor.enabled=true"), PLAIN_SETS],
-    ids=["defaults", "every-new-value", "upgrade-servicemonitor", "plain-manifests"],
+    [
+        (),
+        ALL_CONVENTIONS,
+        (*UPGRADE_ON, "serviceMonitor.enabled=true"),
+        PLAIN_SETS,
+        ("admission.certificate.source=serviceCA", "admission.mutation=webhook"),
+    ],
+    ids=["defaults", "every-new-value", "upgrade-servicemonitor", "plain-manifests", "openshift"],
 )
 def test_helm_lint_passes(sets: tuple[str, ...]) -> None:
     proc = lint(*sets)
@@ -1012,8 +1038,8 @@ def test_shutdown_delay_is_a_prestop_sleep_inside_the_grace_period() -> None:
 def test_pod_placement_and_security_values_reach_every_pod() -> None:
     docs = render_docs(*ALL_CONVENTIONS)
     for pod in pods(docs):
-        assert pod["priorityClassName"] == "system-cluster-critical"
-        assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "example.com/pool": "system"}
         assert pod["tolerations"] == [
             {
                 "key": "node-role.kubernetes.io/control-plane",
@@ -1022,7 +1048,8 @@ def test_pod_placement_and_security_values_reach_every_pod() -> None:
             }
         ]
         assert pod["securityContext"]["fsGroup"] == 65532
-        assert pod["securityContext"]["runAsUser"] == 65532, "a --set merges with the defaults"
+        assert pod["securityContext"]["runAsNonRoot"] is True, "a --set merges with the defaults"
+        assert "runAsUser" not in pod["securityContext"]
         (container,) = pod["containers"]
         assert container["securityContext"]["privileged"] is False
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -1255,3 +1282,180 @@ def test_alert_annotations_keep_firing_for_and_an_alert_s_for_are_values() -> No
     assert "} > 180)" in stale["expr"] and "180 s" in stale["annotations"]["description"]
     plain = one(render_docs("prometheusRule.enabled=true"), "PrometheusRule")
     assert all("keep_firing_for" not in a for a in plain["spec"]["groups"][0]["rules"])
+
+
+# --- the conventions of gpu-operator's, cert-manager's and prometheus-community's charts
+# (issue 47) ---
+def every_pod(docs: list[Doc]) -> list[Doc]:
+    """The pod specs of the Deployment, the hook Jobs and the `helm test` Pod."""
+    return pods(docs) + [d["spec"] for d in find(docs, "Pod")]
+
+
+def test_every_pod_defaults_to_a_critical_class_linux_nodes_and_the_platform_s_uid() -> None:
+    docs = render_docs()
+    assert {d["metadata"]["name"] for d in find(docs, "Pod")} == {"shared-svc-test-admission-guard"}
+    specs = every_pod(docs)
+    assert len(specs) == 5, "Deployment, certs-pre, certs-post, guard-remove, test Pod"
+    for pod in specs:
+        # a preempted replica reopens the fight over the Services, a preempted leader
+        # stalls the driver upgrade (docs/decisions.md)
+        assert pod["priorityClassName"] == "system-cluster-critical"
+        assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        # the UID is the platform's: no runAsUser/runAsGroup anywhere in the pod
+        for context in [pod["securityContext"]] + [c["securityContext"] for c in pod["containers"]]:
+            assert not {"runAsUser", "runAsGroup"} & set(context), context
+            assert context["runAsNonRoot"] is True
+    # the plain manifests too
+    for filename in PLAIN:
+        text = (MANIFESTS / filename).read_text()
+        assert "runAsUser" not in text and "runAsGroup" not in text, filename
+    # a fixed UID is one value away; an empty class, none
+    fixed = render_docs("podSecurityContext.runAsUser=65532", "priorityClassName=")
+    for pod in every_pod(fixed):
+        assert pod["securityContext"]["runAsUser"] == 65532
+        assert "priorityClassName" not in pod
+
+
+def test_topology_spread_constraints_are_a_value_with_the_pods_selector() -> None:
+    default = one(render_docs(), "Deployment")["spec"]["template"]["spec"]
+    selector = {"matchLabels": one(render_docs(), "Deployment")["spec"]["selector"]["matchLabels"]}
+    assert default["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+        }
+    ]
+    zones = one(render_docs(*CONVENTION_CASES["topologySpreadConstraints"]), "Deployment")
+    assert zones["spec"]["template"]["spec"]["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+        }
+    ], "the zone example replaces the default and gets the pods' selector"
+    own = one(
+        render_docs(
+            *CONVENTION_CASES["topologySpreadConstraints"],
+            "topologySpreadConstraints[0].labelSelector.matchLabels.tier=gpu",
+        ),
+        "Deployment",
+    )
+    (constraint,) = own["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert constraint["labelSelector"] == {"matchLabels": {"tier": "gpu"}}, "a selector given stays"
+    with pytest.raises(RenderError, match="topologyKey"):
+        render("topologySpreadConstraints[0].maxSkew=1")
+
+
+def test_extra_env_follows_the_chart_s_and_cannot_replace_a_setting() -> None:
+    container = one(render_docs(*CONVENTION_CASES["extraEnv"]), "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert (
+        container["env"][:-1]
+        == one(render_docs(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    )
+    for name in ("SHARED_SVC_PORT", "POD_NAME", "SHARED_SVC_WEBHOOK_PORT"):
+        with pytest.raises(RenderError, match=f"extraEnv: {name} is set by the chart"):
+            render(f"extraEnv[0].name={name}", "extraEnv[0].value=1")
+    with pytest.raises(RenderError, match="name"):
+        render("extraEnv[0].value=1")
+
+
+def test_extra_objects_are_rendered_as_templates(tmp_path: Path) -> None:
+    values = tmp_path / "extra.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "extraObjects": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": {
+                            "name": '{{ include "shared-svc.fullname" . }}-extra',
+                            "namespace": "{{ .Release.Namespace }}",
+                        },
+                        "data": {"replicas": "{{ .Values.replicas }}"},
+                    },
+                    "apiVersion: v1\nkind: ResourceQuota\nmetadata:\n"
+                    "  name: {{ .Release.Name }}-critical-pods\n"
+                    "spec:\n  scopeSelector:\n    matchExpressions:\n"
+                    "      - {operator: In, scopeName: PriorityClass,"
+                    " values: [{{ .Values.priorityClassName }}]}\n",
+                ]
+            }
+        )
+    )
+    flags = ("-f", str(values))
+    docs = render_docs(name="gpu", flags=flags)
+    extra = one(docs, "ConfigMap", "gpu-shared-svc-extra")
+    assert extra["metadata"]["namespace"] == "gpu-operator" and extra["data"] == {"replicas": "2"}
+    quota = one(docs, "ResourceQuota", "gpu-critical-pods")
+    assert quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == [
+        "system-cluster-critical"
+    ]
+    assert render(name="gpu", flags=flags) == render(name="gpu", flags=flags)
+    assert not find(render_docs(), "ResourceQuota")
+
+
+def test_hook_pods_take_the_hook_resources() -> None:
+    default = render_docs()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    hooks = [p for p in every_pod(default) if p["containers"][0]["name"] != "shared-svc"]
+    assert len(hooks) == 4
+    for pod in hooks:
+        assert pod["containers"][0]["resources"] == values["hooks"]["resources"]
+    for pod in every_pod(render_docs(*CONVENTION_CASES["hooks.resources"])):
+        if pod["containers"][0]["name"] != "shared-svc":
+            assert pod["containers"][0]["resources"]["limits"] == {"memory": "256Mi"}
+
+
+def hook_annotations(doc: Doc) -> tuple[str, str]:
+    annotations = doc["metadata"].get("annotations") or {}
+    return annotations.get("helm.sh/hook", ""), annotations.get("argocd.argoproj.io/hook", "")
+
+
+@pytest.mark.parametrize("sets", [(), ("admission.mutation=policy",)])
+def test_argo_cd_s_pre_delete_hook_stands_beside_helm_s(sets: tuple[str, ...]) -> None:
+    docs = render_docs(*sets)
+    pre_delete = [d for d in docs if "pre-delete" in hook_annotations(d)[0].split(",")]
+    assert {d["kind"] for d in pre_delete} >= {"Job", "ServiceAccount", "ClusterRole"}
+    for doc in docs:
+        helm_hook, argo_hook = hook_annotations(doc)
+        # Argo CD runs no Helm pre-delete hook; every other hook it maps from Helm's own
+        # (pre-install -> PreSync, ...), so only the pre-delete objects carry its annotation
+        assert (argo_hook == "PreDelete") == ("pre-delete" in helm_hook.split(",")), doc["metadata"]
+        if argo_hook:
+            assert doc["metadata"]["annotations"]["argocd.argoproj.io/hook-delete-policy"] == (
+                "BeforeHookCreation,HookSucceeded"
+            )
+
+
+def test_chart_metadata_for_artifact_hub() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in ("home", "icon"):
+        assert chart[key].startswith("https://"), key
+    assert chart["sources"] and all(s.startswith("https://") for s in chart["sources"])
+    assert chart["maintainers"] and all(m["name"] for m in chart["maintainers"])
+    notes = chart["annotations"]
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'license = "{notes["artifacthub.io/license"]}"' in pyproject
+    images = yaml.safe_load(notes["artifacthub.io/images"])
+    assert images == [
+        {
+            "name": "shared-svc",
+            "image": f"{values['image']['repository']}:{chart['appVersion']}",
+        }
+    ], "the image the chart's defaults run"
+    for link in yaml.safe_load(notes["artifacthub.io/links"]):
+        assert link["url"].startswith(chart["home"]), link
+    assert all(c["kind"] in ("added", "changed", "fixed", "removed", "security", "deprecated")
+               for c in yaml.safe_load(notes["artifacthub.io/changes"]))  # fmt: skip
+    assert (
+        notes["artifacthub.io/prerelease"]
+        == str("-" in chart["version"] or chart["version"].startswith("0.")).lower()
+    )

@@ -16,13 +16,12 @@ import base64
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testenv.node import CGROUP_ROOT, Node, cgroup_mounts
-from tests.admission import ADMISSION_API, guard_effective
+from testenv.node import Node
+from tests.admission import ADMISSION_API
 from tests.kube import eventually
 from tests.real_node import (
     CHART,
@@ -33,9 +32,11 @@ from tests.real_node import (
     SELECTOR,
     SERVICES,
     OperatorWorld,
+    container_pids,
     get,
     gpu_operator_world,
     guard_answers,
+    guard_holds,
     helm,
     holder,
     install,
@@ -44,6 +45,7 @@ from tests.real_node import (
     pod_status,
     pods,
     pods_of,
+    process_identity,
     ready,
     service,
     services_of,
@@ -205,59 +207,10 @@ async def test_chart_defaults_on_the_built_image_install_serve_the_guard_and_ado
         assert [r["uid"] for r in refs] == [world.owner["metadata"]["uid"]]
         assert not any(r.get("controller") for r in refs), refs
 
-    # The delete guard, served by the pods behind the chart's Service: gpu-operator's
-    # delete of a Service its ClusterPolicy needs is answered 404 and changes nothing.
-    writer = world.writer
-
-    async def guarded() -> bool:
-        return await writer.delete("nvidia-dcgm", dry_run=True) == 404
-
-    await eventually(guarded, timeout=60, interval=0.5)
-    before = guard_answers(cp)
-    assert await writer.delete("nvidia-dcgm") == 404
-    after = guard_answers(cp)
-    assert after.get("404", 0) == before.get("404", 0) + 1, (before, after)
-    assert after.get("fail-open", 0) == before.get("fail-open", 0)
-    live = service(cp, "nvidia-dcgm")
-    assert live is not None and live["metadata"]["uid"] == world.uid("nvidia-dcgm")
-
-    # gpu-operator's whole-object PUT changes nothing (the policy puts our shape back).
-    await guard_effective(lambda: writer.put("nvidia-dcgm", dry_run=True), timeout=60)
-    for name in SERVICES:
-        was = service(cp, name)
-        assert was is not None
-        answered = await writer.put(name)
-        assert answered["metadata"]["resourceVersion"] == was["metadata"]["resourceVersion"]
-        assert service(cp, name) == was
-
-
-def process_identity(pid: int) -> tuple[list[str], list[str]]:
-    """A process's real, effective, saved and filesystem uids, and its root mount's options."""
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    uids = next(line for line in status if line.startswith("Uid:")).split()[1:]
-    mounts = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-    root = next(line for line in mounts if line.split()[4] == "/")
-    return uids, root.split()[5].split(",")
-
-
-def container_pids(node: Node, running: list[dict[str, Any]]) -> list[int]:
-    """The main process of each pod's container, found by its cgroup on the host."""
-    pids = []
-    mounts = cgroup_mounts()
-    hierarchy = mounts.get("pids") or next(iter(mounts.values()))
-    for pod in running:
-        (state,) = pod["status"]["containerStatuses"]
-        cid = state["containerID"].split("://", 1)[1]
-        # os.walk passes over the cgroups the kubelet removes meanwhile (rglob raises)
-        found = [
-            Path(top) / cid for top, dirs, _ in os.walk(hierarchy / CGROUP_ROOT) if cid in dirs
-        ]
-        (directory,) = found or [None]
-        assert directory is not None, f"no cgroup of container {cid}"
-        procs = [int(p) for p in (directory / "cgroup.procs").read_text().split()]
-        assert procs, f"no process in {directory}"
-        pids.append(min(procs))
-    return pids
+    # The guard, served by the pods behind the chart's Service: gpu-operator's delete of a
+    # Service its ClusterPolicy needs is answered 404 and changes nothing, its whole-object
+    # PUT changes nothing (the policy puts our shape back).
+    await guard_holds(cp, world)
 
 
 async def test_failover_by_pod_delete_and_by_container_kill_converges_once(

@@ -74,6 +74,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "controllers.services and controllers.upgrade are both false: nothing to run" -}}
 {{- end -}}
 {{- $w := .Values.admission.webhook -}}
+{{- if and (eq .Values.admission.certificate.source "serviceCA") $w.url -}}
+{{- fail "admission.certificate.source=serviceCA: the service CA operator signs the webhook Service's name, which admission.webhook.url does not call" -}}
+{{- end -}}
 {{- if $w.hostNetwork -}}
 {{- if $w.url -}}
 {{- fail "admission.webhook.hostNetwork serves the webhook from the pods: it does not go with admission.webhook.url" -}}
@@ -130,11 +133,15 @@ webhook, or auto where the policy is not served. */}}
 {{- end -}}
 
 {{/* Annotations of the webhook configurations: cert-manager's CA injector fills the
-caBundle from the Certificate's Secret. */}}
+caBundle from the Certificate's Secret; OpenShift's service CA operator injects its own CA
+bundle. */}}
 {{- define "shared-svc.webhookAnnotations" -}}
 {{- if eq .Values.admission.certificate.source "certManager" -}}
 annotations:
   cert-manager.io/inject-ca-from: {{ printf "%s/%s-webhook" (include "shared-svc.namespace" .) (include "shared-svc.fullname" .) | quote }}
+{{- else if eq .Values.admission.certificate.source "serviceCA" -}}
+annotations:
+  service.beta.openshift.io/inject-cabundle: "true"
 {{- end -}}
 {{- end -}}
 
@@ -197,12 +204,10 @@ containers:
     imagePullPolicy: {{ .root.Values.image.pullPolicy }}
     args:
       {{- toYaml .args | nindent 6 }}
+    {{- with .root.Values.hooks.resources }}
     resources:
-      requests:
-        cpu: 10m
-        memory: 64Mi
-      limits:
-        memory: 128Mi
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
     {{- with .root.Values.securityContext }}
     securityContext:
       {{- toYaml . | nindent 6 }}
@@ -244,4 +249,95 @@ lines; nothing when both are empty. */}}
 {{- with $out -}}
 {{- toYaml . -}}
 {{- end -}}
+{{- end -}}
+
+
+{{/* Argo CD's own hook annotations beside Helm's pre-delete hook: Argo CD runs no Helm
+pre-delete hook, its PreDelete phase runs before it deletes an Application's objects. */}}
+{{- define "shared-svc.argoPreDelete" -}}
+argocd.argoproj.io/hook: PreDelete
+argocd.argoproj.io/hook-delete-policy: BeforeHookCreation,HookSucceeded
+{{- end -}}
+
+{{/* The shared-svc container's env (a YAML list): the settings the chart passes. */}}
+{{- define "shared-svc.env" -}}
+{{- $le := .Values.leaderElection -}}
+- name: OPERATOR_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: SHARED_SVC_PORT
+  value: {{ .Values.port | quote }}
+- name: SHARED_SVC_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: SHARED_SVC_SERVICES_CONTROLLER
+  value: {{ .Values.controllers.services | quote }}
+- name: SHARED_SVC_SELECTOR_MODE
+  value: {{ .Values.selectorMode | quote }}
+- name: SHARED_SVC_ADOPT
+  value: {{ .Values.adopt | quote }}
+- name: SHARED_SVC_DRY_RUN
+  value: {{ .Values.dryRun | quote }}
+- name: SHARED_SVC_LEADER_ELECTION
+  value: {{ $le.enabled | quote }}
+{{- if $le.enabled }}
+- name: SHARED_SVC_LEASE_NAME
+  value: {{ $le.leaseName | quote }}
+- name: SHARED_SVC_LEASE_DURATION_SECONDS
+  value: {{ $le.leaseDurationSeconds | quote }}
+- name: SHARED_SVC_RENEW_DEADLINE_SECONDS
+  value: {{ $le.renewDeadlineSeconds | quote }}
+- name: SHARED_SVC_RETRY_PERIOD_SECONDS
+  value: {{ $le.retryPeriodSeconds | quote }}
+{{- end }}
+{{- if include "shared-svc.webhookServing" . }}
+- name: SHARED_SVC_WEBHOOK_PORT
+  value: {{ .Values.admission.webhook.port | quote }}
+- name: SHARED_SVC_WEBHOOK_CERT_FILE
+  value: /etc/shared-svc/webhook/tls.crt
+- name: SHARED_SVC_WEBHOOK_KEY_FILE
+  value: /etc/shared-svc/webhook/tls.key
+{{- end }}
+- name: SHARED_SVC_OPERATOR_SERVICE_ACCOUNT
+  value: {{ .Values.admission.operatorServiceAccount | quote }}
+- name: SHARED_SVC_OPERATOR_FIELD_MANAGER
+  value: {{ .Values.admission.operatorFieldManager | quote }}
+- name: SHARED_SVC_UPGRADE_CONTROLLER
+  value: {{ .Values.controllers.upgrade | quote }}
+{{- if .Values.controllers.upgrade }}
+{{- with .Values.upgrade }}
+- name: SHARED_SVC_UPGRADE_DRIVER_NAME
+  value: {{ .driverName | quote }}
+- name: SHARED_SVC_UPGRADE_CONSUMER_SELECTOR
+  value: {{ .consumerSelector | quote }}
+- name: SHARED_SVC_UPGRADE_DETECTION
+  value: {{ .detection | quote }}
+- name: SHARED_SVC_UPGRADE_RUNTIME_CLASSES
+  value: {{ .runtimeClasses | toJson | quote }}
+- name: SHARED_SVC_UPGRADE_EVICTION_TIMEOUT_SECONDS
+  value: {{ .evictionTimeoutSeconds | quote }}
+- name: SHARED_SVC_UPGRADE_DELETE_AFTER_TIMEOUT
+  value: {{ .deleteAfterTimeout | quote }}
+- name: SHARED_SVC_UPGRADE_POLL_SECONDS
+  value: {{ .pollSeconds | quote }}
+- name: SHARED_SVC_UPGRADE_RESYNC_SECONDS
+  value: {{ .resyncSeconds | quote }}
+- name: SHARED_SVC_UPGRADE_WORKERS
+  value: {{ .workers | quote }}
+- name: SHARED_SVC_UPGRADE_WRITES_PER_SECOND
+  value: {{ .writesPerSecond | quote }}
+- name: SHARED_SVC_UPGRADE_WRITES_BURST
+  value: {{ .writesBurst | quote }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := .Values.tuning }}
+{{- if not (kindIs "invalid" $value) }}
+- name: SHARED_SVC_{{ snakecase $key | upper }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
