@@ -49,6 +49,15 @@ from testenv.builds import cached_build
 
 BUILD_SCRIPT = TESTENV_DIR / "gpu-operator" / "build.sh"
 NAMESPACE = "gpu-operator"
+# gpu-operator's gauges of its driver upgrade (controllers/operator_metrics.go; set by its
+# upgrade controller in ClusterPolicy mode), which the dashboard shows beside shared-svc's.
+UPGRADE_GAUGES = (
+    "gpu_operator_nodes_upgrades_done",
+    "gpu_operator_nodes_upgrades_in_progress",
+    "gpu_operator_nodes_upgrades_failed",
+    "gpu_operator_nodes_upgrades_pending",
+    "gpu_operator_nodes_upgrades_available",
+)
 SERVICE_ACCOUNT = "gpu-operator"
 CLUSTER_POLICY = "cluster-policy"
 GPU_NODE_LABEL = "feature.node.kubernetes.io/pci-10de.present"

@@ -653,14 +653,19 @@ def test_promtool_sees_an_alert_that_does_not_fire(tmp_path: Path) -> None:
 
 
 def test_each_runbook_url_is_a_section_of_the_operations_doc() -> None:
+    """By default an absolute link: docs/operations.md of the chart's own version at
+    Chart.yaml's home, at the alert's section."""
     from tests.test_docs import anchors
 
     operations = (REPO / "docs" / "operations.md").read_text()
+    chart = yaml.safe_load((REPO / "deploy" / "chart" / "shared-svc" / "Chart.yaml").read_text())
+    base = f"{chart['home']}/blob/v{chart['version']}/docs/operations.md"
+    assert base.startswith("https://"), base
     for rendering in RENDERINGS.values():
         for g in rule_groups(rendering):
             for rule in g["rules"]:
                 url = rule["annotations"]["runbook_url"]
                 path, _, anchor = url.partition("#")
-                assert path == "docs/operations.md" and anchor in anchors(operations), url
+                assert path == base and anchor in anchors(operations), url
                 assert rule["labels"]["severity"] in ("warning", "critical")
                 assert rule["for"], rule["alert"]

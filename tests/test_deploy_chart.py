@@ -775,7 +775,7 @@ CONVENTION_CASES: dict[str, tuple[str, ...]] = {
     "prometheusRule.job": ("prometheusRule.enabled=true", "prometheusRule.job=shared"),
     "prometheusRule.runbookBaseUrl": (
         "prometheusRule.enabled=true",
-        "prometheusRule.runbookBaseUrl=https://git.example.com/shared-svc/docs/operations.md",
+        "prometheusRule.runbookBaseUrl=https://wiki.example.com/gpu/shared-svc-runbooks",
     ),
     "prometheusRule.disabled": (
         "prometheusRule.enabled=true",
@@ -1119,7 +1119,10 @@ def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
         assert bare(expr) in bare(alert["expr"]), (expr, alert["expr"])
         assert (alert["for"], alert["labels"]["severity"]) == (for_, severity)
         assert alert["labels"]["team"] == "gpu"
-        assert alert["annotations"]["runbook_url"] == f"docs/operations.md#{alert['alert'].lower()}"
+        assert alert["annotations"]["runbook_url"] == (
+            f"https://git.example.com/shared-svc/blob/v0.1.0/docs/operations.md"
+            f"#{alert['alert'].lower()}"
+        )
         assert alert["alert"].lower() in sections
         assert alert["annotations"]["summary"] and "ops" in alert["annotations"]["description"]
     stale = next(a for a in alerts if a["alert"] == "SharedSvcReconcileStale")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,6 +129,12 @@ class World:
             result = self.prom.get("/api/v1/query", query=query)["result"]
             out.append(float(result[0]["value"][1]) if result else None)
         return out
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text: str = r.read().decode()
+        return text
 
 
 OURS = "Driver upgrade: done, total, failed"
@@ -409,6 +416,11 @@ async def _check_gated(world: World, up: Upgrade) -> None:
     for title, query in dashboard_queries(OPERATOR_NS, gpu_operator=True):
         found += await asyncio.to_thread(problems, world.prom, title, query, returns=True)
     assert dashboard_queries(OPERATOR_NS, gpu_operator=True) and not found, found
+    # The gauges gpu-operator exposes are the ones testenv names (the panel's four and
+    # _available), read from its own /metrics.
+    text = await asyncio.to_thread(_get, f"http://{world.op.metrics_address}/metrics")
+    exposed = set(re.findall(r"^(gpu_operator_nodes_upgrades_\w+) ", text, re.M))
+    assert exposed == set(gpu_env.UPGRADE_GAUGES), exposed
     rec = up.rec
     for node in NODES:
         cordon = up.reached(node, "cordon-required")

@@ -108,6 +108,9 @@ class Model:
     # What an invalid CR keeps needing: what it needed when it turned invalid.
     kept: tuple[tuple[Key, frozenset[str]], ...] = ()
     dra_common: bool = False  # the DRA DaemonSets' pods carry the common labels
+    # The ClusterPolicy gpu-operator reconciles: the first it saw, for as long as it runs
+    # (its controller's ``singleton``; any other is "ignored").
+    operator_cp: str = ""
 
     def get(self, key: Key) -> CR | None:
         return next((cr for cr in self.crs if cr.key == key), None)
@@ -148,6 +151,21 @@ class Model:
             for name in self.needs_of(cr):
                 out.setdefault(name, set()).add(cr.key)
         return {name: frozenset(keys) for name, keys in out.items()}
+
+    def normalized(self) -> Model:
+        """What gpu-operator adds: it (re)creates ``nvidia-dcgm``, with its own reference,
+        for the ClusterPolicy it reconciles while that one turns DCGM on and no Service of
+        that name is kept. An invalid ClusterPolicy, whose ownership shared-svc keeps as it
+        finds it (section 9), then owns it and keeps needing it."""
+        cr = self.get((CP, self.operator_cp))
+        active = self.active_policy()
+        if cr is None or not cr.invalid or active is None or active.key != cr.key:
+            return self
+        if cr.spec().get("dcgm", {}).get("enabled", True) is False or DCGM in self.needs():
+            return self
+        kept = dict(self.kept)
+        kept[cr.key] = kept.get(cr.key, frozenset()) | {DCGM}
+        return replace(self, kept=tuple(sorted(kept.items())))
 
     def monitor_needed(self) -> bool:
         return any(
@@ -228,6 +246,8 @@ def cr_change(rng: random.Random, model: Model, index: int) -> tuple[str, CR | N
     kind, name = {"cp": (CP, CP_NAME), "cp2": (CP, CP2_NAME), "gc": (GC, GC_NAME)}[prefix]
     if verb == "create":
         cr = _new(rng, kind, name, index)
+        if kind == CP and not model.operator_cp:
+            model = replace(model, operator_cp=name)
         return step, cr, model.with_cr(cr)
     old = model.get((kind, name))
     assert old is not None
@@ -258,10 +278,10 @@ def next_step(rng: random.Random, model: Model, index: int) -> tuple[Step, Model
         )
         if kind == "freeze" and rng.random() < 0.4:  # past the Lease (15 s): a standby leads
             step = replace(step, seconds=round(rng.uniform(17.0, 20.0), 1))
-        return step, model
+        return step, model.normalized()
     kind, cr, model = cr_change(rng, model, index)
     detail = {"common": model.dra_common} if kind == "rollout" else {}
-    return Step(index, kind, change=kind, cr=cr, detail=detail), model
+    return Step(index, kind, change=kind, cr=cr, detail=detail), model.normalized()
 
 
 def history(seed: int, steps: int) -> list[tuple[Step, Model]]:

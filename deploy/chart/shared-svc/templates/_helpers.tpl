@@ -217,7 +217,8 @@ containers:
 {{/* One alert of the PrometheusRule, unless prometheusRule.disabled.<name>: its severity
 and prometheusRule.alertLabels (the severity wins), summary, description (%s: the
 namespace) and runbook_url (prometheusRule.runbookBaseUrl#<name in lower case>: the
-alert's section of docs/operations.md). */}}
+alert's section of docs/operations.md; by default docs/operations.md of the chart's own
+version at Chart.yaml's home: <home>/blob/v<version>/docs/operations.md). */}}
 {{- define "shared-svc.alert" -}}
 {{- $v := .root.Values.prometheusRule -}}
 {{- if not (index ($v.disabled | default dict) .name) -}}
@@ -231,7 +232,8 @@ alert's section of docs/operations.md). */}}
   labels:
     {{- toYaml (merge (dict "severity" .severity) $v.alertLabels) | nindent 4 }}
   annotations:
-    {{- $own := dict "summary" .summary "description" (printf .description .ns) "runbook_url" (printf "%s#%s" $v.runbookBaseUrl (lower .name)) }}
+    {{- $base := $v.runbookBaseUrl | default (printf "%s/blob/v%s/docs/operations.md" .root.Chart.Home .root.Chart.Version) }}
+    {{- $own := dict "summary" .summary "description" (printf .description .ns) "runbook_url" (printf "%s#%s" $base (lower .name)) }}
     {{- range $key, $value := merge $own (deepCopy ($v.alertAnnotations | default dict)) }}
     {{ $key | quote }}: {{ $value | quote }}
     {{- end }}
