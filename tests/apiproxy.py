@@ -12,7 +12,8 @@
   for and answered (``encodings``); ``fail_once(method, suffix)``
   answers the next such request ``500 Internal Server Error`` (a transient server fault);
   it records every ``Warning`` header the API server answers with (``warnings``), and
-  ``add_warning`` adds one to every answer (a server that warns about everything asked).
+  ``add_warning`` adds one to every answer (a server that warns about everything asked);
+  ``before`` is awaited before each request goes on (another party acting in between).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,9 @@ class ThrottlingProxy:
         # (method, path, value) of every Warning header the API server answered with
         self.warnings: list[tuple[str, str, str]] = []
         self.add_warning: str | None = None  # a Warning header value added to every answer
+        # awaited with (method, path) before each request is forwarded: a party that acts
+        # between a client's two requests
+        self.before: Callable[[str, str], Awaitable[None]] | None = None
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
         self.port = 0
@@ -198,6 +203,8 @@ class ThrottlingProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.rel_url.path))
+        if self.before is not None:
+            await self.before(request.method, request.rel_url.path)
         for fault in self._faults:
             if request.method == fault[0] and request.rel_url.path.endswith(fault[1]):
                 self._faults.remove(fault)

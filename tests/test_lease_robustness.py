@@ -317,3 +317,55 @@ async def test_a_lease_written_by_another_is_read_again_on_conflict(
         await asyncio.wait_for(task, timeout=30)
         await api.close()
         await proxy.close()
+
+
+async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_down_at_once(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """Kept from the soak (issue 44): the Lease deleted, every replica races to create it
+    again. When a standby's POST lands first, the leader's gets 409: it reads the Lease and
+    follows the new holder at once, counting no error (before, the 409 was an error and it
+    kept leading until its renew deadline, beside the new leader)."""
+    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "first")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(elector.run(stop))
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases"
+    raced: list[str] = []
+
+    async def standby_first(method: str, path: str) -> None:
+        if method == "POST" and path == leases and not raced:
+            raced.append(path)
+            body = {
+                "metadata": {"name": "renewals", "namespace": kube.ns},
+                "spec": {
+                    "holderIdentity": "second",
+                    "leaseDurationSeconds": 6,
+                    "renewTime": lease_now(),
+                    "acquireTime": lease_now(),
+                },
+            }
+            await raw_request(kube.api, "POST", leases, body=body)
+
+    try:
+
+        async def leads() -> bool:
+            return elector.is_leader
+
+        await eventually(leads, timeout=30)
+        assert elector.errors == 0
+        proxy.before = standby_first
+        await raw_request(kube.api, "DELETE", f"{leases}/renewals")
+
+        async def follows() -> bool:
+            return not elector.is_leader and elector.holder == "second"
+
+        await eventually(follows, timeout=30, interval=0.02)
+        assert raced, "the leader's POST met the standby's Lease"
+        assert elector.errors == 0, elector.last_error
+        lease = await raw_request(kube.api, "GET", f"{leases}/renewals")
+        assert lease["spec"]["holderIdentity"] == "second"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await api.close()
+        await proxy.close()

@@ -140,20 +140,12 @@ class LeaseElector(Runnable):
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            self._lease = None
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self._name, "namespace": self._ns},
-                "spec": self._spec(transitions=0, acquire=True, old=None),
-            }
-            created = await raw_request(
-                self._api, "POST", object_path("Lease", self._ns), body=body, timeout=timeout
-            )
-            self._lease = created if isinstance(created, dict) else None
-            self._last_renew = started
-            self.holder = self.identity
-            return True
+            if await self._create(started, timeout):
+                return True
+            # Another created it between our GET and POST (a deleted Lease: every replica
+            # races to create it): theirs is read and judged like any other, so a leader
+            # that lost the race steps down now, not at its renew deadline.
+            lease = await raw_request(self._api, "GET", path, timeout=timeout)
         self._lease = lease
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -169,6 +161,28 @@ class LeaseElector(Runnable):
         if not mine and not expired:
             return False
         return await self._put(lease, mine=mine, started=started, timeout=timeout)
+
+    async def _create(self, started: float, timeout: float) -> bool:
+        """POSTs a Lease with our record; False when one exists already (409)."""
+        self._lease = None
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._ns},
+            "spec": self._spec(transitions=0, acquire=True, old=None),
+        }
+        try:
+            created = await raw_request(
+                self._api, "POST", object_path("Lease", self._ns), body=body, timeout=timeout
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        self._lease = created if isinstance(created, dict) else None
+        self._last_renew = started
+        self.holder = self.identity
+        return True
 
     async def _put(
         self, lease: dict[str, Any], *, mine: bool, started: float, timeout: float
