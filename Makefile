@@ -35,10 +35,11 @@ testenv-versions: testenv
 # whole suite run, so that a cold machine's idle core builds them; the compatibility loop's
 # own build.sh of each version waits for the one in flight (flock) and then finds it
 # cached, or builds it itself, and reports, if the background one failed. Its log:
-# .testenv-versions.log.
+# $(TESTENV_VERSIONS_LOG).
+TESTENV_VERSIONS_LOG ?= .testenv-versions.log
 testenv-versions-background:
 	( for v in $(COMPAT_VERSIONS); do nice -n 19 bash testenv/build.sh $$v >/dev/null || exit 1; done ) \
-	  >.testenv-versions.log 2>&1 </dev/null &
+	  >$(TESTENV_VERSIONS_LOG) 2>&1 </dev/null &
 
 # The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
 testenv-gpu-operator:
