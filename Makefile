@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck unit proptest-long bench lock
-.PHONY: compat testenv-versions soak
+.PHONY: compat testenv-versions testenv-versions-background soak
 
 # The Kubernetes versions of the test control plane, one module file each
 # (testenv/kube/<minor>.mod): the whole suite runs on the default, the compatibility suite
@@ -30,8 +30,16 @@ testenv:
 testenv-versions: testenv
 	for v in $(KUBE_VERSIONS); do nice -n 10 bash testenv/build.sh $$v >/dev/null || exit 1; done
 
-# make test: the whole suite on the default version, then the compatibility suite on the others.
-test: testenv-versions
+# make test's first step: the other versions' control planes, built one after the other in
+# the background at the lowest priority (nice -n 19) while the foreground builds and the
+# whole suite run, so that a cold machine's idle core builds them; the compatibility loop's
+# own build.sh of each version waits for the one in flight (flock) and then finds it
+# cached, or builds it itself, and reports, if the background one failed. Its log:
+# $(TESTENV_VERSIONS_LOG).
+TESTENV_VERSIONS_LOG ?= .testenv-versions.log
+testenv-versions-background:
+	( for v in $(COMPAT_VERSIONS); do nice -n 19 bash testenv/build.sh $$v >/dev/null || exit 1; done ) \
+	  >$(TESTENV_VERSIONS_LOG) 2>&1 </dev/null &
 
 # The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
 testenv-gpu-operator:
@@ -70,9 +78,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck
+# make test: the whole suite on the default version, then the compatibility suite on the others.
+test: testenv-versions-background venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 	for v in $(COMPAT_VERSIONS); do \
+	  nice -n 10 bash testenv/build.sh $$v >/dev/null || exit 1; \
 	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -m compat --kube-version $$v || exit 1; \
 	done
 

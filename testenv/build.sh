@@ -9,7 +9,7 @@
 # binaries. Helm's renderer is a build of its own (helmrender/build.sh), once for every
 # version.
 #
-#   build.sh MINOR      # 1.33, 1.36, 1.37: one kube/<MINOR>.mod each
+#   build.sh MINOR      # 1.33, 1.34, 1.35, 1.36, 1.37: one kube/<MINOR>.mod each
 #
 # Every version builds with the machine's Go (Go >= 1.26.0: v1.37.2's go.mod asks for
 # go 1.26.0).

@@ -6,7 +6,7 @@ test control plane (``testenv.kube_versions()``), marked ``compat`` by ``tests/c
 An entry is a test file (all of its tests) or one test of it (``file::name``, every
 parametrization). What is here: the API semantics the product relies on, the Services
 controller end to end, the guard as ``helm install`` renders it on that server, the upgrade
-controller's node flow, the real gpu-operator next to the guard, and the version itself.
+controller's node flow and its DRA exclusion, the real gpu-operator next to the guard, and the version itself.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ SUITE = (
     "tests/test_controller_lifecycle.py::test_two_replicas_one_writer_and_handover",
     # The upgrade controller walking a node through the whole state sequence.
     "tests/test_upgrade_freeing.py::test_whole_upgrade_sequence_frees_and_restores",
+    # Its DRA exclusion where the version has DRA on (1.34 on), an ordinary consumer before.
+    "tests/test_upgrade_freeing.py::test_a_pod_with_dra_claims_is_left_to_gpu_operator",
     # The real gpu-operator next to the guard helm install renders on that server.
     "tests/test_compat_gpu_operator.py",
 )

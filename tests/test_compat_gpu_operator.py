@@ -1,7 +1,7 @@
 """The real gpu-operator (v25.3.4's ClusterPolicy controller) next to shared-svc and the guard
 ``helm install`` renders on this version's API server (issue 31): part of the compatibility
-suite (tests/compat.py), so it runs on 1.33 (the newest version that gpu-operator is
-validated on; the guard is the webhook there), 1.36 and 1.37 (the policy).
+suite (tests/compat.py), so it runs on 1.33, 1.34 and 1.35 (the guard is the webhook there),
+1.36 and 1.37 (the policy).
 tests/test_coexistence.py is the long form on the default version; this reuses its helpers.
 
 Its DaemonSets not ready, gpu-operator reconciles every ~5 s: it PUTs both Services whole

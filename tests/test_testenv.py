@@ -278,7 +278,7 @@ def test_each_kubernetes_version_is_a_build_of_its_own_module_file(tmp_path: Pat
             ["bash", str(BUILD), minor], env=env, capture_output=True, text=True, check=True
         )
         dirs[minor] = out.stdout.strip()
-    assert len(set(dirs.values())) == len(dirs) == 3, dirs
+    assert len(set(dirs.values())) == len(dirs) == 5, dirs
     for minor in testenv.kube_versions():
         mod = REPO / "testenv" / "kube" / f"{minor}.mod"
         mine = [b for b in builds(tmp_path) if f"-modfile={mod} " in b]
@@ -292,12 +292,70 @@ def test_each_kubernetes_version_is_a_build_of_its_own_module_file(tmp_path: Pat
     ]
     assert helm[0] == helm[1] and sorted(p.name for p in Path(helm[0]).iterdir()) == ["helmrender"]
     assert len([b for b in builds(tmp_path) if "-modfile" not in b]) == 1
-    bad = subprocess.run(["bash", str(BUILD), "1.34"], env=env, capture_output=True, text=True)
+    bad = subprocess.run(["bash", str(BUILD), "1.30"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr == (
         "testenv: usage: build.sh MINOR (a Kubernetes version with a kube/<MINOR>.mod:"
-        " 1.33 1.36 1.37)\n"
+        " 1.33 1.34 1.35 1.36 1.37)\n"
     )
+
+
+# A stand-in for go whose builds wait for a gate file: it records each build with its
+# niceness, then blocks until $FAKE_GO_GATE exists.
+GATED_GO = """#!/usr/bin/env bash
+if [[ $1 == version ]]; then echo "go version go0.0-fake linux/amd64"; exit 0; fi
+out=
+for ((i = 1; i <= $#; i++)); do [[ ${!i} == -o ]] && { j=$((i + 1)); out=${!j}; }; done
+echo "build nice=$(nice) $out" >> "$FAKE_GO_LOG"
+while [[ ! -e $FAKE_GO_GATE ]]; do sleep 0.1; done
+printf '#!/bin/sh\\n' > "$out" && chmod +x "$out"
+"""
+
+
+def test_make_test_builds_the_other_versions_in_the_background(tmp_path: Path) -> None:
+    """make test's first step returns while the other versions' control planes are still
+    building, one after the other at nice 19, into the cache; build.sh of each version run
+    after (as the compatibility loop does) finds it built. (One run while the background
+    build of its version is in flight waits for it: the test above.)"""
+    env = fake_go_env(tmp_path)
+    (tmp_path / "bin" / "go").write_text(GATED_GO)
+    gate = tmp_path / "gate"
+    env["FAKE_GO_GATE"] = str(gate)
+    log = tmp_path / "versions.log"
+    others = [v for v in testenv.kube_versions() if v != testenv.DEFAULT_KUBE_VERSION]
+    make = subprocess.run(
+        ["make", "-s", "testenv-versions-background", f"TESTENV_VERSIONS_LOG={log}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,  # a make that built in the foreground would hang here on the gate
+    )
+    assert make.returncode == 0, make.stderr
+    assert not gate.exists() and not any((tmp_path / "cache").glob("testenv/*/etcd"))
+    gate.touch()
+    deadline = time.monotonic() + 60  # a bound on the wait, not a measurement
+    while log.read_text().count("testenv: built ") < len(others):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    loop = [
+        subprocess.run(
+            ["bash", str(BUILD), minor], env=env, capture_output=True, text=True, check=True
+        )
+        for minor in others
+    ]
+    assert all("cached build" in run.stderr for run in loop), [run.stderr for run in loop]
+    assert len({run.stdout for run in loop}) == len(others) == 4
+    built = builds(tmp_path)
+    assert len(built) == 3 * len(others), built
+    assert {b.split()[1] for b in built} == {"nice=19"}
+    assert [Path(b.split()[2]).name for b in built] == [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "etcd",
+    ] * len(others)
+    for minor in others:
+        assert f"v{minor}." in log.read_text()
 
 
 def fake_gpu_operator_module(root: Path) -> Path:

@@ -298,6 +298,75 @@ async def test_whole_upgrade_sequence_frees_and_restores(
     assert (await labels(api, node))[STATE] == "upgrade-done"
 
 
+# DRA is GA from Kubernetes 1.34: resource.k8s.io/v1 served and the DynamicResourceAllocation
+# gate on by default. Before, the gate is off and the API server drops a pod's
+# spec.resourceClaims: no pod there holds a claim.
+DRA_FROM = "1.34"
+
+
+def minor_tuple(minor: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in minor.split("."))
+
+
+async def serves(api: ApiClient, group_version: str) -> bool:
+    try:
+        await raw_request(api, "GET", f"/apis/{group_version}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def test_a_pod_with_dra_claims_is_left_to_gpu_operator(
+    api: ApiClient, ns: str, nodes: Callable[..., Awaitable[str]], start: Callable[..., Running]
+) -> None:
+    """gpu-operator evicts a pod that holds DRA resource claims itself (its drain and pod
+    deletion), so the upgrade controller never frees one: where the API server has DRA on
+    (1.34 on: the claim made from a resource.k8s.io/v1 ResourceClaimTemplate, the pod
+    keeping ``spec.resourceClaims``), such a pod with a GPU signal stays running through
+    the freeing while the detected consumer beside it is evicted, and the node is freed
+    without it. Where DRA is off (1.33) the API server drops the claims: the same pod is an
+    ordinary detected consumer, and it is evicted."""
+    dra = minor_tuple(testenv.kube_version()) >= minor_tuple(DRA_FROM)
+    assert await serves(api, "resource.k8s.io/v1") is dra
+    node = await nodes(state="upgrade-done")
+    if dra:
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "gpu", "namespace": ns},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        ]
+                    }
+                }
+            },
+        }
+        path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
+        await raw_request(api, "POST", path, body=template)
+    claimed = ex.pod(
+        "claimed", namespace=ns, node_name=node, runtime_class="nvidia", resource_claims=True
+    )
+    claimed["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    stored = await create(api, claimed)
+    assert bool(stored["spec"].get("resourceClaims")) is dra, stored["spec"]
+    await create(api, ex.pod("vst", namespace=ns, node_name=node, runtime_class="nvidia"))
+    start()
+
+    await set_state(api, node, "cordon-required")
+    await eventually(lambda: pod_state_is(api, ns, "vst", "terminating"), 20)
+    if not dra:
+        await eventually(lambda: pod_state_is(api, ns, "claimed", "terminating"), 20)
+    await kubelet_finishes(api, node)
+    await eventually(lambda: has_reason(api, node, "GPUConsumersFreed"), 20)
+    assert await pod_state(api, ns, "claimed") == ("running" if dra else "gone")
+    assert await pod_state(api, ns, "vst") == "gone"
+
+
 async def pod_state_is(api: ApiClient, namespace: str, name: str, want: str) -> bool:
     return await pod_state(api, namespace, name) == want
 
