@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 import testenv
 from shared_svc.kube.lease import LeaseElector
@@ -369,3 +370,55 @@ async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_do
         await asyncio.wait_for(task, timeout=30)
         await api.close()
         await proxy.close()
+
+
+async def test_a_deleted_lease_is_not_taken_by_a_standby_while_its_leader_may_lead(
+    control_plane: ControlPlane, kube: Kube, tmp_path: Path
+) -> None:
+    """Kept from the soak (issue 44): the Lease deleted under its leader. The standby, which
+    watched the leader renew, does not create it at once (that made two leaders until the
+    old one's next renewal); the leader creates it again at its next renewal and leads on.
+    The leader renews every 2 s, the standby tries every 0.2 s: before, the standby won."""
+    api = await api_client(control_plane)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases"
+
+    def elector(identity: str, retry: float) -> LeaseElector:
+        return LeaseElector(
+            api,
+            namespace=kube.ns,
+            name="deleted",
+            identity=identity,
+            lease_duration=6.0,
+            renew_deadline=3.0,
+            retry_period=retry,
+        )
+
+    leader, standby = elector("leader", 2.0), elector("standby", 0.2)
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(e.run(stop)) for e in (leader, standby)]
+    both: list[float] = []
+    try:
+
+        async def settled() -> bool:
+            return leader.is_leader and standby.holder == "leader"
+
+        await eventually(settled, timeout=30, interval=0.05)
+        await raw_request(kube.api, "DELETE", f"{leases}/deleted")
+
+        async def recreated() -> bool:
+            if leader.is_leader and standby.is_leader:
+                both.append(asyncio.get_running_loop().time())
+            try:
+                lease = await raw_request(kube.api, "GET", f"{leases}/deleted")
+            except ApiException:
+                return False
+            return bool(lease["spec"].get("holderIdentity"))
+
+        await eventually(recreated, timeout=30, interval=0.02)
+        lease = await raw_request(kube.api, "GET", f"{leases}/deleted")
+        assert lease["spec"]["holderIdentity"] == "leader"
+        assert both == [] and leader.is_leader and not standby.is_leader
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await api.close()

@@ -6,6 +6,11 @@ duration after every rolling update) and judges expiry by comparing wall clocks 
 different machines. Here, as in client-go, a standby judges expiry by its own
 monotonic clock: a record it has watched go unrenewed for ``lease_duration`` is free.
 
+A deleted Lease is not free at once: a standby that watched another renew it waits out
+that record's lease duration before creating it again (client-go creates it at once, and
+its old leader leads on beside the new one until its next renewal). The old leader, at
+its next renewal, creates it again itself.
+
 As in client-go, a leader that has not renewed within ``renew_deadline`` (counted from
 when its last successful renewal was sent) gives up leadership, even while a request
 hangs: every Lease request is cut at the time left before that deadline. Since
@@ -140,6 +145,11 @@ class LeaseElector(Runnable):
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            if self._other_fresh(loop.time()):
+                # Deleted under a leader we watched renew: it may still lead (it learns at
+                # its next renewal, and creates the Lease again). Free only once the record
+                # we saw would have expired, as if it were still there.
+                return False
             if await self._create(started, timeout):
                 return True
             # Another created it between our GET and POST (a deleted Lease: every replica
@@ -161,6 +171,13 @@ class LeaseElector(Runnable):
         if not mine and not expired:
             return False
         return await self._put(lease, mine=mine, started=started, timeout=timeout)
+
+    def _other_fresh(self, now: float) -> bool:
+        """The last record we saw was another's, seen less than a lease duration ago."""
+        holder = self._observed[0] if self._observed else ""
+        return (
+            bool(holder) and holder != self.identity and now - self._observed_at <= self._duration
+        )
 
     async def _create(self, started: float, timeout: float) -> bool:
         """POSTs a Lease with our record; False when one exists already (409)."""
