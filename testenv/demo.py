@@ -301,9 +301,10 @@ def shared_log(service: Any) -> str:
 
 async def _settle(service: Any) -> None:
     ctrl = service.controller
+    runtime = service.controllers[ctrl.name]  # the runtime's Controller of the reconciler
     for _ in range(300):
         await asyncio.sleep(0.1)
-        ctrl.trigger()
+        runtime.enqueue_all()
         await asyncio.sleep(0.3)
         plan = ctrl.last_plan
         if plan is not None and not plan.writes and ctrl.last_reconcile.get("result") == "success":

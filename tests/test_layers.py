@@ -208,6 +208,27 @@ def test_both_controllers_run_on_the_one_runtime(twin: str) -> None:
     assert "shared_svc.runtime.controller" in module_imports(path), path
 
 
+def calls(path: Path, name: str) -> bool:
+    """Does the module call ``name`` (a name, or an attribute of that name)?"""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called == name:
+                return True
+    return False
+
+
+def test_the_runtime_makes_every_controller_from_its_reconciler() -> None:
+    """Issue 45: a reconciler is ``reconcile(key) -> Result`` and what it reads; the
+    runtime's Controller is made from it by ``controller_for`` alone, so no reconciler
+    holds a Controller to forward calls to."""
+    makers = sorted(module_name(p) for p in MODULES if calls(p, "Controller"))
+    assert makers == ["shared_svc.runtime.controller"]
+    builders = sorted(module_name(p) for p in MODULES if calls(p, "controller_for"))
+    assert builders == ["shared_svc.service"]
+
+
 def twin_place(path: Path) -> tuple[int, tuple[str, ...]] | None:
     """(twin group, place inside the twin) of a module of a twin package, else None."""
     rel = path.relative_to(PACKAGE).parts
@@ -258,8 +279,7 @@ def test_a_repeated_name_outside_twins_is_found() -> None:
 # Where a task is started outside the runtime, and why it is no root task: each is
 # awaited before the call that starts it returns (or it is the Manager itself).
 AWAITED_TASKS = {
-    "service.py": "runs the Manager",
-    "admission/guard.py": "AdmissionGuard.start: the guard's parts on a Manager of their own",
+    "admission/guard.py": "AdmissionGuard.stop awaits its own Manager (Manager.start)",
     "wait/loop.py": "the waiters of one wait (stop, wake), cancelled when it ends",
     "kube/reflector.py": "one watch raced against stop, within one round of the cache",
     "kube/union.py": "the union's parts' list+watches, within its run",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.reconciler import KEY, ServicesReconciler
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector
@@ -53,13 +53,13 @@ def _versioned(objects: list[K8sObject], first: int) -> list[K8sObject]:
     return objects
 
 
-def standby() -> ServicesController:
+def standby() -> ServicesReconciler:
     """The Services controller as a standby (it plans, never writes) on its real caches,
     made but not run: no request is sent (also ``benchmarks/bench_reconcile.py``'s)."""
     return services_controller(Config(), writer=NoWriter(), leader=False)
 
 
-def _controller() -> ServicesController:
+def _controller() -> ServicesReconciler:
     ctrl = standby()
     pods = _versioned(
         [
@@ -86,7 +86,7 @@ async def _watch(monkeypatch: pytest.MonkeyPatch, informer: Cache, event: K8sObj
     assert await informer.watch_once() == "timeout"
 
 
-def _union(ctrl: ServicesController) -> UnionCache:
+def _union(ctrl: ServicesReconciler) -> UnionCache:
     union = ctrl.caches["pods"]
     assert isinstance(union, UnionCache)
     return union
@@ -190,7 +190,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     monkeypatch.setattr(selection, "build_pod_index", counting)
     selection.pod_index.clear()
     _counted(_union(ctrl))
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     assert ctrl.last_reconcile["result"] == "standby"
     assert indexed == [4 * NODES]
     first = ctrl.last_plan
@@ -203,7 +203,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     cps = ctrl.caches["clusterpolicies"]
     assert isinstance(cps, Cache)
     await _watch(monkeypatch, cps, {"type": "MODIFIED", "object": changed})
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     ctrl.status()
     assert indexed == [4 * NODES], "the pods were indexed again for a ClusterPolicy change"
     assert CountingStore.passes == 0, "a pod cache was passed over for a ClusterPolicy change"
@@ -219,7 +219,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     straggler["metadata"]["resourceVersion"] = "3001"
     part = _union(ctrl).parts[0]
     await _watch(monkeypatch, part, {"type": "MODIFIED", "object": straggler})
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     assert len(indexed) == 3
     kept = ctrl.last_plan
     assert kept != second  # one more straggler

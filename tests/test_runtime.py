@@ -282,6 +282,18 @@ async def test_manager_stops_everything_when_a_runnable_crashes() -> None:
     assert [str(e) for e in crashed] == ["crashy crashed"] and not other.running
 
 
+async def test_manager_start_returns_when_a_part_ends_before_every_part_started() -> None:
+    """``Manager.start`` waits for the start of every part, or for the run's end: a
+    server that cannot bind ends the run before the parts after it start."""
+    order: list[str] = []
+    crashy = Probe("crashy", False, crash=True)
+    crashy.started = asyncio.Event()  # type: ignore[attr-defined]  # never set: it ends first
+    manager = Manager([crashy, Started("after", order)], lambda: True)
+    task = await asyncio.wait_for(manager.start(asyncio.Event()), 1)
+    assert task.done() and not manager.started.is_set() and order == []
+    assert [str(e) for e in task.result()] == ["crashy crashed"]
+
+
 # --- every long-running part a Runnable (issue 21) ---
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
@@ -332,11 +344,8 @@ def test_service_wires_every_long_running_part_as_a_runnable_of_its_manager() ->
         and isinstance(n.func, ast.Attribute)
         and n.func.attr in ("ensure_future", "create_task", "start", "setup")
     ]
-    # Only the Manager is started by hand (and waited on until every part has started).
-    assert sorted(ast.unparse(n) for n in spawned) == [
-        "asyncio.ensure_future(self.manager.run(stop))",
-        "asyncio.ensure_future(self.manager.started.wait())",
-    ]
+    # Only the Manager is started by hand (``Manager.start``: until every part has started).
+    assert sorted(ast.unparse(n) for n in spawned) == ["self.manager.start(stop)"]
 
 
 async def test_periodic_runs_at_once_then_on_wake_and_stops_with_on_stop() -> None:
@@ -383,8 +392,9 @@ async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
     parts = [Started(n, order) for n in ("http", "lease", "controller")]
     manager = Manager(parts, lambda: True)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(manager.run(stop))
-    await asyncio.wait_for(manager.started.wait(), 1)
+    task = await asyncio.wait_for(manager.start(stop), 1)
+    assert manager.started.is_set() and not task.done()
+    assert order == ["start http", "start lease", "start controller"]
     stop.set()
     assert await asyncio.wait_for(task, 1) == []
     assert order == [

@@ -35,10 +35,11 @@ from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.controllers import shared_caches
 from shared_svc.controllers.upgrade.io import pods_on_node
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.events import Report
 from shared_svc.kube.recorder import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.runtime.controller import controller_for
 from shared_svc.runtime.manager import Manager
 from shared_svc.wait.ratelimit import BucketRateLimiter
 from testenv import upgrade_examples as ex
@@ -113,7 +114,7 @@ class Running:
         self.recorder = EventRecorder(api, reporting_instance=unique("test-upgrade"))
         sender = wrap(self.recorder) if wrap else self.recorder
         caches = shared_caches.registry(api, config)
-        self.controller = UpgradeController(
+        self.controller = UpgradeReconciler(
             config,
             sender,
             caches=caches,
@@ -124,7 +125,9 @@ class Running:
             ),
         )
         self._stop = asyncio.Event()
-        manager = Manager([*caches.runnables(), *self.controller.runnables()], lambda: True)
+        manager = Manager(
+            [*caches.runnables(), *controller_for(self.controller).runnables()], lambda: True
+        )
         self._task = asyncio.create_task(manager.run(self._stop))
 
     async def stop(self) -> None:

@@ -63,6 +63,11 @@ class Source(Protocol):
     def add_handler(self, handler: EventHandler) -> None: ...
 
 
+def all_synced(sources: Iterable[Source]) -> bool:
+    """Every one of ``sources`` is synced."""
+    return all(source.synced.is_set() for source in sources)
+
+
 async def until_synced(stop: asyncio.Event, sources: Iterable[Source]) -> bool:
     """Waits until every source is synced (controller-runtime's ``WaitForCacheSync``: no
     polling, each cache's ``synced`` is awaited); False if ``stop`` came first."""

@@ -65,10 +65,12 @@ class WritesInFlight(OwnWrites[str]):
     write releases what it held. Without it, most nodes of a loaded wave had a second pass
     (a pod list for nothing) from their own record patch."""
 
-    def __init__(self, key_of: Callable[[K8sObject], str], release: Callable[[str], None]):
+    def __init__(
+        self, key_of: Callable[[K8sObject], str], release: Callable[[str], None] = lambda _: None
+    ):
         super().__init__(key_of)
         self._key = key_of
-        self._release = release
+        self.release = release
         self._held: dict[str, set[str]] = {}  # node -> versions its events brought meanwhile
 
     def writing(self, key: str) -> None:
@@ -84,11 +86,11 @@ class WritesInFlight(OwnWrites[str]):
     def wrote(self, key: str, version: str) -> None:
         super().wrote(key, version)
         if self._held.pop(key, set()) - {version}:
-            self._release(key)
+            self.release(key)
 
     def failed(self, key: str) -> None:
         if self._held.pop(key, None):
-            self._release(key)
+            self.release(key)
 
 
 class PlanExecutor:
