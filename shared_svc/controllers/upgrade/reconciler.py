@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade.announce import Announcer
 from shared_svc.controllers.upgrade.caches import UpgradeCaches
-from shared_svc.controllers.upgrade.executor import PlanExecutor, WritesInFlight
+from shared_svc.controllers.upgrade.executor import PlanExecutor
 from shared_svc.controllers.upgrade.gate_review import GateReview
 from shared_svc.controllers.upgrade.io import UpgradeIO
 from shared_svc.controllers.upgrade.metrics import PHASES, UpgradeMetrics
@@ -46,7 +46,7 @@ from shared_svc.kube.registry import CacheRegistry
 from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Runnable
-from shared_svc.runtime.source import Enqueue, NewestVersions, all_synced
+from shared_svc.runtime.source import Enqueue, NewestVersions, WritesInFlight, all_synced
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
 from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
 from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
@@ -106,7 +106,7 @@ class UpgradeReconciler:
         # planned on what it wrote, and asked to be polled while consumers leave); an
         # event held while the patch is in flight is released to the queue (``setup``).
         self._newest: NewestVersions[str] = NewestVersions(name_of)
-        self._own = WritesInFlight(name_of)
+        self._own: WritesInFlight[str] = WritesInFlight(name_of)
         self.node_events: tuple[Enqueue[str], ...] = ()  # the node caches' handlers
         self._failures: Callable[[str], int] = lambda _: 0  # the queue's retry count
         events = publisher_of(recorder, dry_run=config.dry_run)
