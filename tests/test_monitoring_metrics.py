@@ -19,7 +19,7 @@ from shared_svc.runtime.controller import Controller, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.service_metrics import TARGET_LABELS, Metrics
 from shared_svc.upgrade.gate import GateCheck, GateVerdicts
-from shared_svc.upgrade.planner import NodeStatus
+from shared_svc.upgrade.node_plan import NodeStatus
 from shared_svc.upgrade.record import format_time
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 

@@ -25,7 +25,7 @@ from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.planner import NodePatch
+from shared_svc.upgrade.node_plan import NodePatch
 from shared_svc.upgrade.states import state_label_key
 from tests.kube import eventually, unique
 from tests.realistic import api_node_status

@@ -18,7 +18,7 @@ from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.runtime.controller import controller_for
 from shared_svc.runtime.source import Event, NewestVersions
-from shared_svc.upgrade.planner import NodeChanged, NodePatch
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.parts import managed

@@ -33,7 +33,8 @@ from shared_svc.upgrade.gate import (
     plan_gate,
     review_gate,
 )
-from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade.node_plan import NodePlan
+from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.policy import policy_of_cluster_policy, policy_sources
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex

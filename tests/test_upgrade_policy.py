@@ -4,7 +4,7 @@ gpu-operator v26.7.0 reads the ClusterPolicy's ``spec.driver.upgradePolicy`` in 
 mode only; with ``useNvidiaDriverCRD: true``, or with no ClusterPolicy (a GPUCluster cluster),
 each NVIDIADriver's ``spec.upgradePolicy`` governs the nodes labelled
 ``nvidia.com/gpu-operator.driver.owner=<its name>``. Pure rules (``upgrade/policy.py``,
-``upgrade/gate.py``), the planner's "no flow" (``planner.node_mode``), configure-gate's plan
+``upgrade/gate.py``), the planner's "no flow" (``node_plan.node_mode``), configure-gate's plan
 per object and the controller's verdicts, metric and Events (the fake API: the live ones are
 tests/test_upgrade_libs_nvidiadriver.py).
 """

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that co
 
     from shared_svc.k8s.selectors import Selector
     from shared_svc.upgrade.daemonsets import ClientHookUse
-    from shared_svc.upgrade.planner import NodeStatus
+    from shared_svc.upgrade.node_plan import NodeStatus
     from shared_svc.upgrade.policy import PolicySources, UpgradePolicy
 
 T = TypeVar("T")
@@ -509,7 +509,7 @@ async def gather_status(
     """
     from shared_svc.controllers.upgrade import io as upgrade_io
     from shared_svc.upgrade.daemonsets import client_hook_uses, parked_label_key
-    from shared_svc.upgrade.planner import listed, recorded_status
+    from shared_svc.upgrade.node_status import listed, recorded_status
     from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 
     driver = config.upgrade_driver_name

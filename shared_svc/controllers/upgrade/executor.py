@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from shared_svc.controllers.upgrade.announce import Announcer
 from shared_svc.controllers.upgrade.metrics import UpgradeMetrics
 from shared_svc.runtime.source import WritesInFlight
-from shared_svc.upgrade.planner import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
 
 if TYPE_CHECKING:
     from shared_svc.controllers.upgrade.io import UpgradeIO

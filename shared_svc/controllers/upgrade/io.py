@@ -24,8 +24,8 @@ from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES
 from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
 from shared_svc.upgrade.consumers import POD_READS
 from shared_svc.upgrade.daemonsets import CLIENT_HOOK_KEY, parked_label_key
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.paths import driver_pod_selector
-from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
 from shared_svc.wait.ratelimit import BucketRateLimiter
 
@@ -78,7 +78,7 @@ async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
 
 
 def pods_field_selector(node: str, skip_namespace: str | None = None) -> str:
-    """The pods bound to ``node``, but those of ``skip_namespace`` (``planner.pods_read``).
+    """The pods bound to ``node``, but those of ``skip_namespace`` (``pods.pods_read``).
     The API server's watch cache of pods is indexed by ``spec.nodeName``: the other
     requirement filters the node's few pods, not the cluster's."""
     selector = f"spec.nodeName={node}"
@@ -183,11 +183,11 @@ class UpgradeIO(Protocol):
     """The API calls of the controller (:class:`KubeUpgradeIO`; tests run the controller
     on a fake with these methods)."""
 
-    # The pods bound to the node, but those of ``skip_namespace`` (``planner.pods_read``).
+    # The pods bound to the node, but those of ``skip_namespace`` (``pods.pods_read``).
     async def pods_on_node(
         self, name: str, skip_namespace: str | None = None
     ) -> list[K8sObject]: ...
-    # The driver pods of ``namespace`` bound to the node (``planner.PodRead.driver_pods``).
+    # The driver pods of ``namespace`` bound to the node (``pods.PodRead.driver_pods``).
     async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
     async def evict(self, action: PodAction) -> str: ...

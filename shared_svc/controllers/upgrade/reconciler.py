@@ -48,7 +48,9 @@ from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Runnable
 from shared_svc.runtime.source import Enqueue, NewestVersions, WritesInFlight, all_synced
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
-from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
+from shared_svc.upgrade.node_plan import NodeChanged, NodeStatus
+from shared_svc.upgrade.planner import plan_node
+from shared_svc.upgrade.pods import pods_read
 from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 from shared_svc.upgrade.resync import resync_keys
 from shared_svc.upgrade.settings import UpgradeSettings
