@@ -6,6 +6,7 @@ and which nodes it lists. Pure, as ``planner.py``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from shared_svc.k8s import objects
 from shared_svc.k8s.objects import K8sObject
@@ -30,34 +31,54 @@ def plan_status(
     mode = node_mode(state, b.flow)
     shown = b.record or current
     found = freeing.pods if freeing else NodePods()
-    path, evidence, driver_ds = _path(shown)
     return NodeStatus(
         node=b.name,
-        state=state,
         mode=mode,
         phase=freeing.phase if freeing else _phase(mode, shown),
         parked_label=daemonsets.parked_label_key(driver) in labels,
-        parked_by_us=bool(shown and shown.parked_label),
-        since=record.format_time(shown.since) if shown else None,
-        freed_at=record.format_time(shown.freed_at)
-        if shown and shown.freed_at is not None
-        else None,
         pending=freeing.pending if freeing else (),
         detected=found.detected,
         daemonset_pods=found.daemonset_pods,
         operator_hook_pods=found.operator_hook_pods,
         unprepared_daemonsets=tuple(sorted(found.unprepared)),
-        partial_daemonsets=_partial(ds_index),
-        restart_race=shown.restart_race if shown else (),
-        path=path,
-        path_evidence=evidence,
-        driver_daemonset=driver_ds,
-        unknown_state=states.is_unknown(state),
-        record_error=record_error,
-        policy=_policy_of(b.flow),
-        no_flow=b.flow.no_flow if b.flow else None,
-        **pod_outcomes(shown, pods, freeing.fresh if freeing else frozenset()),
+        **_of_record(
+            shown,
+            state,
+            ds_index,
+            record_error,
+            b.flow,
+            pod_outcomes(shown, pods, freeing.fresh if freeing else frozenset()),
+        ),
     )
+
+
+def _of_record(
+    rec: Record | None,
+    state: str | None,
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+    record_error: str | None,
+    flow: NodeFlow | None,
+    outcomes: Mapping[str, tuple[str, ...]],
+) -> dict[str, Any]:
+    """The fields of a ``NodeStatus`` that both statuses take alike from the record, the
+    state, the DaemonSets and the flow, and the record's pods' ``outcomes``."""
+    path, evidence, driver_ds = _path(rec)
+    return {
+        "state": state,
+        "parked_by_us": bool(rec and rec.parked_label),
+        "since": record.format_time(rec.since) if rec else None,
+        "freed_at": record.format_time(rec.freed_at) if rec and rec.freed_at is not None else None,
+        "partial_daemonsets": _partial(ds_index),
+        "restart_race": rec.restart_race if rec else (),
+        "path": path,
+        "path_evidence": evidence,
+        "driver_daemonset": driver_ds,
+        "unknown_state": states.is_unknown(state),
+        "record_error": record_error,
+        "policy": _policy_of(flow),
+        "no_flow": flow.no_flow if flow else None,
+        **outcomes,
+    }
 
 
 def _policy_of(flow: NodeFlow | None) -> str | None:
@@ -119,8 +140,6 @@ def recorded_status(
     parked_key = daemonsets.parked_label_key(driver_name)
     ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     pods = [p for p in pods if not consumers.is_finished(p)]
-    outcomes = pod_outcomes(rec, pods)
-    path, evidence, driver_ds = _path(rec)
     live = {consumers.pod_key(p): p for p in pods}
     still = [  # recorded pods still here (terminating ones too: they hold the GPU until gone)
         e.key for e in (rec.pods if rec else ()) if pod_identity(live.get(e.key, {}))[2] == e.uid
@@ -140,28 +159,15 @@ def recorded_status(
                 unprepared.add(str(ds_key))
     return NodeStatus(
         node=objects.name_of(node),
-        state=state,
         mode=mode,
         phase=_phase(mode, rec) if rec is not None or mode != "free" else "freeing",
         parked_label=parked_key in labels,
-        parked_by_us=bool(rec and rec.parked_label),
-        since=record.format_time(rec.since) if rec else None,
-        freed_at=record.format_time(rec.freed_at) if rec and rec.freed_at is not None else None,
         pending=tuple(sorted(still)),
         detected=tuple(k for k in (rec.detected_reported if rec else ()) if k in live),
         daemonset_pods=tuple(sorted(ds_pods)),
         operator_hook_pods=tuple(sorted(hook_pods)),
         unprepared_daemonsets=tuple(sorted(unprepared)),
-        partial_daemonsets=_partial(ds_index),
-        restart_race=rec.restart_race if rec else (),
-        path=path,
-        path_evidence=evidence,
-        driver_daemonset=driver_ds,
-        unknown_state=states.is_unknown(state),
-        record_error=record_error,
-        policy=_policy_of(flow),
-        no_flow=flow.no_flow if flow else None,
-        **outcomes,
+        **_of_record(rec, state, ds_index, record_error, flow, pod_outcomes(rec, pods)),
     )
 
 
