@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Manager, Periodic
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
@@ -162,9 +162,11 @@ async def test_controller_counts_retries_failures_and_drains_on_stop() -> None:
     ctrl: Controller[str] = Controller(
         "test",
         reconcile,
-        metrics=RuntimeMetrics.of(registry),
-        rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
-        workers=2,
+        Options(
+            metrics=RuntimeMetrics.of(registry),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
+            workers=2,
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
@@ -203,9 +205,11 @@ async def test_controller_cooldown_spaces_reruns_and_holds_events_during_backoff
     ctrl: Controller[str] = Controller(
         "c",
         reconcile,
-        metrics=RuntimeMetrics.of(CollectorRegistry()),
-        rate_limiter=ItemExponentialFailureRateLimiter(0.05, 0.1),
-        cooldown=0.01,
+        Options(
+            metrics=RuntimeMetrics.of(CollectorRegistry()),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.05, 0.1),
+            cooldown=0.01,
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
@@ -526,9 +530,11 @@ def _watching(reconcile: Callable[[str], Any], **kw: Any) -> tuple[Controller[st
     ctrl: Controller[str] = Controller(
         "watching",
         reconcile,
-        metrics=RuntimeMetrics.of(CollectorRegistry()),
-        rate_limiter=ItemExponentialFailureRateLimiter(kw.pop("backoff", 0.001), 600.0),
-        **kw,
+        Options(
+            metrics=RuntimeMetrics.of(CollectorRegistry()),
+            rate_limiter=ItemExponentialFailureRateLimiter(kw.pop("backoff", 0.001), 600.0),
+            **kw,
+        ),
     )
     ctrl.watch(cache, name_of)
     return ctrl, cache

@@ -101,17 +101,10 @@ def controller_for(reconciler: Reconciler[K]) -> Controller[K]:
     """The runtime's Controller of ``reconciler`` (controller-runtime's builder,
     ``ControllerManagedBy(mgr)...Complete(r)``): the one way a controller is made; run it
     with its parts by a Manager (:meth:`Controller.runnables`)."""
-    o = reconciler.options
     controller: Controller[K] = Controller(
         reconciler.name,
         reconciler.reconcile,
-        metrics=o.metrics,
-        rate_limiter=o.rate_limiter,
-        workers=o.workers,
-        cooldown=o.cooldown,
-        beat_seconds=o.beat_seconds,
-        on_beat=o.on_beat,
-        only_when_synced=o.only_when_synced,
+        reconciler.options,
         ready=reconciler.ready,
         parts=reconciler.parts(),
     )
@@ -142,14 +135,8 @@ class Controller(Runnable, Generic[K]):
         self,
         name: str,
         reconcile: Callable[[K], Awaitable[Result]],
+        options: Options,
         *,
-        metrics: RuntimeMetrics,
-        rate_limiter: RateLimiter,
-        workers: int = 1,
-        cooldown: float | None = None,
-        beat_seconds: Callable[[], float] = lambda: 1.0,
-        on_beat: Callable[[], None] | None = None,
-        only_when_synced: bool = False,
         ready: Callable[[], bool] = lambda: True,
         parts: Sequence[Runnable] = (),
     ) -> None:
@@ -158,17 +145,19 @@ class Controller(Runnable, Generic[K]):
         self.name = name
         self._ready = ready
         self._parts = tuple(parts)
-        self._only_when_synced = only_when_synced
+        self._only_when_synced = options.only_when_synced
         self._reconcile = reconcile
-        self._metrics = metrics
+        self._metrics = metrics = options.metrics
         metrics.declare(name)
-        self.queue: WorkQueue[K] = WorkQueue(name, rate_limiter=rate_limiter, metrics=metrics)
-        self.workers = workers
-        self._cooldown = cooldown
+        self.queue: WorkQueue[K] = WorkQueue(
+            name, rate_limiter=options.rate_limiter, metrics=metrics
+        )
+        self.workers = options.workers
+        self._cooldown = options.cooldown
         self._not_before: dict[K, float] = {}  # loop time (with a cooldown)
         self._retry_now: set[K] = set()
-        self._beat_seconds = beat_seconds
-        self._on_beat = on_beat
+        self._beat_seconds = options.beat_seconds
+        self._on_beat = options.on_beat
         self._started: dict[K, float] = {}  # monotonic start of each reconcile in flight
         self._watches: list[_Watch[K]] = []
         self._reads: list[Source] = []
