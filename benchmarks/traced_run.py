@@ -31,7 +31,7 @@ def mark(step: str) -> None:
 _watch_event = reflector.watch_event
 _reconcile = controller.ServicesReconciler.reconcile
 _make_plan = controller.make_plan
-_write = writer.Writer._write
+_send = writer.Writer.send
 
 
 def watch_event(line: bytes, resource: Any = None) -> Any:
@@ -60,7 +60,7 @@ def make_plan(*args: Any, **kwargs: Any) -> Any:
 async def write(self: Any, *args: Any, **kwargs: Any) -> Any:
     mark("write-start")
     try:
-        return await _write(self, *args, **kwargs)
+        return await _send(self, *args, **kwargs)
     finally:
         mark("write-end")
 
@@ -69,5 +69,5 @@ if __name__ == "__main__":
     reflector.watch_event = watch_event
     controller.ServicesReconciler.reconcile = reconcile  # type: ignore[method-assign]
     controller.make_plan = make_plan
-    writer.Writer._write = write  # type: ignore[method-assign]
+    writer.Writer.send = write  # type: ignore[method-assign]
     sys.exit(main(["run"]))

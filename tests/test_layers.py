@@ -229,6 +229,36 @@ def test_the_runtime_makes_every_controller_from_its_reconciler() -> None:
     assert builders == ["shared_svc.service"]
 
 
+def writes_not_through_the_writer(path: Path) -> list[str]:
+    """Write requests a class of ``path`` sends itself (``raw_request`` with a method that
+    is not GET, or ``delete_with_preconditions``), not through ``kube.writer.Writer``."""
+    found = []
+    for cls in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in ast.walk(cls):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            method = node.args[1] if len(node.args) > 1 else None
+            reads = isinstance(method, ast.Constant) and method.value == "GET"
+            if node.func.id == "delete_with_preconditions" or (
+                node.func.id == "raw_request" and not reads
+            ):
+                found.append(f"{cls.name}:{node.lineno}")
+    return found
+
+
+def test_both_controllers_write_through_the_one_writer() -> None:
+    """Issue 45: one transport (``kube/writer.py``'s Writer: the bucket, the count) for the
+    writes of both controllers; no controller class sends a write of its own."""
+    found = {
+        module_name(p): w
+        for p in modules_under("controllers")
+        if (w := writes_not_through_the_writer(p))
+    }
+    assert found == {}
+
+
 def twin_place(path: Path) -> tuple[int, tuple[str, ...]] | None:
     """(twin group, place inside the twin) of a module of a twin package, else None."""
     rel = path.relative_to(PACKAGE).parts

@@ -37,6 +37,7 @@ from shared_svc.controllers import shared_caches
 from shared_svc.controllers.upgrade.io import pods_on_node
 from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.events import Report
+from shared_svc.kube import writer as kube_writer
 from shared_svc.kube.recorder import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.runtime.controller import controller_for
@@ -743,7 +744,8 @@ async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the
         finally:
             evicting["now"] -= 1
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     node = await two_consumers_evicted(api, ns, nodes, start)
     evictions = [p for m, p in sent if m == "POST" and p.endswith("/eviction")]
     assert len(evictions) >= 2 and evicting["peak"] == 2, (evictions, evicting)
@@ -780,7 +782,8 @@ async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
             config.upgrade_writes_per_second, config.upgrade_writes_burst, clock=lambda: 0.0
         )
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     monkeypatch.setattr(upgrade_io, "upgrade_write_limiter", counted)
     await two_consumers_evicted(api, ns, nodes, start)
     writes = [entry for entry in log if entry != "take"]
@@ -827,7 +830,8 @@ async def test_a_wave_reads_each_freed_node_s_pods_once_without_the_operands_and
             )
         return answer
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     wave = [await nodes("upgrade-required") for _ in range(3)]
     waiting = await nodes("upgrade-required")
     operands = []
