@@ -31,7 +31,7 @@ from shared_svc.kube.union import UnionCache
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import api_daemonset, api_pod
-from tests.test_informer_events import fill
+from tests.test_cache_events import fill
 from tests.test_reconcile_cost import standby
 from tests.worlds import APPS, cluster_policy, gc_spec, gpu_cluster
 

@@ -171,8 +171,8 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         reconciles = successful_reconciles(svc)
         relists = {n: i.relists for n, i in ctrl.caches.items()}
         for _ in range(5):
-            for informer in ctrl.caches.values():
-                await informer.relist()
+            for cache in ctrl.caches.values():
+                await cache.relist()
             await asyncio.sleep(0.5)
         await asyncio.sleep(2.5)
         assert apiserver_write_count(control_plane) == writes_before

@@ -245,7 +245,7 @@ async def test_service_monitor_api_installed_later() -> None:
 
 
 @pytest.mark.apiserver
-async def test_informer_relists_after_410_gone() -> None:
+async def test_cache_relists_after_410_gone() -> None:
     """Own control plane: etcd is compacted and the API server restarted (its watch cache
     rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
     from shared_svc.kube.reflector import Cache, Resource
@@ -254,9 +254,9 @@ async def test_informer_relists_after_410_gone() -> None:
     try:
         api = await api_client(cp)
         k = Kube(api, await make_namespace(api, "gone"))
-        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
-        await informer.relist()
-        old = informer.resource_version
+        cache = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
+        await cache.relist()
+        old = cache.resource_version
         for i in range(3):
             await k.core.create_namespaced_service(
                 k.ns, {"metadata": {"name": f"s{i}"}, "spec": {"ports": [{"port": 1}]}}
@@ -266,16 +266,16 @@ async def test_informer_relists_after_410_gone() -> None:
         await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
         await api.close()
         api = await api_client(cp)
-        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
-        informer.resource_version = old
-        assert await informer.watch_once() == "gone"
-        # Run from there, the informer ends with the complete list.
-        informer.resource_version = old
-        informer.synced.set()
+        cache = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
+        cache.resource_version = old
+        assert await cache.watch_once() == "gone"
+        # Run from there, the cache ends with the complete list.
+        cache.resource_version = old
+        cache.synced.set()
         stop = asyncio.Event()
-        task = asyncio.ensure_future(informer.run(stop))
+        task = asyncio.ensure_future(cache.run(stop))
         try:
-            await eventually(lambda: _true(len(informer.items()) == 3), timeout=20)
+            await eventually(lambda: _true(len(cache.items()) == 3), timeout=20)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)

@@ -28,8 +28,8 @@ from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.parts import managed
-from tests.test_informer_events import fill as _fill
-from tests.test_informer_events import one_event as _stream
+from tests.test_cache_events import fill as _fill
+from tests.test_cache_events import one_event as _stream
 from tests.test_upgrade_controller import events_of, queued
 
 NODES = 5_000
@@ -105,8 +105,8 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
         assert sorted(planned) == sorted(n["metadata"]["name"] for n in nodes)
         planned.clear()
         assert isinstance(state_cache, Cache) and isinstance(parked_cache, Cache)
-        for informer in (state_cache, parked_cache):
-            informer._items = CountingStore(informer._items)
+        for cache in (state_cache, parked_cache):
+            cache._items = CountingStore(cache._items)
         CountingStore.passes = 0
         events_before = events_of(controller)[0]
 
@@ -119,13 +119,13 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
             labels={"example.com/team": "a"},
             resource_version="5001",
         )
-        for informer in (state_cache, parked_cache):
+        for cache in (state_cache, parked_cache):
             monkeypatch.setattr(
-                informer,
+                cache,
                 "_open_watch",
                 lambda params, timeout: _stream({"type": "MODIFIED", "object": changed}),
             )
-            assert await informer.watch_once() == "timeout"
+            assert await cache.watch_once() == "timeout"
             # The pass of the first copy is over before the second copy arrives.
             await eventually(lambda: _true(controller.reconciles == NODES + 1))
         await asyncio.sleep(0.1)  # a second pass would have been handed out by now
