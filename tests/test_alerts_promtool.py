@@ -653,7 +653,7 @@ def test_promtool_sees_an_alert_that_does_not_fire(tmp_path: Path) -> None:
 
 
 def test_each_runbook_url_is_a_section_of_the_operations_doc() -> None:
-    from tests.test_docs import anchors
+    from tests.markdown import anchors
 
     operations = (REPO / "docs" / "operations.md").read_text()
     for rendering in RENDERINGS.values():
