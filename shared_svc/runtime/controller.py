@@ -346,7 +346,7 @@ class Controller(Runnable, Generic[K]):
                     extra={"controller": self.name, "key": str(key), "error": repr(exc)[:300]},
                 )
                 result = Result("error", retry=True)
-            self._count(result, started)
+            self._metrics.reconciled(self.name, result.result, time.perf_counter() - started)
             now = asyncio.get_running_loop().time()
             if key in self._retry_now:
                 self._retry_now.discard(key)  # a retry_now during the reconcile
@@ -368,11 +368,3 @@ class Controller(Runnable, Generic[K]):
         finally:
             self._started.pop(key, None)
             self.queue.done(key, dirty_after=dirty_after)
-
-    def _count(self, result: Result, started: float) -> None:
-        m = self._metrics
-        if result.result is not None:
-            m.reconcile_total.labels(self.name, result.result).inc()
-            if result.result == "error":
-                m.reconcile_errors.labels(self.name).inc()
-            m.reconcile_time.labels(self.name).observe(time.perf_counter() - started)
