@@ -365,7 +365,7 @@ def test_in_cluster_policy_mode_the_state_label_decides() -> None:
 
 
 def test_configure_gate_targets_where_gpu_operator_reads_or_says_why_not() -> None:
-    from shared_svc.commands.upgrade import _gate_targets
+    from shared_svc.commands.upgrade.configure_gate import _gate_targets
     from shared_svc.errors import UsageError
 
     drivers = [ex.nvidia_driver("a"), ex.nvidia_driver("b")]
