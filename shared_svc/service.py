@@ -144,17 +144,7 @@ class Service:
         )
         self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
         if cfg.leader_election:
-            self.elector = LeaseElector(
-                api,
-                namespace=cfg.namespace,
-                name=cfg.lease_name,
-                identity=cfg.pod_name,
-                lease_duration=cfg.lease_duration_seconds,
-                renew_deadline=cfg.renew_deadline_seconds,
-                retry_period=cfg.retry_period_seconds,
-                on_change=lambda lead: self._on_leadership(lead),
-                on_error=lambda _: self.metrics.lease_errors.inc(),
-            )
+            self.elector = self._lease_elector(api)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
         # the registry reports each one's sync (shared_svc_cache_synced) and, once all
         # have synced, what they hold is frozen out of the garbage collector's scans.
@@ -194,6 +184,21 @@ class Service:
                 controller = self.controllers[reconciler.name] = controller_for(reconciler)
                 parts += controller.runnables()
         return parts
+
+    def _lease_elector(self, api: ApiClient) -> LeaseElector:
+        """Leader election on the configured Lease; each change is told to the Manager."""
+        cfg = self.config
+        return LeaseElector(
+            api,
+            namespace=cfg.namespace,
+            name=cfg.lease_name,
+            identity=cfg.pod_name,
+            lease_duration=cfg.lease_duration_seconds,
+            renew_deadline=cfg.renew_deadline_seconds,
+            retry_period=cfg.retry_period_seconds,
+            on_change=lambda lead: self._on_leadership(lead),
+            on_error=lambda _: self.metrics.lease_errors.inc(),
+        )
 
     def _admission_guard(
         self, api: ApiClient, services: ServicesReconciler, events: EventPublisher

@@ -93,15 +93,7 @@ class UpgradeReconciler:
         self.metrics = UpgradeMetrics(metrics)
         self.caches = UpgradeCaches.of(caches, self.settings.driver_name)
         self._io = io
-        # A follower plans too (status, warm caches); only the leader writes.
-        self.options = Options(
-            metrics=RuntimeMetrics.of(self.metrics.registry),
-            rate_limiter=ItemExponentialFailureRateLimiter(
-                config.backoff_base_seconds, config.backoff_max_seconds
-            ),
-            workers=config.upgrade_workers,
-            on_beat=self._publish,
-        )
+        self.options = self._options(config)
         # The newest version seen per node: the two node caches deliver a change one
         # after the other, the second copy is no change. The version a patch by this
         # reconciler answered: its echo is no change to look at (the pass that wrote it
@@ -138,6 +130,19 @@ class UpgradeReconciler:
         self._ds_index_cache: dict[str, DaemonSetRef] = {}
 
     # --- how the runtime runs it (``runtime.controller.Reconciler``) ---
+
+    def _options(self, config: Config) -> Options:
+        """``upgrade_workers`` nodes at once, retried with the capped backoff; each beat
+        publishes the gauges. A follower plans too (status, warm caches); only the leader
+        writes."""
+        return Options(
+            metrics=RuntimeMetrics.of(self.metrics.registry),
+            rate_limiter=ItemExponentialFailureRateLimiter(
+                config.backoff_base_seconds, config.backoff_max_seconds
+            ),
+            workers=config.upgrade_workers,
+            on_beat=self._publish,
+        )
 
     def setup(self, controller: Controller[str]) -> None:
         """Node events -> node names, through the newest-version and echo filters; the
