@@ -5,7 +5,7 @@ The controller runs as a standby (it plans, never writes) on its real caches, fi
 complete list fills them (``Cache.replace``): ``--nodes`` nodes x 4 DCGM pods
 (``tests/realistic.py`` pods, projected and shared as the pod cache keeps them; written once to
 ~/.cache/shared-svc/bench-reconcile), the four DaemonSets and both CRs. It times the
-snapshot, the plan and the whole ``reconcile_once`` after a ClusterPolicy change, and the
+snapshot, the plan and the whole ``reconcile`` after a ClusterPolicy change, and the
 whole reconcile after one pod change. In-process wall times: label them with the machine's
 load.
 
@@ -26,11 +26,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from shared_svc.controllers.services.reconciler import KEY
 from shared_svc.kube.union import UnionCache
 from shared_svc.reconcile.planner import plan
 from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import api_daemonset, api_pod
-from tests.test_informer_events import fill
+from tests.test_cache_events import fill
 from tests.test_reconcile_cost import standby
 from tests.worlds import APPS, cluster_policy, gc_spec, gpu_cluster
 
@@ -106,7 +107,7 @@ async def measure(nodes: int, repeat: int) -> None:
         changed["metadata"]["resourceVersion"] = str(version)
         fill(ctrl.caches["clusterpolicies"], [changed], str(version))  # type: ignore[arg-type]
 
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     snapshot, planned, whole, pod_change = [], [], [], []
     for _ in range(repeat):
         cluster_policy_change()
@@ -119,7 +120,7 @@ async def measure(nodes: int, repeat: int) -> None:
     for _ in range(repeat):
         cluster_policy_change()
         t = time.perf_counter()
-        assert await ctrl.reconcile_once()
+        assert (await ctrl.reconcile(KEY)).result == "success"
         whole.append(time.perf_counter() - t)
     for i in range(max(1, repeat // 2)):
         # One pod changes (a label), as a re-list that found it changed leaves the store.
@@ -130,13 +131,13 @@ async def measure(nodes: int, repeat: int) -> None:
         items[key], versions[key] = pod, str(900_000 + i)
         part.replace(items, versions, served=True, resource_version=str(900_000 + i))
         t = time.perf_counter()
-        assert await ctrl.reconcile_once()
+        assert (await ctrl.reconcile(KEY)).result == "success"
         pod_change.append(time.perf_counter() - t)
     print(f"{nodes} nodes, {len(pods)} cached DCGM pods, in process:")
     print(f"  after a ClusterPolicy change: snapshot {figures(snapshot)}")
     print(f"  after a ClusterPolicy change: plan {figures(planned)}")
-    print(f"  after a ClusterPolicy change: reconcile_once (standby) {figures(whole)}")
-    print(f"  after one pod change: reconcile_once (standby) {figures(pod_change)}")
+    print(f"  after a ClusterPolicy change: reconcile (standby) {figures(whole)}")
+    print(f"  after one pod change: reconcile (standby) {figures(pod_change)}")
 
 
 def main() -> None:

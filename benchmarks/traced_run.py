@@ -29,9 +29,9 @@ def mark(step: str) -> None:
 
 
 _watch_event = reflector.watch_event
-_reconcile_once = controller.ServicesController.reconcile_once
+_reconcile = controller.ServicesReconciler.reconcile
 _make_plan = controller.make_plan
-_write = writer.Writer._write
+_send = writer.Writer.send
 
 
 def watch_event(line: bytes, resource: Any = None) -> Any:
@@ -41,10 +41,10 @@ def watch_event(line: bytes, resource: Any = None) -> Any:
     return out
 
 
-async def reconcile_once(self: Any) -> bool:
+async def reconcile(self: Any, key: str) -> Any:
     mark("reconcile-start")
     try:
-        return await _reconcile_once(self)
+        return await _reconcile(self, key)
     finally:
         mark("reconcile-end")
 
@@ -60,14 +60,14 @@ def make_plan(*args: Any, **kwargs: Any) -> Any:
 async def write(self: Any, *args: Any, **kwargs: Any) -> Any:
     mark("write-start")
     try:
-        return await _write(self, *args, **kwargs)
+        return await _send(self, *args, **kwargs)
     finally:
         mark("write-end")
 
 
 if __name__ == "__main__":
     reflector.watch_event = watch_event
-    controller.ServicesController.reconcile_once = reconcile_once  # type: ignore[method-assign]
+    controller.ServicesReconciler.reconcile = reconcile  # type: ignore[method-assign]
     controller.make_plan = make_plan
-    writer.Writer._write = write  # type: ignore[method-assign]
+    writer.Writer.send = write  # type: ignore[method-assign]
     sys.exit(main(["run"]))

@@ -19,7 +19,7 @@ from shared_svc.k8s.selectors import (
     selector_from_set,
 )
 from shared_svc.kube.recorder import event_body
-from shared_svc.upgrade.planner import _Builder
+from shared_svc.upgrade.node_plan import Builder
 from shared_svc.upgrade.settings import UpgradeSettings
 
 KEYS = ["a", "b", "app", "nvidia.com/gpu", "x.io/a_b-c.d"]
@@ -187,7 +187,7 @@ def test_event_notes_stay_within_the_api_limit(text: str) -> None:
     body = event_body(report, "shared-svc-0", dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     assert len(body["note"].encode()) <= NOTE_LIMIT
     # The upgrade planner's reports, too (it cut at 1,000 characters, not bytes).
-    builder = _Builder(
+    builder = Builder(
         node={"metadata": {"name": "n", "uid": "u"}},
         settings=UpgradeSettings(),
         now=0.0,

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from proptests.strategies import json_values, set_at
 from proptests.test_pod_fields_props import PATHS
 from shared_svc.commands.plan import _FAST_POD, _fast_pod, _keep
-from shared_svc.commands.plan.manifests import Fast, InputError, NotJSON, Text, load_json_stream
+from shared_svc.commands.plan.json_stream import Fast, NotJSON, Text, load_json_stream
+from shared_svc.commands.plan.manifests import InputError
 from tests.realistic import api_pod
 
 HOLE = "\x00hole"  # a string value replaced by hostile text once the pod is JSON

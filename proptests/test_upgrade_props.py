@@ -26,7 +26,9 @@ from shared_svc.controllers.upgrade.io import PASS_PODS
 from shared_svc.upgrade import daemonsets as daemonsets_module
 from shared_svc.upgrade import record, states
 from shared_svc.upgrade.consumers import POD_READS
-from shared_svc.upgrade.planner import NodePlan, deleted_patch, plan_node, pods_read
+from shared_svc.upgrade.node_plan import NodePlan, deleted_patch
+from shared_svc.upgrade.planner import plan_node
+from shared_svc.upgrade.pods import pods_read
 from shared_svc.upgrade.resync import at_rest, resync_keys, settled
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex

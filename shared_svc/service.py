@@ -19,18 +19,19 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.admission.guard import AdmissionGuard
 from shared_svc.config import Config
 from shared_svc.controllers import shared_caches
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesReconciler
 from shared_svc.http import HttpServer, make_app
 from shared_svc.kube.lease import LeaseElector
 from shared_svc.kube.recorder import EventPublisher, EventRecorder
 from shared_svc.kube.writer import Writer
 from shared_svc.kubeconfig import api_client, count_requests, small_tls_reads, without_compression
 from shared_svc.runtime import heap
+from shared_svc.runtime.controller import Controller, controller_for
 from shared_svc.runtime.manager import Manager, Runnable
 from shared_svc.service_metrics import Metrics
 
 if TYPE_CHECKING:
-    from shared_svc.controllers.upgrade.reconciler import UpgradeController
+    from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
     from shared_svc.kube.registry import CacheRegistry
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,10 @@ class Service:
         self.metrics.leader.labels(config.lease_name).set(0 if config.leader_election else 1)
         self.api: ApiClient | None = None
         self.elector: LeaseElector | None = None
-        self.controller: ServicesController | None = None
-        self.upgrade: UpgradeController | None = None
+        self.controller: ServicesReconciler | None = None
+        self.upgrade: UpgradeReconciler | None = None
+        # The runtime's Controllers, by name, built from the reconcilers (controller_for).
+        self.controllers: dict[str, Controller[Any]] = {}
         self.manager: Manager | None = None  # runs every part (shared_svc.runtime)
         self.writer: Writer | None = None
         self.recorder: EventRecorder | None = None
@@ -111,10 +114,7 @@ class Service:
             # Until SIGTERM or a part ending unexpectedly; then every part stops, in the
             # reverse order of starting (the controllers finish the reconcile in flight,
             # the Lease is released, the servers close).
-            task = asyncio.ensure_future(self.manager.run(stop))
-            started = asyncio.ensure_future(self.manager.started.wait())
-            await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
+            task = await self.manager.start(stop)
             if self.manager.started.is_set():
                 self.port = self.http.port if self.http else None
                 log.info("serving", extra={"port": self.port, "identity": cfg.pod_name})
@@ -144,17 +144,7 @@ class Service:
         )
         self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
         if cfg.leader_election:
-            self.elector = LeaseElector(
-                api,
-                namespace=cfg.namespace,
-                name=cfg.lease_name,
-                identity=cfg.pod_name,
-                lease_duration=cfg.lease_duration_seconds,
-                renew_deadline=cfg.renew_deadline_seconds,
-                retry_period=cfg.retry_period_seconds,
-                on_change=lambda lead: self._on_leadership(lead),
-                on_error=lambda _: self.metrics.lease_errors.inc(),
-            )
+            self.elector = self._lease_elector(api)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
         # the registry reports each one's sync (shared_svc_cache_synced) and, once all
         # have synced, what they hold is frozen out of the garbage collector's scans.
@@ -165,7 +155,7 @@ class Service:
             on_all_synced=heap.freeze if self._freeze_heap else None,
         )
         if cfg.services_controller:
-            self.controller = ServicesController(
+            self.controller = ServicesReconciler(
                 api,
                 cfg,
                 caches=caches,
@@ -187,38 +177,60 @@ class Service:
         # controllers that wait for them to sync, stopped after them.
         parts += caches.runnables()
         if self.controller is not None:
-            self.admission = AdmissionGuard(
-                api,
-                cfg,
-                recorder=self.events,
-                objects=self.controller.cached_objects,
-                needed_by=self.controller.needed_by,
-                is_leader=self.is_leader,
-                on_checked=lambda m: self.metrics.publish_guard(
-                    m.mode,
-                    m.webhooks,
-                    len(m.writers),
-                    {g: v.reason for g, v in m.verdicts.items()},
-                ),
-                on_answered=self.metrics.webhook_answered,
-                on_certificate=self.metrics.webhook_certificate_loaded,
-            )
+            self.admission = self._admission_guard(api, self.controller, self.events)
             parts += self.admission.runnables()
-            parts += self.controller.runnables()
-        if self.upgrade is not None:
-            parts += self.upgrade.runnables()
+        for reconciler in (self.controller, self.upgrade):
+            if reconciler is not None:
+                controller = self.controllers[reconciler.name] = controller_for(reconciler)
+                parts += controller.runnables()
         return parts
+
+    def _lease_elector(self, api: ApiClient) -> LeaseElector:
+        """Leader election on the configured Lease; each change is told to the Manager."""
+        cfg = self.config
+        return LeaseElector(
+            api,
+            namespace=cfg.namespace,
+            name=cfg.lease_name,
+            identity=cfg.pod_name,
+            lease_duration=cfg.lease_duration_seconds,
+            renew_deadline=cfg.renew_deadline_seconds,
+            retry_period=cfg.retry_period_seconds,
+            on_change=lambda lead: self._on_leadership(lead),
+            on_error=lambda _: self.metrics.lease_errors.inc(),
+        )
+
+    def _admission_guard(
+        self, api: ApiClient, services: ServicesReconciler, events: EventPublisher
+    ) -> AdmissionGuard:
+        """The admission guard: it reads what the Services reconciler caches and plans."""
+        return AdmissionGuard(
+            api,
+            self.config,
+            recorder=events,
+            objects=services.cached_objects,
+            needed_by=services.needed_by,
+            is_leader=self.is_leader,
+            on_checked=lambda m: self.metrics.publish_guard(
+                m.mode,
+                m.webhooks,
+                len(m.writers),
+                {g: v.reason for g, v in m.verdicts.items()},
+            ),
+            on_answered=self.metrics.webhook_answered,
+            on_certificate=self.metrics.webhook_certificate_loaded,
+        )
 
     def _upgrade_controller(
         self, api: ApiClient, caches: CacheRegistry, events: EventPublisher
-    ) -> UpgradeController:
+    ) -> UpgradeReconciler:
         """The upgrade controller, on the shared caches, calling the API through
         ``KubeUpgradeIO`` (imported only when it is switched on)."""
         from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limiter
-        from shared_svc.controllers.upgrade.reconciler import UpgradeController
+        from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 
         cfg = self.config
-        return UpgradeController(
+        return UpgradeReconciler(
             cfg,
             events,
             caches=caches,

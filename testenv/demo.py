@@ -9,15 +9,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from shared_svc.errors import UsageError
-
-NS = "gpu-operator"
+from testenv.demo_parts import (
+    NS,
+    connect,
+    demo_config,
+    events_table,
+    say,
+    settle,
+    shared_log,
+    show,
+    show_pending,
+    step,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -75,67 +83,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
-def step(n: int, title: str, why: str) -> None:
-    say(f"\n=== {n}. {title}")
-    for line in why.strip().splitlines():
-        say(f"    {line.strip()}")
-
-
-async def connect(cp: Any, log_file: Path) -> Any:
-    """Sends the service's logs (JSON lines) to ``log_file``; returns an admin API client
-    of the control plane ``cp``."""
-    from kubernetes_asyncio import client, config
-
-    from shared_svc import logs
-
-    logs.configure("INFO")
-    handler = logging.FileHandler(log_file)
-    handler.setFormatter(logs.JsonFormatter())
-    logging.getLogger().handlers[:] = [handler]
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(cp.kubeconfig), client_configuration=configuration
-    )
-    return client.ApiClient(configuration=configuration)
-
-
-def demo_config(cp: Any, **settings: Any) -> Any:
-    """The service's settings in the demos: namespace ``gpu-operator`` on the control plane
-    ``cp``, endpoints on a free 127.0.0.1 port, quick coalescing; ``settings`` add to them."""
-    from shared_svc.config import Config
-
-    base: dict[str, Any] = {
-        "namespace": NS,
-        "kubeconfig": str(cp.kubeconfig),
-        "bind_address": "127.0.0.1",
-        "port": 0,
-        "pod_name": "shared-svc-demo",
-        "coalesce_seconds": 0.1,
-    }
-    return Config(**{**base, **settings})
-
-
-async def events_table(api: Any, namespaces: tuple[str, ...]) -> None:
-    """shared-svc's Events in ``namespaces``, as a table."""
-    from kubernetes_asyncio import client
-
-    events: Any = client.EventsV1Api(api)
-    rows = [
-        (e.type, e.reason, f"{e.regarding.kind}/{e.regarding.name}", e.note[:70])
-        for ns in namespaces
-        for e in (await events.list_namespaced_event(ns)).items
-        if e.reporting_controller == "nvidia.com/shared-svc"
-    ]
-    if rows:
-        _table(("TYPE", "REASON", "REGARDING", "NOTE"), sorted(rows, key=lambda r: r[1]))
-    else:
-        say("    no Events: nothing contested, nothing to warn about")
-
-
 async def _walk(cp: Any, log_file: Path) -> None:
     from kubernetes_asyncio import client
 
@@ -190,7 +137,7 @@ async def _walk(cp: Any, log_file: Path) -> None:
         await workloads.daemonset(app, common=False)
         for node in ("node-a", "node-b"):
             await workloads.pod(f"{app}-{node}", app, common=False)
-    await _show(core)
+    await show(core)
 
     step(
         2,
@@ -208,8 +155,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
     )
     try:
         async with running(cfg) as service:
-            await _settle(service)
-            await _show(core)
+            await settle(service)
+            await show(core)
 
             step(
                 3,
@@ -221,8 +168,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
                 await workloads.daemonset(app, common=True)
                 for node in ("node-a", "node-b"):
                     await workloads.pod(f"{app}-{node}", app, common=True)
-            await _settle(service)
-            await _show(core)
+            await settle(service)
+            await show(core)
 
             step(
                 4,
@@ -238,9 +185,9 @@ async def _walk(cp: Any, log_file: Path) -> None:
                 await workloads.daemonset(app, common=False)
                 for node in ("node-c",):
                     await workloads.pod(f"{app}-{node}", app, common=False)
-            await _settle(service)
-            await _show(core)
-            _show_pending(service)
+            await settle(service)
+            await show(core)
+            show_pending(service)
 
             step(
                 5,
@@ -251,8 +198,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
             await custom.delete_cluster_custom_object(
                 "nvidia.com", "v1", "clusterpolicies", "cluster-policy"
             )
-            await _settle(service)
-            await _show(core)
+            await settle(service)
+            await show(core)
 
             step(
                 6,
@@ -262,8 +209,8 @@ async def _walk(cp: Any, log_file: Path) -> None:
             for app in ("nvidia-dcgm-dra", "nvidia-dcgm-exporter-dra"):
                 await workloads.daemonset(app, common=True)
                 await workloads.pod(f"{app}-node-c", app, common=True)
-            await _settle(service)
-            await _show(core)
+            await settle(service)
+            await show(core)
 
             step(
                 7,
@@ -292,47 +239,3 @@ async def _walk(cp: Any, log_file: Path) -> None:
     finally:
         await api.close()
     say("\nDone: the service stopped gracefully and released its Lease.")
-
-
-def shared_log(service: Any) -> str:
-    handler = logging.getLogger().handlers[0]
-    return str(getattr(handler, "baseFilename", "stderr"))
-
-
-async def _settle(service: Any) -> None:
-    ctrl = service.controller
-    for _ in range(300):
-        await asyncio.sleep(0.1)
-        ctrl.trigger()
-        await asyncio.sleep(0.3)
-        plan = ctrl.last_plan
-        if plan is not None and not plan.writes and ctrl.last_reconcile.get("result") == "success":
-            return
-    print("warning: the service did not converge within 2 minutes; see its log", file=sys.stderr)
-
-
-async def _show(core: Any, names: tuple[str, ...] | None = None) -> None:
-    rows = []
-    for s in sorted((await core.list_namespaced_service(NS)).items, key=lambda s: s.metadata.name):
-        if names is not None and s.metadata.name not in names:
-            continue
-        owners = ",".join(
-            f"{r.kind}/{r.name}{'(controller)' if r.controller else ''}"
-            for r in s.metadata.owner_references or []
-        )
-        selector = ",".join(f"{k}={v}" for k, v in (s.spec.selector or {}).items())
-        scrape = (s.metadata.annotations or {}).get("prometheus.io/scrape", "-")
-        managed = (s.metadata.labels or {}).get("app.kubernetes.io/managed-by", "-")
-        rows.append((s.metadata.name, s.spec.cluster_ip, selector, scrape, managed, owners))
-    _table(("SERVICE", "CLUSTER-IP", "SELECTOR", "SCRAPE", "MANAGED-BY", "OWNERS"), rows)
-
-
-def _show_pending(service: Any) -> None:
-    for p in service.status()["pending"]:
-        say(f"    pending: {p['reason']} {p['object']}: {p['message'][:140]}")
-
-
-def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    for row in (header, *rows):
-        say("    " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())

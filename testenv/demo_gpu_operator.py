@@ -21,16 +21,16 @@ from typing import Any
 import yaml
 
 from shared_svc.errors import UsageError
-from testenv.demo import (
+from testenv.demo_parts import (
     NS,
-    _settle,
-    _show,
-    _table,
     connect,
     demo_config,
     events_table,
     say,
+    settle,
+    show,
     step,
+    table,
 )
 
 NAMES = ("nvidia-dcgm", "nvidia-dcgm-exporter")
@@ -140,7 +140,7 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
     await blocking(gpu_env.apply_cluster_policy, cp)
     await operands(ready=False)
     await state("notReady")
-    await _show(core, NAMES)
+    await show(core, NAMES)
 
     step(
         2,
@@ -150,7 +150,7 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
          what shared-svc owns, managedFields included, so the update changes nothing.""",
     )
     await blocking(cp.apply_manifests, docs, field_manager="helm")
-    _table(("KIND", "NAME"), [(d["kind"], d["metadata"]["name"]) for d in docs])
+    table(("KIND", "NAME"), [(d["kind"], d["metadata"]["name"]) for d in docs])
 
     step(
         3,
@@ -162,8 +162,8 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
     cfg = demo_config(cp, leader_election=False, discovery_seconds=1.0)
     try:
         async with running(cfg) as service:
-            await _settle(service)
-            await _show(core, NAMES)
+            await settle(service)
+            await show(core, NAMES)
 
             step(
                 4,
@@ -194,7 +194,7 @@ async def _walk(cp: Any, op: Any, docs: list[dict[str, Any]], log_file: Path) ->
                     f"    {name}: resourceVersion {rv_before[name]} -> {rv_after[name]} ({verdict})"
                 )
             say(f"    shared-svc: {writes_after - writes_before} writes")
-            await _show(core, NAMES)
+            await show(core, NAMES)
 
             step(
                 5,

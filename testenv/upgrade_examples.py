@@ -14,8 +14,8 @@ from shared_svc.controllers.upgrade.caches import UpgradeCaches
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade.daemonsets import parked_label_key
+from shared_svc.upgrade.node_plan import NodePatch, PodAction
 from shared_svc.upgrade.paths import is_driver_pod
-from shared_svc.upgrade.planner import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from testenv.caches import deliver, fill, offline_registry
 

@@ -18,7 +18,7 @@ SUITE = (
     # The API semantics shared-svc relies on: SSA keys, owner references, conflicts,
     # preconditions, Events with series, Leases, the CRDs.
     "tests/test_apiserver_semantics.py",
-    "tests/test_informer_memory.py",
+    "tests/test_cache_memory.py",
     "tests/test_node_metadata_cache.py",
     # The Services controller end to end: Events, adoption keeping the clusterIP, both
     # migrations, deletes, the steady state writing nothing.

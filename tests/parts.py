@@ -18,7 +18,7 @@ from shared_svc.config import Config
 from shared_svc.controllers.services.executor import Executor
 from shared_svc.controllers.services.metrics import ServicesMetrics
 from shared_svc.controllers.services.outcomes import Outcomes
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesReconciler
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.recorder import EventPublisher
@@ -42,10 +42,10 @@ def services_controller(
     leader: bool = True,
     registry: CacheRegistry | None = None,
     objects: dict[str, list[K8sObject]] | None = None,
-) -> ServicesController:
+) -> ServicesReconciler:
     """The Services controller on an offline registry, every cache it reads listed (with
     ``objects`` by cache name, else empty): synced, as after the caches' first lists."""
-    ctrl = ServicesController(
+    ctrl = ServicesReconciler(
         None,  # type: ignore[arg-type]  # no API: discovery is not run
         config or Config(),
         caches=registry or offline_registry(),
@@ -98,10 +98,7 @@ async def managed(
     reverse order, the work in flight finished); a part that ended unexpectedly fails."""
     manager = Manager(parts, is_leader)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(manager.run(stop))
-    started = asyncio.ensure_future(manager.started.wait())
-    await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
-    started.cancel()
+    task = await manager.start(stop)
     try:
         yield manager
     finally:

@@ -18,7 +18,10 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from shared_svc.config import Config
+from shared_svc.controllers.services.metrics import CONTROLLER
+from shared_svc.controllers.services.reconciler import KEY
 from shared_svc.k8s.events import Report
+from shared_svc.runtime.controller import Controller
 from shared_svc.service import Service
 from testenv import ControlPlane
 from testenv.gpu_operator import apiserver_requests
@@ -163,10 +166,11 @@ async def settle(service: Service, timeout: float = 30.0, quiet: float = 0.4) ->
     """
     ctrl, writer = service.controller, service.writer
     assert ctrl is not None and writer is not None
+    runtime = services_runtime(service)
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         await asyncio.sleep(0.05)
-        ctrl.trigger()
+        runtime.enqueue(KEY)
         before = sum(writer.writes.values())
         rid = ctrl.last_reconcile.get("id")
         await asyncio.sleep(quiet)
@@ -188,8 +192,13 @@ async def converged(service: Service) -> bool:
     return (
         ctrl.last_reconcile.get("result") == "success"
         and not ctrl.last_plan.writes
-        and not ctrl.pending()
+        and not services_runtime(service).pending(KEY)
     )
+
+
+def services_runtime(service: Service) -> Controller[str]:
+    """The runtime's Controller the service built from its Services reconciler."""
+    return service.controllers[CONTROLLER]
 
 
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")

@@ -655,7 +655,7 @@ def test_promtool_sees_an_alert_that_does_not_fire(tmp_path: Path) -> None:
 def test_each_runbook_url_is_a_section_of_the_operations_doc() -> None:
     """By default an absolute link: docs/operations.md of the chart's own version at
     Chart.yaml's home, at the alert's section."""
-    from tests.test_docs import anchors
+    from tests.markdown import anchors
 
     operations = (REPO / "docs" / "operations.md").read_text()
     chart = yaml.safe_load((REPO / "deploy" / "chart" / "shared-svc" / "Chart.yaml").read_text())

@@ -44,7 +44,13 @@ def test_plan_imports_only_its_module_and_no_kubernetes_client(tmp_path: Path) -
     assert loaded("plan", "-f", str(manifest)) == {
         "code": 0,
         "heavy": [],
-        "commands": ["shared_svc.commands.plan", "shared_svc.commands.plan.manifests"],
+        "commands": [
+            "shared_svc.commands.plan",
+            "shared_svc.commands.plan.json_stream",
+            "shared_svc.commands.plan.manifests",
+            "shared_svc.commands.plan.yaml_stream",
+            "shared_svc.commands.plan.yaml_text",
+        ],
     }
 
 

@@ -23,11 +23,12 @@ import pytest
 
 import testenv
 from shared_svc.controllers.services import caches
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.reconciler import ServicesReconciler
 from shared_svc.controllers.upgrade import caches as upgrade_caches
 from shared_svc.controllers.upgrade.caches import node_resources
 from shared_svc.kube.registry import CacheRunnable
 from shared_svc.kube.writer import raw_request
+from shared_svc.runtime.controller import Controller
 from shared_svc.service import Service
 from testenv import ControlPlane
 from tests.apiproxy import ThrottlingProxy, kubeconfig_via
@@ -38,6 +39,7 @@ from tests.svc import (
     http_get,
     running,
     service_config,
+    services_runtime,
     settle,
 )
 
@@ -48,10 +50,10 @@ async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
 ) -> None:
     from shared_svc.service import ControllerCrashed
 
-    async def crash(self: ServicesController, stop: asyncio.Event) -> None:
+    async def crash(self: Controller[str], stop: asyncio.Event) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ServicesController, "run", crash)
+    monkeypatch.setattr(Controller, "run", crash)
     config = service_config(control_plane, kube.ns, leader_election=True, pod_name="crashy")
     with pytest.raises(ControllerCrashed, match="boom"):
         async with running(config) as svc:
@@ -63,9 +65,9 @@ async def test_a_crashed_controller_exits_non_zero_after_releasing_the_lease(
 def test_run_exits_1_with_one_line_when_a_controller_crashes(control_plane: ControlPlane) -> None:
     code = (
         "import asyncio, sys\n"
-        "from shared_svc.controllers.services.reconciler import ServicesController\n"
+        "from shared_svc.runtime.controller import Controller\n"
         "async def crash(self, stop): raise RuntimeError('boom')\n"
-        "ServicesController.run = crash\n"
+        "Controller.run = crash\n"
         "from shared_svc.cli import main\n"
         f"sys.exit(main(['run', '--kubeconfig', {str(control_plane.kubeconfig)!r}, '--port', '0',"
         " '--leader-election', 'false', '--namespace', 'crash']))\n"
@@ -112,14 +114,14 @@ async def test_a_replica_is_ready_only_once_it_has_planned(
     through."""
     hold = asyncio.Event()
     planning = asyncio.Event()
-    original = ServicesController._plan_and_act
+    original = ServicesReconciler._plan_and_act
 
-    async def held(self: ServicesController, world: Any) -> tuple[str, int]:
+    async def held(self: ServicesReconciler, world: Any) -> tuple[str, int]:
         planning.set()
         await hold.wait()
         return await original(self, world)
 
-    monkeypatch.setattr(ServicesController, "_plan_and_act", held)
+    monkeypatch.setattr(ServicesReconciler, "_plan_and_act", held)
     await kube.create_cr(cp_body())
     async with running(service_config(control_plane, kube.ns)) as svc:
         try:
@@ -127,7 +129,7 @@ async def test_a_replica_is_ready_only_once_it_has_planned(
             ctrl = svc.controller
             assert ctrl is not None and ctrl.caches_synced() and ctrl.needed_by() is None
             # every other part ready (ServiceMonitor discovery may still switch its cache)
-            others = [r for r in svc.runnables() if r is not ctrl]
+            others = [r for r in svc.runnables() if r is not services_runtime(svc)]
             await eventually(lambda: _true(all(r.ready() for r in others)), timeout=30)
             port = svc.port or 0
             assert (await http_get(port, "/readyz"))[0] == 503

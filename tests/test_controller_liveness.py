@@ -13,11 +13,12 @@ import time
 import pytest
 
 from shared_svc.controllers.services import reconciler as controller_module
+from shared_svc.controllers.services.reconciler import KEY
 from shared_svc.runtime import controller as runtime_controller
 from testenv import ControlPlane
 from tests.kube import eventually
 from tests.refusals import ServiceWritesRefused
-from tests.svc import Kube, cp_body, http_get, running, service_config
+from tests.svc import Kube, cp_body, http_get, running, service_config, services_runtime
 
 pytestmark = pytest.mark.apiserver
 
@@ -35,11 +36,10 @@ async def test_livez_stays_ok_while_writes_keep_failing(
         control_plane, kube.ns, backoff_base_seconds=4.0, backoff_max_seconds=300.0
     )
     async with ServiceWritesRefused(kube.api, kube.ns), running(config) as svc:
-        ctrl = svc.controller
-        assert ctrl is not None
+        runtime = services_runtime(svc)
 
         async def failing() -> bool:
-            return ctrl.failures >= 1
+            return runtime.failures(KEY) >= 1
 
         await eventually(failing, timeout=30)
         assert "refused by a test policy" in (svc.status()["lastReconcile"]["error"] or "")
@@ -49,7 +49,7 @@ async def test_livez_stays_ok_while_writes_keep_failing(
             answers.append((await http_get(svc.port or 0, "/livez"))[0])
             await asyncio.sleep(0.1)
         assert set(answers) == {200}, answers
-        assert ctrl.failures >= 1 and svc.status()["lastReconcile"]["result"] == "error"
+        assert runtime.failures(KEY) >= 1 and svc.status()["lastReconcile"]["result"] == "error"
         # A loop that really stops beating is reported: its next beat is an hour away.
         monkeypatch.setattr(controller_module, "HEARTBEAT_SECONDS", 3600.0)
 

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
+from shared_svc.controllers.services.reconciler import KEY
+from shared_svc.runtime.controller import Result, controller_for
 from shared_svc.runtime.workqueue import WorkQueue
 from testenv import ControlPlane
 from testenv.caches import fill
@@ -44,14 +46,15 @@ class LoopProbe:
                 self.log.append("sleep")  # a wait before the next reconcile
             add_after(queue, key, delay)
 
-        async def reconcile_once() -> bool:
+        async def reconcile(key: str) -> Result:
             self.log.append("reconcile")
             await asyncio.sleep(0)  # changes may arrive while it runs
-            return True
+            return Result()
 
         monkeypatch.setattr(WorkQueue, "add_after", delayed)
-        monkeypatch.setattr(self.ctrl, "reconcile_once", reconcile_once)
-        self._running = managed([self.ctrl])
+        monkeypatch.setattr(self.ctrl, "reconcile", reconcile)
+        self.runtime = controller_for(self.ctrl)
+        self._running = managed([self.runtime])
 
     async def start(self) -> LoopProbe:
         self.manager = await self._running.__aenter__()
@@ -59,7 +62,7 @@ class LoopProbe:
 
     def change(self) -> None:
         self.log.append("change")
-        self.ctrl.trigger()
+        self.runtime.enqueue(KEY)
 
     async def idle(self, seconds: float) -> None:
         await asyncio.sleep(seconds)  # a wait in the test's own time, not an assertion
@@ -168,8 +171,8 @@ async def test_steady_state_writes_nothing(control_plane: ControlPlane, kube: Ku
         reconciles = successful_reconciles(svc)
         relists = {n: i.relists for n, i in ctrl.caches.items()}
         for _ in range(5):
-            for informer in ctrl.caches.values():
-                await informer.relist()
+            for cache in ctrl.caches.values():
+                await cache.relist()
             await asyncio.sleep(0.5)
         await asyncio.sleep(2.5)
         assert apiserver_write_count(control_plane) == writes_before

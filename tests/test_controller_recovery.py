@@ -14,13 +14,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 import testenv
 from shared_svc import __version__
+from shared_svc.controllers.services.reconciler import KEY
 from shared_svc.kube.writer import raw_request
 from shared_svc.reconcile.model import Action, Plan
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace
 from tests.parts import executor
 from tests.refusals import ServiceWritesRefused
-from tests.svc import Kube, cp_body, gc_body, running, service_config, settle
+from tests.svc import Kube, cp_body, gc_body, running, service_config, services_runtime, settle
 
 SM_CRD = "servicemonitors.monitoring.coreos.com"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -44,7 +45,8 @@ async def test_backoff_is_reset_once_the_watches_are_back() -> None:
         async with running(config) as svc:
             ctrl = svc.controller
             assert ctrl is not None
-            await eventually(lambda: _true(ctrl.failures >= 1), timeout=30)
+            runtime = services_runtime(svc)
+            await eventually(lambda: _true(runtime.failures(KEY) >= 1), timeout=30)
             # The cause goes away unseen (no watched object changes): still backing off.
             await refusal.lift()
             await loop.run_in_executor(None, cp.stop_apiserver)
@@ -64,7 +66,7 @@ async def test_backoff_is_reset_once_the_watches_are_back() -> None:
             # Bounded by the caches' own reconnect backoff (at most 30 s), not by ours.
             await eventually(converged, timeout=60)
             await settle(svc)
-            assert ctrl.failures == 0
+            assert runtime.failures(KEY) == 0
             assert svc.status()["lastReconcile"]["result"] == "success"
         await api.close()
     finally:
@@ -101,7 +103,7 @@ async def test_service_monitor_api_removed_is_rediscovered_at_once(
             await settle(svc)
             status = svc.status()
             assert any("ServiceMonitor" in n for n in status["notes"]), status["notes"]
-            assert svc.controller is not None and svc.controller.failures == 0
+            assert services_runtime(svc).failures(KEY) == 0
             assert await kube.service("nvidia-dcgm-exporter") is not None
         finally:
             await _restore_service_monitor_crd(control_plane, kube)
@@ -243,7 +245,7 @@ async def test_service_monitor_api_installed_later() -> None:
 
 
 @pytest.mark.apiserver
-async def test_informer_relists_after_410_gone() -> None:
+async def test_cache_relists_after_410_gone() -> None:
     """Own control plane: etcd is compacted and the API server restarted (its watch cache
     rebuilt), so a watch from an old resourceVersion really gets 410 Expired."""
     from shared_svc.kube.reflector import Cache, Resource
@@ -252,9 +254,9 @@ async def test_informer_relists_after_410_gone() -> None:
     try:
         api = await api_client(cp)
         k = Kube(api, await make_namespace(api, "gone"))
-        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
-        await informer.relist()
-        old = informer.resource_version
+        cache = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
+        await cache.relist()
+        old = cache.resource_version
         for i in range(3):
             await k.core.create_namespaced_service(
                 k.ns, {"metadata": {"name": f"s{i}"}, "spec": {"ports": [{"port": 1}]}}
@@ -264,16 +266,16 @@ async def test_informer_relists_after_410_gone() -> None:
         await asyncio.get_running_loop().run_in_executor(None, cp.start_apiserver)
         await api.close()
         api = await api_client(cp)
-        informer = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
-        informer.resource_version = old
-        assert await informer.watch_once() == "gone"
-        # Run from there, the informer ends with the complete list.
-        informer.resource_version = old
-        informer.synced.set()
+        cache = Cache(api, Resource("", "v1", "services", "Service", namespace=k.ns))
+        cache.resource_version = old
+        assert await cache.watch_once() == "gone"
+        # Run from there, the cache ends with the complete list.
+        cache.resource_version = old
+        cache.synced.set()
         stop = asyncio.Event()
-        task = asyncio.ensure_future(informer.run(stop))
+        task = asyncio.ensure_future(cache.run(stop))
         try:
-            await eventually(lambda: _true(len(informer.items()) == 3), timeout=20)
+            await eventually(lambda: _true(len(cache.items()) == 3), timeout=20)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)

@@ -1087,7 +1087,7 @@ def bare(expr: str) -> str:
 
 
 def test_prometheus_rule_has_the_documented_alerts_only_when_enabled() -> None:
-    from tests.test_docs import anchors
+    from tests.markdown import anchors
 
     assert not find(render_docs(), "PrometheusRule")
     documented = documented_alerts()

@@ -27,7 +27,7 @@ from shared_svc.controllers.upgrade.io import KubeUpgradeIO, upgrade_write_limit
 from shared_svc.k8s.objects import name_of
 from shared_svc.kube.writer import Writer
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.planner import NodePatch, PodAction
+from shared_svc.upgrade.node_plan import NodePatch, PodAction
 from shared_svc.upgrade.states import state_label_key
 from testenv import ControlPlane
 from tests.kube import api_client, eventually, make_namespace, unique

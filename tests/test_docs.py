@@ -25,6 +25,7 @@ import yaml
 from shared_svc import __version__
 from shared_svc.config import Config
 from shared_svc.upgrade.states import FREE_STATES, KEEP_STATES, NOTHING_STATES, RESTORE_STATES
+from tests.markdown import LINK, anchors, code_blocks, prose
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -48,43 +49,6 @@ def doc_files() -> list[Path]:
 
 def docs() -> dict[str, str]:
     return {str(p.relative_to(REPO)): p.read_text() for p in doc_files()}
-
-
-# --- Markdown: code blocks, links, anchors ---------------------------------------------
-
-FENCE = re.compile(r"^[ \t]*(```|~~~)([^\n]*)\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S)
-INLINE_CODE = re.compile(r"`[^`\n]*`")
-LINK = re.compile(r"(?<!!)\[(?:[^\]\n]|\][^(])*?\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
-
-
-def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(info string, body) of each fenced block."""
-    return [(m.group(2).strip(), m.group(3)) for m in FENCE.finditer(text)]
-
-
-def prose(text: str) -> str:
-    """The text without fenced blocks and inline code (where a link is not a link)."""
-    return INLINE_CODE.sub("", FENCE.sub("", text))
-
-
-def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, markup and punctuation dropped, spaces to -."""
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
-    text = text.replace("`", "").strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def anchors(text: str) -> set[str]:
-    seen: dict[str, int] = {}
-    out = set()
-    for m in HEADING.finditer(FENCE.sub("", text)):
-        base = slug(m.group(2))
-        n = seen.get(base, 0)
-        seen[base] = n + 1
-        out.add(base if n == 0 else f"{base}-{n}")
-    return out
 
 
 def broken_links(files: Mapping[str, str], root: Path) -> list[str]:

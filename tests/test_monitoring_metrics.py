@@ -15,11 +15,11 @@ from shared_svc.controllers.services.outcomes import Outcomes
 from shared_svc.controllers.upgrade.metrics import GATE_STATES, NODE_STATES, PHASES, UpgradeMetrics
 from shared_svc.kube.recorder import EventPublisher
 from shared_svc.reconcile.model import ObjectStatus, Plan
-from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.service_metrics import TARGET_LABELS, Metrics
 from shared_svc.upgrade.gate import GateCheck, GateVerdicts
-from shared_svc.upgrade.planner import NodeStatus
+from shared_svc.upgrade.node_plan import NodeStatus
 from shared_svc.upgrade.record import format_time
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
@@ -171,8 +171,10 @@ def test_every_known_series_is_there_at_zero_from_the_start() -> None:
     Controller(
         "upgrade",
         reconcile,
-        metrics=RuntimeMetrics.of(r),
-        rate_limiter=ItemExponentialFailureRateLimiter(0.01, 1.0),
+        Options(
+            metrics=RuntimeMetrics.of(r),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.01, 1.0),
+        ),
     )
     assert value(r, "workqueue_retries_total", name="upgrade") == 0
     assert value(r, "workqueue_depth", name="upgrade") == 0

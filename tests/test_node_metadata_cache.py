@@ -25,7 +25,7 @@ from shared_svc.kube.reflector import Cache
 from shared_svc.kube.resources import METADATA, NODES
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from shared_svc.upgrade.daemonsets import parked_label_key
-from shared_svc.upgrade.planner import NodePatch
+from shared_svc.upgrade.node_plan import NodePatch
 from shared_svc.upgrade.states import state_label_key
 from tests.kube import eventually, unique
 from tests.realistic import api_node_status
@@ -91,24 +91,24 @@ async def _true(value: bool) -> bool:
 
 
 class Wire:
-    """The ``Accept`` header of every request the informer sends, and the kind of each list
+    """The ``Accept`` header of every request the cache sends, and the kind of each list
     page the API server answered with (read through aiohttp's kept body)."""
 
-    def __init__(self, informer: Cache) -> None:
+    def __init__(self, cache: Cache) -> None:
         self.accepts: list[tuple[bool, str]] = []  # (watch?, Accept)
         self.list_kinds: list[str] = []
-        api = informer._api
+        api = cache._api
         real = api.call_api
 
         async def call_api(*args: Any, **kw: Any) -> Any:
             query = dict(kw.get("query_params") or [])
-            if query.get("labelSelector") != informer.resource.label_selector:
+            if query.get("labelSelector") != cache.resource.label_selector:
                 return await real(*args, **kw)  # the test's own requests (same client)
             watch = query.get("watch") == "true"
             self.accepts.append((watch, (kw.get("header_params") or {}).get("Accept", "")))
             resp = await real(*args, **kw)
             if not watch and 200 <= resp.status <= 299:
-                # aiohttp keeps a body once read: the informer reads the same bytes after.
+                # aiohttp keeps a body once read: the cache reads the same bytes after.
                 self.list_kinds.append(_kind(await resp.read()))
             return resp
 
@@ -133,21 +133,21 @@ async def test_node_caches_keep_metadata_only_from_lists_and_watches(
     listed, watched, other = (unique(f"meta-{which}-{n}") for n in ("l", "w", "o"))
     await create_node(api, listed, label)
     await create_node(api, other, {})  # neither label: in neither cache
-    informer = Cache(api, resource, page_size=1)
-    wire = Wire(informer)
+    cache = Cache(api, resource, page_size=1)
+    wire = Wire(cache)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(informer.run(stop))
+    task = asyncio.ensure_future(cache.run(stop))
     try:
-        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await eventually(lambda: _true(cache.synced.is_set()), timeout=15)
         live = await read_node(api, listed)
         assert "images" in live["status"] and len(live["metadata"]["managedFields"]) >= 2
-        assert informer.get(listed) == metadata_view(live)
-        assert informer.get(other) is None
+        assert cache.get(listed) == metadata_view(live)
+        assert cache.get(other) is None
 
         # Added later: through the watch, kept the same way.
         await create_node(api, watched, label)
         added = await read_node(api, watched)
-        await eventually(lambda: _true(informer.get(watched) == metadata_view(added)), timeout=15)
+        await eventually(lambda: _true(cache.get(watched) == metadata_view(added)), timeout=15)
 
         # A label change arrives through the watch; a status write changes only the version.
         await raw_request(
@@ -159,16 +159,16 @@ async def test_node_caches_keep_metadata_only_from_lists_and_watches(
         )
         await eventually(
             lambda: _true(
-                (informer.get(listed) or {})["metadata"]["labels"].get("example.com/drain") == "now"
+                (cache.get(listed) or {})["metadata"]["labels"].get("example.com/drain") == "now"
             ),
             timeout=15,
         )
         after_status = await write_status(api, listed, 1)
         await eventually(
-            lambda: _true(informer.get(listed) == metadata_view(after_status)), timeout=15
+            lambda: _true(cache.get(listed) == metadata_view(after_status)), timeout=15
         )
-        assert set(informer.get(listed) or {}) == {"apiVersion", "kind", "metadata"}
-        assert informer.relists == 1  # all of it through the one watch
+        assert set(cache.get(listed) or {}) == {"apiVersion", "kind", "metadata"}
+        assert cache.relists == 1  # all of it through the one watch
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)

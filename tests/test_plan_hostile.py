@@ -17,7 +17,8 @@ import yaml
 import shared_svc
 from shared_svc.cli import main
 from shared_svc.commands.plan import manifests
-from shared_svc.commands.plan.manifests import InputError, load_documents, well_formed
+from shared_svc.commands.plan.manifests import InputError, well_formed
+from shared_svc.commands.plan.yaml_text import load_documents
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.worlds import cluster_policy, service

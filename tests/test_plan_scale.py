@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from shared_svc.cli import main
-from shared_svc.commands.plan import load_world, manifests, plan_output
+from shared_svc.commands.plan import json_stream, load_world, manifests, plan_output, yaml_text
 from shared_svc.reconcile.model import Settings, World
 from shared_svc.reconcile.planner import plan
 from tests.realistic import pod_list
@@ -61,11 +61,11 @@ def test_json_yaml_and_the_whole_objects_give_the_same_plan(
     assert command(capsys, as_yaml) == (0, expected, "")  # a List: rapidyaml, member by member
     # Read whole the bounded way (YAML that is no kubectl List, a member with an anchor):
     as_yaml.write_text("---\n" + yaml.safe_dump(listing) + "---\n")
-    assert manifests._NoAliasLoader is not None  # libyaml is there
+    assert yaml_text._NoAliasLoader is not None  # libyaml is there
     assert command(capsys, as_yaml) == (0, expected, "")  # libyaml parses and composes
-    monkeypatch.setattr(manifests, "_NoAliasLoader", None)  # as with anchors in the text:
+    monkeypatch.setattr(yaml_text, "_NoAliasLoader", None)  # as with anchors in the text:
     assert command(capsys, as_yaml) == (0, expected, "")  # libyaml parses, the bounds compose
-    monkeypatch.setattr(manifests, "_FastLoader", None)  # PyYAML alone
+    monkeypatch.setattr(yaml_text, "_FastLoader", None)  # PyYAML alone
     assert command(capsys, as_yaml) == (0, expected, "")
 
 
@@ -90,14 +90,14 @@ def test_libyaml_and_pyyaml_read_the_same_documents(listing: dict[str, Any], anc
     text = yaml.safe_dump_all([listing, None]) + "---" + ODD
     if anchors:  # an anchor somewhere: libyaml parses, the bounded composer composes
         text += "---\nx: &a [1]\ny: *a\n"
-    loaders = {"libyaml": manifests._NoAliasLoader, "bounded": manifests._FastLoader}
+    loaders = {"libyaml": yaml_text._NoAliasLoader, "bounded": yaml_text._FastLoader}
     assert all(loaders.values())
-    results = [manifests.load_documents(text)]
+    results = [yaml_text.load_documents(text)]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(manifests, "_NoAliasLoader", None)
-        results.append(manifests.load_documents(text))
-        patch.setattr(manifests, "_FastLoader", None)
-        results.append(manifests.load_documents(text))
+        patch.setattr(yaml_text, "_NoAliasLoader", None)
+        results.append(yaml_text.load_documents(text))
+        patch.setattr(yaml_text, "_FastLoader", None)
+        results.append(yaml_text.load_documents(text))
     assert results[0] == results[1] == results[2]
     assert results[0][0] == listing
 
@@ -111,10 +111,10 @@ def test_the_three_yaml_readers_refuse_alike(text: str) -> None:
     with pytest.MonkeyPatch.context() as patch:
         for loader in ("_NoAliasLoader", "_FastLoader", None):
             with pytest.raises(manifests.InputError) as refused:
-                manifests.load_documents(text)
+                yaml_text.load_documents(text)
             messages.append(str(refused.value))
             if loader:
-                patch.setattr(manifests, loader, None)
+                patch.setattr(yaml_text, loader, None)
     if "[b" in text:  # a syntax error: libyaml words it its own way, at the same line
         assert all(m.startswith("invalid YAML at line 3: ") for m in messages), messages
     else:
@@ -131,10 +131,10 @@ def test_json_split_anywhere_across_chunks_reads_the_same(
     expected = command(capsys, path)
     text = path.read_text()
     for chunk in (1, 2, 7, 64):
-        monkeypatch.setattr(manifests, "_CHUNK", chunk)
+        monkeypatch.setattr(json_stream, "_CHUNK", chunk)
         assert command(capsys, path) == expected
         # Numbers, escapes and nesting cut at any point: the same values as json.loads.
-        assert manifests.load_json_stream(io.StringIO(text).read, lambda item: item) == small
+        assert json_stream.load_json_stream(io.StringIO(text).read, lambda item: item) == small
     assert expected[0] == 0
 
 

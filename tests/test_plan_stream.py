@@ -15,16 +15,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared_svc.commands.plan import _keep, _shape, manifests
-from shared_svc.commands.plan.manifests import (
-    ALL,
-    MAX_ALIAS_NODES,
-    MAX_DEPTH,
-    InputError,
-    Text,
-    load_documents,
-    load_yaml_stream,
-)
+from shared_svc.commands.plan import _keep, _shape, json_stream, manifests, yaml_stream, yaml_text
+from shared_svc.commands.plan.json_stream import Text
+from shared_svc.commands.plan.manifests import MAX_ALIAS_NODES, MAX_DEPTH, InputError
+from shared_svc.commands.plan.yaml_stream import ALL, load_yaml_stream
+from shared_svc.commands.plan.yaml_text import load_documents
 from shared_svc.reconcile.selection import pod_fields
 from tests.realistic import pod_list
 
@@ -94,8 +89,8 @@ def test_streamed_reads_as_the_whole_document(name: str) -> None:
     whole = outcome(text, None)
     assert outcome(text, same) == whole
     with pytest.MonkeyPatch.context() as patch:  # PyYAML alone (its own syntax messages)
-        patch.setattr(manifests, "_FastLoader", None)
-        patch.setattr(manifests, "_NoAliasLoader", None)
+        patch.setattr(yaml_text, "_FastLoader", None)
+        patch.setattr(yaml_text, "_NoAliasLoader", None)
         assert outcome(text, same) == outcome(text, None)
 
 
@@ -212,8 +207,8 @@ def no_bounded_item(*args: Any) -> Any:
 
 def fast_only(patch: pytest.MonkeyPatch) -> None:
     """Every member read by rapidyaml: neither alone nor the whole text the bounded way."""
-    patch.setattr(manifests, "_bounded_item", no_bounded_item)
-    patch.setattr(manifests, "load_documents", no_bounded_item)
+    patch.setattr(yaml_stream, "_bounded_item", no_bounded_item)
+    patch.setattr(yaml_stream, "load_documents", no_bounded_item)
 
 
 LISTS = {
@@ -307,7 +302,7 @@ def test_the_size_bounds_hold_for_a_list() -> None:
     text = "kind: List\nitems:\n" + member * 200
     assert read_list(text, _keep, _shape, 100)[0] == "ok"  # streamed past the whole-file bound
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(manifests, "MAX_STREAM_BYTES", 1000)
+        patch.setattr(json_stream, "MAX_STREAM_BYTES", 1000)
         assert read_list(text, _keep, _shape, 100) == ("refused", "larger than 1000 bytes")
     big = "kind: List\nitems:\n- a: |\n" + "    x\n" * 100
     assert read_list(big, _keep, _shape, 300) == ("refused", "a value larger than 300 bytes")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shared_svc.config import Config
-from shared_svc.controllers.services.reconciler import ServicesController
+from shared_svc.controllers.services.reconciler import KEY, ServicesReconciler
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.k8s.selectors import Selector
@@ -27,8 +27,8 @@ from shared_svc.reconcile import selection
 from shared_svc.reconcile.planner import plan
 from tests import worlds
 from tests.parts import services_controller
-from tests.test_informer_events import fill, one_event, pods_cache
-from tests.test_informer_events import pod as plain_pod
+from tests.test_cache_events import fill, one_event, pods_cache
+from tests.test_cache_events import pod as plain_pod
 from tests.test_reconcile_hold import add_cluster_policy, gpu_cluster_running, held_messages
 from tests.test_upgrade_node_events import CountingStore
 
@@ -53,13 +53,13 @@ def _versioned(objects: list[K8sObject], first: int) -> list[K8sObject]:
     return objects
 
 
-def standby() -> ServicesController:
+def standby() -> ServicesReconciler:
     """The Services controller as a standby (it plans, never writes) on its real caches,
     made but not run: no request is sent (also ``benchmarks/bench_reconcile.py``'s)."""
     return services_controller(Config(), writer=NoWriter(), leader=False)
 
 
-def _controller() -> ServicesController:
+def _controller() -> ServicesReconciler:
     ctrl = standby()
     pods = _versioned(
         [
@@ -80,13 +80,13 @@ def _controller() -> ServicesController:
     return ctrl
 
 
-async def _watch(monkeypatch: pytest.MonkeyPatch, informer: Cache, event: K8sObject) -> None:
-    """``informer`` brings one watch event, as the API server sends it."""
-    monkeypatch.setattr(informer, "_open_watch", lambda params, timeout: one_event(event))
-    assert await informer.watch_once() == "timeout"
+async def _watch(monkeypatch: pytest.MonkeyPatch, cache: Cache, event: K8sObject) -> None:
+    """``cache`` brings one watch event, as the API server sends it."""
+    monkeypatch.setattr(cache, "_open_watch", lambda params, timeout: one_event(event))
+    assert await cache.watch_once() == "timeout"
 
 
-def _union(ctrl: ServicesController) -> UnionCache:
+def _union(ctrl: ServicesReconciler) -> UnionCache:
     union = ctrl.caches["pods"]
     assert isinstance(union, UnionCache)
     return union
@@ -100,26 +100,26 @@ def _counted(union: UnionCache) -> None:
 
 
 def test_an_unchanged_store_hands_out_the_same_tuple_and_a_change_a_new_one() -> None:
-    informer = pods_cache()
-    fill(informer, [plain_pod("b", "2"), plain_pod("a", "1")])
-    informer._items = CountingStore(informer._items)
-    items, keys = informer.items(), informer.cached_keys()
+    cache = pods_cache()
+    fill(cache, [plain_pod("b", "2"), plain_pod("a", "1")])
+    cache._items = CountingStore(cache._items)
+    items, keys = cache.items(), cache.cached_keys()
     assert [p["metadata"]["name"] for p in items] == ["a", "b"]
     assert keys == (("ns", "a"), ("ns", "b"))
     CountingStore.passes = 0
-    assert informer.items() is items and informer.cached_keys() is keys
+    assert cache.items() is items and cache.cached_keys() is keys
     assert CountingStore.passes == 0, "an unchanged store was passed over"
-    fill(informer, [plain_pod("a", "1"), plain_pod("c", "3")])
-    assert [p["metadata"]["name"] for p in informer.items()] == ["a", "c"]
-    assert informer.cached_keys() == (("ns", "a"), ("ns", "c"))
+    fill(cache, [plain_pod("a", "1"), plain_pod("c", "3")])
+    assert [p["metadata"]["name"] for p in cache.items()] == ["a", "c"]
+    assert cache.cached_keys() == (("ns", "a"), ("ns", "c"))
 
 
 async def test_a_watch_event_is_a_new_tuple_and_a_change_the_projection_drops_is_none(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    informer = pods_cache()
-    fill(informer, [plain_pod("a", "1"), plain_pod("b", "2")])
-    before = informer.items()
+    cache = pods_cache()
+    fill(cache, [plain_pod("a", "1"), plain_pod("b", "2")])
+    before = cache.items()
     dropped_only = plain_pod("a", "3", app="v1")
     dropped_only["spec"]["containers"][0]["image"] = "j"  # a field the projection drops
     for event, same in (
@@ -128,10 +128,10 @@ async def test_a_watch_event_is_a_new_tuple_and_a_change_the_projection_drops_is
         ({"type": "ADDED", "object": plain_pod("c", "5")}, False),
         ({"type": "DELETED", "object": plain_pod("b", "6")}, False),
     ):
-        await _watch(monkeypatch, informer, event)
-        after = informer.items()
+        await _watch(monkeypatch, cache, event)
+        after = cache.items()
         assert (after is before) == same
-        assert after == tuple(informer._items[k] for k in sorted(informer._items))
+        assert after == tuple(cache._items[k] for k in sorted(cache._items))
         before = after
     assert [(p["metadata"]["name"], p["metadata"]["labels"]["app"]) for p in before] == [
         ("a", "y"),
@@ -190,7 +190,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     monkeypatch.setattr(selection, "build_pod_index", counting)
     selection.pod_index.clear()
     _counted(_union(ctrl))
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     assert ctrl.last_reconcile["result"] == "standby"
     assert indexed == [4 * NODES]
     first = ctrl.last_plan
@@ -203,7 +203,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     cps = ctrl.caches["clusterpolicies"]
     assert isinstance(cps, Cache)
     await _watch(monkeypatch, cps, {"type": "MODIFIED", "object": changed})
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     ctrl.status()
     assert indexed == [4 * NODES], "the pods were indexed again for a ClusterPolicy change"
     assert CountingStore.passes == 0, "a pod cache was passed over for a ClusterPolicy change"
@@ -219,7 +219,7 @@ async def test_a_reconcile_after_a_cluster_policy_change_does_not_pass_over_the_
     straggler["metadata"]["resourceVersion"] = "3001"
     part = _union(ctrl).parts[0]
     await _watch(monkeypatch, part, {"type": "MODIFIED", "object": straggler})
-    assert await ctrl.reconcile_once()
+    assert (await ctrl.reconcile(KEY)).result == "success"
     assert len(indexed) == 3
     kept = ctrl.last_plan
     assert kept != second  # one more straggler

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Manager, Periodic
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
@@ -162,9 +162,11 @@ async def test_controller_counts_retries_failures_and_drains_on_stop() -> None:
     ctrl: Controller[str] = Controller(
         "test",
         reconcile,
-        metrics=RuntimeMetrics.of(registry),
-        rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
-        workers=2,
+        Options(
+            metrics=RuntimeMetrics.of(registry),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.001, 0.01),
+            workers=2,
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
@@ -203,9 +205,11 @@ async def test_controller_cooldown_spaces_reruns_and_holds_events_during_backoff
     ctrl: Controller[str] = Controller(
         "c",
         reconcile,
-        metrics=RuntimeMetrics.of(CollectorRegistry()),
-        rate_limiter=ItemExponentialFailureRateLimiter(0.05, 0.1),
-        cooldown=0.01,
+        Options(
+            metrics=RuntimeMetrics.of(CollectorRegistry()),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.05, 0.1),
+            cooldown=0.01,
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(ctrl.run(stop))
@@ -282,6 +286,18 @@ async def test_manager_stops_everything_when_a_runnable_crashes() -> None:
     assert [str(e) for e in crashed] == ["crashy crashed"] and not other.running
 
 
+async def test_manager_start_returns_when_a_part_ends_before_every_part_started() -> None:
+    """``Manager.start`` waits for the start of every part, or for the run's end: a
+    server that cannot bind ends the run before the parts after it start."""
+    order: list[str] = []
+    crashy = Probe("crashy", False, crash=True)
+    crashy.started = asyncio.Event()  # type: ignore[attr-defined]  # never set: it ends first
+    manager = Manager([crashy, Started("after", order)], lambda: True)
+    task = await asyncio.wait_for(manager.start(asyncio.Event()), 1)
+    assert task.done() and not manager.started.is_set() and order == []
+    assert [str(e) for e in task.result()] == ["crashy crashed"]
+
+
 # --- every long-running part a Runnable (issue 21) ---
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shared_svc"
@@ -332,11 +348,8 @@ def test_service_wires_every_long_running_part_as_a_runnable_of_its_manager() ->
         and isinstance(n.func, ast.Attribute)
         and n.func.attr in ("ensure_future", "create_task", "start", "setup")
     ]
-    # Only the Manager is started by hand (and waited on until every part has started).
-    assert sorted(ast.unparse(n) for n in spawned) == [
-        "asyncio.ensure_future(self.manager.run(stop))",
-        "asyncio.ensure_future(self.manager.started.wait())",
-    ]
+    # Only the Manager is started by hand (``Manager.start``: until every part has started).
+    assert sorted(ast.unparse(n) for n in spawned) == ["self.manager.start(stop)"]
 
 
 async def test_periodic_runs_at_once_then_on_wake_and_stops_with_on_stop() -> None:
@@ -383,8 +396,9 @@ async def test_manager_starts_in_order_and_stops_in_reverse_order() -> None:
     parts = [Started(n, order) for n in ("http", "lease", "controller")]
     manager = Manager(parts, lambda: True)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(manager.run(stop))
-    await asyncio.wait_for(manager.started.wait(), 1)
+    task = await asyncio.wait_for(manager.start(stop), 1)
+    assert manager.started.is_set() and not task.done()
+    assert order == ["start http", "start lease", "start controller"]
     stop.set()
     assert await asyncio.wait_for(task, 1) == []
     assert order == [
@@ -516,9 +530,11 @@ def _watching(reconcile: Callable[[str], Any], **kw: Any) -> tuple[Controller[st
     ctrl: Controller[str] = Controller(
         "watching",
         reconcile,
-        metrics=RuntimeMetrics.of(CollectorRegistry()),
-        rate_limiter=ItemExponentialFailureRateLimiter(kw.pop("backoff", 0.001), 600.0),
-        **kw,
+        Options(
+            metrics=RuntimeMetrics.of(CollectorRegistry()),
+            rate_limiter=ItemExponentialFailureRateLimiter(kw.pop("backoff", 0.001), 600.0),
+            **kw,
+        ),
     )
     ctrl.watch(cache, name_of)
     return ctrl, cache

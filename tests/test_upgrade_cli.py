@@ -440,7 +440,8 @@ def test_configure_gate_plans_again_when_the_cluster_policy_changed_meanwhile(
     its resourceVersion-guarded patch is a 409 on the real API server, planned again from a
     fresh read (five tries, as client-go's RetryOnConflict); a policy that changes on every
     try is one line and exit 2, nothing written."""
-    from shared_svc.commands import upgrade as command
+    from shared_svc.commands.upgrade import configure_gate as command
+    from shared_svc.commands.upgrade.common import CONFLICT_TRIES
 
     name = _only_cluster_policy(control_plane, auto_upgrade=True)
     kc = ["--kubeconfig", str(control_plane.kubeconfig)]
@@ -466,13 +467,13 @@ def test_configure_gate_plans_again_when_the_cluster_policy_changed_meanwhile(
     try:
         code = main(["upgrade", "configure-gate", "--apply", *kc])
         captured = capsys.readouterr()
-        if writes < command.CONFLICT_TRIES:
+        if writes < CONFLICT_TRIES:
             assert code == 0 and reads == writes + 1
             assert captured.err.count("changed meanwhile: planning again") == writes
             assert f"applied to ClusterPolicy/{name}" in captured.out
             assert _wait_spec(control_plane, name) == {"podSelector": GATE, "timeoutSeconds": 600}
         else:
-            assert code == 2 and reads == command.CONFLICT_TRIES
+            assert code == 2 and reads == CONFLICT_TRIES
             last = captured.err.strip().splitlines()[-1]
             assert "409" in last and "Traceback" not in captured.err
             assert _wait_spec(control_plane, name) == {}

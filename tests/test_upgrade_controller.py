@@ -14,10 +14,11 @@ from pydantic import ValidationError
 
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade.io import ForeignKeyError, check_own_keys
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.kube.recorder import EventPublisher
+from shared_svc.runtime.controller import controller_for
 from shared_svc.runtime.source import Event, NewestVersions
-from shared_svc.upgrade.planner import NodeChanged, NodePatch
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.parts import managed
@@ -31,31 +32,31 @@ Recorder = ex.ReportRecorder
 
 def make(
     io: ex.FakeUpgradeIO, *, leader: bool = True, **config: object
-) -> tuple[UpgradeController, Recorder]:
+) -> tuple[UpgradeReconciler, Recorder]:
     recorder = Recorder()
     cfg = Config(upgrade_controller=True, **config)  # type: ignore[arg-type]
     # A publisher that writes: ``recorder`` holds every Event the controller hands the
     # publisher, dry-run too (the service's publisher, dry-run, logs them instead).
     events = EventPublisher(recorder)
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         cfg, events, caches=io.caches, io=io, is_leader=lambda: leader, clock=lambda: 1000.0
     )
     return controller, recorder
 
 
-def queued(controller: UpgradeController) -> float:
+def queued(controller: UpgradeReconciler) -> float:
     """The nodes waiting in the controller's work queue (``workqueue_depth``)."""
     registry = controller.metrics.registry
     return registry.get_sample_value("workqueue_depth", {"name": "upgrade"}) or 0.0
 
 
-def events_of(controller: UpgradeController) -> tuple[int, int]:
+def events_of(controller: UpgradeReconciler) -> tuple[int, int]:
     """Node events handed to the controller, and how many of them enqueued the node."""
     handlers = controller.node_events
     return sum(h.events for h in handlers), sum(h.enqueued for h in handlers)
 
 
-def gauges_follow_status(controller: UpgradeController) -> None:
+def gauges_follow_status(controller: UpgradeReconciler) -> None:
     """The metrics' counts, kept as each status changes, are those of the statuses shown."""
     controller.metrics.publish(gate=None, now=1000.0, eviction_timeout=600.0)
     registry = controller.metrics.registry
@@ -69,11 +70,13 @@ def gauges_follow_status(controller: UpgradeController) -> None:
 async def test_reconcile_writes_plan_and_emits_after_writes() -> None:
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, recorder = make(io)
-    requeue = await controller.reconcile("node-1")
+    requeue = (await controller.reconcile("node-1")).requeue_after
     assert [type(w).__name__ for w in io.writes] == ["NodePatch", "PodAction"]
     assert io.nodes["node-1"]["metadata"]["labels"][PARKED] == "true"
     assert requeue == 5.0
-    assert await controller.reconcile("node-1") == 5.0 and len(io.writes) == 2  # idempotent
+    assert (await controller.reconcile("node-1")).requeue_after == 5.0 and len(
+        io.writes
+    ) == 2  # idempotent
     gauges_follow_status(controller)
     io.pods["node-1"] = []
     await controller.reconcile("node-1")
@@ -112,7 +115,7 @@ async def test_dry_run_writes_no_event_and_logs_each_once(
     )
     recorder = Recorder()  # a bare recorder: the controller puts it in a dry-run publisher
     cfg = Config(upgrade_controller=True, dry_run=True)
-    controller = UpgradeController(cfg, recorder, caches=io.caches, io=io, clock=lambda: 1000.0)
+    controller = UpgradeReconciler(cfg, recorder, caches=io.caches, io=io, clock=lambda: 1000.0)
     with caplog.at_level(logging.INFO, logger="shared_svc.kube.events"):
         for _ in range(3):
             await controller.reconcile("node-1")
@@ -127,7 +130,7 @@ async def test_node_gone_forgets_status() -> None:
     await controller.reconcile("node-1")
     gauges_follow_status(controller)
     io.delete_node("node-1")  # no longer upgrading nor parked: in neither node cache
-    assert await controller.reconcile("node-1") is None
+    assert (await controller.reconcile("node-1")).requeue_after is None
     assert controller.status()["nodes"] == {}
     gauges_follow_status(controller)  # all back to 0
 
@@ -138,8 +141,9 @@ async def test_run_handles_nodes_retries_failures_and_stops() -> None:
     io = ex.FakeUpgradeIO(nodes, pods)
     io.fail_next = [RuntimeError("boom"), NodeChanged("n0")]
     controller, _ = make(io, backoff_base_seconds=0.001, upgrade_workers=3)
-    async with managed(controller.runnables()):
-        controller.trigger()
+    runtime = controller_for(controller)
+    async with managed(runtime.runnables()):
+        runtime.enqueue_all()
         await eventually(
             lambda: _true(all(PARKED in n["metadata"]["labels"] for n in io.nodes.values()))
         )
@@ -184,7 +188,7 @@ async def test_trigger_requeues_every_node_a_pass_can_change() -> None:
     controller, _ = make(io, leader=False)
     await controller.reconcile("a")
     await controller.reconcile("b")
-    controller.trigger()
+    controller_for(controller).enqueue_all()  # the resync
     assert queued(controller) == 2
 
 
@@ -207,7 +211,7 @@ async def test_stop_finishes_the_node_in_flight() -> None:
 
     io = SlowIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     controller, _ = make(io)
-    async with managed(controller.runnables()):  # the first list's add: a pass
+    async with managed(controller_for(controller).runnables()):  # the first list's add: a pass
         await asyncio.wait_for(io.started.wait(), 5)
     # Stopped (as on SIGTERM) while the node patch was in flight.
     kinds = [type(w).__name__ for w in io.writes]
@@ -254,7 +258,7 @@ async def test_unknown_state_standby_logs_and_the_leader_sends_the_event() -> No
     leader = False
     io = ex.FakeUpgradeIO([ex.node(state="future-state")], [])
     recorder = Recorder()
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True),
         recorder,
         caches=io.caches,
@@ -318,7 +322,7 @@ async def test_delete_after_timeout_says_deleted(caplog: pytest.LogCaptureFixtur
         upgrade_eviction_timeout_seconds=10,
         upgrade_delete_after_timeout=True,
     )
-    controller = UpgradeController(cfg, Recorder(), caches=io.caches, io=io, clock=lambda: now[0])
+    controller = UpgradeReconciler(cfg, Recorder(), caches=io.caches, io=io, clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger=LOGGER):
         await controller.reconcile("node-1")  # evict: refused
         now[0] += 10
@@ -348,13 +352,14 @@ async def test_reconciles_are_counted_under_the_runtime_metric_names() -> None:
     io.fail_next = [RuntimeError("boom")]
     registry = CollectorRegistry()
     cfg = Config(upgrade_controller=True, backoff_base_seconds=0.001)
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         cfg, Recorder(), caches=io.caches, io=io, is_leader=lambda: True, metrics=registry
     )
     sample = registry.get_sample_value
     ok = {"controller": "upgrade", "result": "success"}
-    async with managed(controller.runnables()):
-        controller.trigger()
+    runtime = controller_for(controller)
+    async with managed(runtime.runnables()):
+        runtime.enqueue_all()
         await eventually(
             lambda: _true((sample("controller_runtime_reconcile_total", ok) or 0) >= 2)
         )
@@ -380,7 +385,7 @@ async def test_its_own_node_patch_is_no_change_to_look_at() -> None:
     io = ex.FakeUpgradeIO([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     io.echo_after_answer = True  # the patch's watch events come after its answer
     controller, _ = make(io)
-    async with managed(controller.runnables()):  # the first list: an add, a pass
+    async with managed(controller_for(controller).runnables()):  # the first list: an add, a pass
         await eventually(lambda: _true(controller.reconciles == 1 and len(io.writes) == 2))
         # Both node caches deliver the node as the patch left it (its new resourceVersion):
         # the state cache's update, the parked cache's add (the parked label is new).
@@ -441,7 +446,7 @@ async def test_the_echo_of_a_patch_that_comes_before_its_answer_is_no_change_and
     io = EchoBeforeAnswer([ex.node(state="cordon-required")], [ex.declared_pod("a")])
     io.foreign = foreign
     controller, _ = make(io, upgrade_poll_seconds=600.0)
-    async with managed(controller.runnables()):  # the first list: an add, a pass
+    async with managed(controller_for(controller).runnables()):  # the first list: an add, a pass
         await eventually(lambda: _true(len(io.writes) == 2))  # the record patch, the eviction
         if foreign:
             await eventually(lambda: _true(controller.reconciles == 2))
@@ -480,7 +485,7 @@ async def test_a_wave_is_planned_64_nodes_at_once_by_default() -> None:
     nodes = [ex.node(f"node-{i}", state="cordon-required") for i in range(workers + 6)]
     io = HeldLists(nodes, [], want=workers)
     controller, _ = make(io)
-    async with managed(controller.runnables()):  # the first lists' adds: every node
+    async with managed(controller_for(controller).runnables()):  # the first lists' adds: every node
         await eventually(lambda: _true(controller.reconciles >= len(nodes)), 30)
         assert io.peak == workers
 

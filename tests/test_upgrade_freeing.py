@@ -35,10 +35,12 @@ from shared_svc.cli import main
 from shared_svc.config import Config
 from shared_svc.controllers import shared_caches
 from shared_svc.controllers.upgrade.io import pods_on_node
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.events import Report
+from shared_svc.kube import writer as kube_writer
 from shared_svc.kube.recorder import EventRecorder
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
+from shared_svc.runtime.controller import controller_for
 from shared_svc.runtime.manager import Manager
 from shared_svc.wait.ratelimit import BucketRateLimiter
 from testenv import upgrade_examples as ex
@@ -113,7 +115,7 @@ class Running:
         self.recorder = EventRecorder(api, reporting_instance=unique("test-upgrade"))
         sender = wrap(self.recorder) if wrap else self.recorder
         caches = shared_caches.registry(api, config)
-        self.controller = UpgradeController(
+        self.controller = UpgradeReconciler(
             config,
             sender,
             caches=caches,
@@ -124,7 +126,9 @@ class Running:
             ),
         )
         self._stop = asyncio.Event()
-        manager = Manager([*caches.runnables(), *self.controller.runnables()], lambda: True)
+        manager = Manager(
+            [*caches.runnables(), *controller_for(self.controller).runnables()], lambda: True
+        )
         self._task = asyncio.create_task(manager.run(self._stop))
 
     async def stop(self) -> None:
@@ -809,7 +813,8 @@ async def test_a_pass_evicts_the_consumers_of_a_node_together_and_never_gets_the
         finally:
             evicting["now"] -= 1
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     node = await two_consumers_evicted(api, ns, nodes, start)
     evictions = [p for m, p in sent if m == "POST" and p.endswith("/eviction")]
     assert len(evictions) >= 2 and evicting["peak"] == 2, (evictions, evicting)
@@ -846,7 +851,8 @@ async def test_every_upgrade_write_waits_for_a_token_of_the_one_bucket(
             config.upgrade_writes_per_second, config.upgrade_writes_burst, clock=lambda: 0.0
         )
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     monkeypatch.setattr(upgrade_io, "upgrade_write_limiter", counted)
     await two_consumers_evicted(api, ns, nodes, start)
     writes = [entry for entry in log if entry != "take"]
@@ -893,7 +899,8 @@ async def test_a_wave_reads_each_freed_node_s_pods_once_without_the_operands_and
             )
         return answer
 
-    monkeypatch.setattr(upgrade_io, "raw_request", recording)
+    for module in (upgrade_io, kube_writer):  # its reads, and its writes (its Writer)
+        monkeypatch.setattr(module, "raw_request", recording)
     wave = [await nodes("upgrade-required") for _ in range(3)]
     waiting = await nodes("upgrade-required")
     operands = []

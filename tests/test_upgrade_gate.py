@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared_svc.config import Config
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.events import NOTE_LIMIT, Report
 from shared_svc.k8s.selectors import parse_selector
 from shared_svc.kube.recorder import event_body
@@ -33,7 +33,8 @@ from shared_svc.upgrade.gate import (
     plan_gate,
     review_gate,
 )
-from shared_svc.upgrade.planner import NodePlan, plan_node
+from shared_svc.upgrade.node_plan import NodePlan
+from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.policy import policy_of_cluster_policy, policy_sources
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
@@ -335,7 +336,7 @@ Recorder = ex.ReportRecorder
 async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None:
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
     recorder = Recorder()
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), recorder, caches=io.caches, io=io, clock=lambda: T0
     )
     await controller.gate_review.review()
@@ -358,7 +359,7 @@ async def test_controller_warns_once_about_a_missing_gate_and_shows_it() -> None
 async def test_follower_logs_but_does_not_send_the_gate_warning() -> None:
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
     recorder = Recorder()
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), recorder, caches=io.caches, io=io, is_leader=lambda: False
     )
     await controller.gate_review.review()
@@ -369,7 +370,7 @@ async def test_every_replica_logs_the_gate_warning_once_per_finding(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     io = ex.FakeUpgradeIO([], [], cluster_policies=[ex.cluster_policy()])
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True),
         Recorder(),
         caches=io.caches,

@@ -16,10 +16,11 @@ import pytest
 
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade import reconciler as controller_module
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.events import Report
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.reflector import Cache
+from shared_svc.runtime.controller import controller_for
 from shared_svc.upgrade import record
 from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.record import record_annotation_key
@@ -27,8 +28,8 @@ from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 from tests.kube import eventually
 from tests.parts import managed
-from tests.test_informer_events import fill as _fill
-from tests.test_informer_events import one_event as _stream
+from tests.test_cache_events import fill as _fill
+from tests.test_cache_events import one_event as _stream
 from tests.test_upgrade_controller import events_of, queued
 
 NODES = 5_000
@@ -88,7 +89,7 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
 ) -> None:
     io = ex.FakeUpgradeIO([], [])  # no pods; the caches are filled here
     planned = counted_plans(monkeypatch)
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
     )
     state_cache, parked_cache = controller.caches.nodes
@@ -98,14 +99,14 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
     ]
     _fill(state_cache, nodes)
     _fill(parked_cache, nodes[: PARKED - 1])
-    async with managed(controller.runnables(), is_leader=no):
+    async with managed(controller_for(controller).runnables(), is_leader=no):
         # The first lists: every node once (a parked node's second copy is no change).
         await eventually(lambda: _true(controller.reconciles == NODES))
         assert sorted(planned) == sorted(n["metadata"]["name"] for n in nodes)
         planned.clear()
         assert isinstance(state_cache, Cache) and isinstance(parked_cache, Cache)
-        for informer in (state_cache, parked_cache):
-            informer._items = CountingStore(informer._items)
+        for cache in (state_cache, parked_cache):
+            cache._items = CountingStore(cache._items)
         CountingStore.passes = 0
         events_before = events_of(controller)[0]
 
@@ -118,13 +119,13 @@ async def test_one_label_change_among_5000_nodes_plans_that_node_only(
             labels={"example.com/team": "a"},
             resource_version="5001",
         )
-        for informer in (state_cache, parked_cache):
+        for cache in (state_cache, parked_cache):
             monkeypatch.setattr(
-                informer,
+                cache,
                 "_open_watch",
                 lambda params, timeout: _stream({"type": "MODIFIED", "object": changed}),
             )
-            assert await informer.watch_once() == "timeout"
+            assert await cache.watch_once() == "timeout"
             # The pass of the first copy is over before the second copy arrives.
             await eventually(lambda: _true(controller.reconciles == NODES + 1))
         await asyncio.sleep(0.1)  # a second pass would have been handed out by now
@@ -139,14 +140,14 @@ async def test_the_resync_enqueues_every_cached_node_once() -> None:
     every node once, a node in both caches once; it is the one path that reads the whole
     node cache."""
     io = ex.FakeUpgradeIO([], [])
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, is_leader=no
     )
     state_cache, parked_cache = controller.caches.nodes
     nodes = [ex.node(f"n{i}", state="upgrade-done", parked=i < 3) for i in range(10)]
     _fill(state_cache, nodes)
     _fill(parked_cache, nodes[:3])
-    controller.trigger()
+    controller_for(controller).enqueue_all()  # the resync
     assert queued(controller) == 10
 
 
@@ -188,7 +189,7 @@ async def test_the_resync_follows_the_nodes_in_an_upgrade_not_the_fleet_at_rest(
     following = {"upgrading-1", "parked", "recorded", "unreadable"}
     rest = [ex.node(f"node-{i:05}", state="upgrade-done") for i in range(AT_REST)]
     io = ex.FakeUpgradeIO([*rest, *few], [])
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True, upgrade_resync_seconds=PERIOD),
         Recorder(),
         caches=io.caches,
@@ -197,7 +198,7 @@ async def test_the_resync_follows_the_nodes_in_an_upgrade_not_the_fleet_at_rest(
     )
     state_cache, _ = controller.caches.nodes
     assert isinstance(state_cache, Cache)
-    async with managed(controller.runnables(), is_leader=no):
+    async with managed(controller_for(controller).runnables(), is_leader=no):
         await eventually(lambda: _true(controller.reconciles >= AT_REST + len(few)))
         planned.clear()
         # A resync has looked at every node that can change (however slow the machine),

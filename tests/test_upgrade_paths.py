@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from shared_svc.upgrade import paths, record, states
-from shared_svc.upgrade.planner import NodePlan, pods_read
+from shared_svc.upgrade.node_plan import NodePlan
+from shared_svc.upgrade.pods import pods_read
 from shared_svc.upgrade.record import RestartOnly
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from shared_svc.upgrade import record, states
-from shared_svc.upgrade.planner import NodePlan, NodeStatus, deleted_patch, plan_node
+from shared_svc.upgrade.node_plan import NodePlan, NodeStatus, deleted_patch
+from shared_svc.upgrade.planner import plan_node
 from shared_svc.upgrade.settings import UpgradeSettings
 from testenv import upgrade_examples as ex
 
@@ -430,7 +431,7 @@ def test_unknown_state_keeps_and_gives_a_notice_not_tied_to_a_write(state: str) 
 
 
 def test_the_per_pod_step_evicts_retries_reports_and_deletes_after_the_timeout() -> None:
-    from shared_svc.upgrade.planner import pod_step
+    from shared_svc.upgrade.pods import pod_step
     from shared_svc.upgrade.record import FreedPod
 
     pod = ex.declared_pod("triton")
@@ -471,7 +472,7 @@ def _index(*daemonsets):
 
 
 def test_a_node_being_freed_reads_its_pods_but_the_operator_namespace_s() -> None:
-    from shared_svc.upgrade.planner import pods_read
+    from shared_svc.upgrade.pods import pods_read
 
     operand = ex.daemonset("nvidia-dcgm-exporter", namespace="gpu-operator")
     read = pods_read(ex.node(state="cordon-required"), _index(operand), S)
@@ -481,7 +482,7 @@ def test_a_node_being_freed_reads_its_pods_but_the_operator_namespace_s() -> Non
 
 
 def test_a_node_neither_freed_nor_recorded_reads_no_pod() -> None:
-    from shared_svc.upgrade.planner import pods_read
+    from shared_svc.upgrade.pods import pods_read
 
     for state in (None, "upgrade-required", "upgrade-done", "validation-required"):
         assert not pods_read(ex.node(state=state), {}, S).needed, state
@@ -494,7 +495,7 @@ def test_a_node_neither_freed_nor_recorded_reads_no_pod() -> None:
 def test_a_declared_or_hook_daemonset_in_the_operator_namespace_makes_the_pass_read_it(
     hook: bool,
 ) -> None:
-    from shared_svc.upgrade.planner import pods_read
+    from shared_svc.upgrade.pods import pods_read
 
     ds = ex.daemonset(
         "exporter",
@@ -514,7 +515,7 @@ def test_a_declared_or_hook_daemonset_in_the_operator_namespace_makes_the_pass_r
 
 def test_a_record_naming_a_pod_of_the_operator_namespace_makes_the_pass_read_it() -> None:
     """A record written under another ``namespace`` setting: its pod's outcome is read."""
-    from shared_svc.upgrade.planner import pods_read
+    from shared_svc.upgrade.pods import pods_read
 
     node = ex.node(state="cordon-required")
     pods = [ex.declared_pod("job", namespace="ml")]

@@ -4,7 +4,7 @@ gpu-operator v26.7.0 reads the ClusterPolicy's ``spec.driver.upgradePolicy`` in 
 mode only; with ``useNvidiaDriverCRD: true``, or with no ClusterPolicy (a GPUCluster cluster),
 each NVIDIADriver's ``spec.upgradePolicy`` governs the nodes labelled
 ``nvidia.com/gpu-operator.driver.owner=<its name>``. Pure rules (``upgrade/policy.py``,
-``upgrade/gate.py``), the planner's "no flow" (``planner.node_mode``), configure-gate's plan
+``upgrade/gate.py``), the planner's "no flow" (``node_plan.node_mode``), configure-gate's plan
 per object and the controller's verdicts, metric and Events (the fake API: the live ones are
 tests/test_upgrade_libs_nvidiadriver.py).
 """
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from shared_svc.config import Config
-from shared_svc.controllers.upgrade.reconciler import UpgradeController
+from shared_svc.controllers.upgrade.reconciler import UpgradeReconciler
 from shared_svc.k8s.selectors import parse_selector
 from shared_svc.upgrade.gate import plan_gate, review_gate
 from shared_svc.upgrade.planner import plan_node
@@ -243,7 +243,7 @@ async def test_the_controller_judges_each_nvidiadriver_and_plans_nodes_by_their_
         driver_crd=ex.nvidia_driver_crd(),
     )
     recorder = Recorder()
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), recorder, caches=io.caches, io=io, clock=lambda: T0
     )
     await controller.gate_review.review()
@@ -300,12 +300,11 @@ async def test_a_change_of_the_sources_plans_every_node_again() -> None:
         nvidia_drivers=[ex.nvidia_driver("a")],
         driver_crd=ex.nvidia_driver_crd(),
     )
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, clock=lambda: T0
     )
     triggered: list[bool] = []
-    controller.trigger = lambda: triggered.append(True)  # type: ignore[method-assign]
-    controller.gate_review._on_sources = controller.trigger
+    controller.gate_review.on_sources = lambda: triggered.append(True)
     await controller.gate_review.review()
     io.set_nvidia_drivers([copy.deepcopy(ex.nvidia_driver("a", pod_selector=WANTED))])
     await controller.gate_review.review()
@@ -366,7 +365,7 @@ def test_in_cluster_policy_mode_the_state_label_decides() -> None:
 
 
 def test_configure_gate_targets_where_gpu_operator_reads_or_says_why_not() -> None:
-    from shared_svc.commands.upgrade import _gate_targets
+    from shared_svc.commands.upgrade.configure_gate import _gate_targets
     from shared_svc.errors import UsageError
 
     drivers = [ex.nvidia_driver("a"), ex.nvidia_driver("b")]
@@ -397,11 +396,11 @@ async def test_nodes_planned_before_the_sources_are_known_are_planned_again() ->
         driver_crd=ex.nvidia_driver_crd(),
     )
     io.cached.driver_crd._set_synced(False)  # still listing
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True), Recorder(), caches=io.caches, io=io, clock=lambda: T0
     )
     triggered: list[bool] = []
-    controller.gate_review._on_sources = lambda: triggered.append(True)
+    controller.gate_review.on_sources = lambda: triggered.append(True)
     await controller.reconcile("n1")
     assert [w.name for w in io.writes if hasattr(w, "verb")] == ["t1"]  # the label decided
     io.set_driver_crd(ex.nvidia_driver_crd())  # listed
@@ -423,7 +422,7 @@ async def test_a_fix_seen_as_a_standby_is_forgotten_so_the_finding_is_sent_again
         driver_crd=ex.nvidia_driver_crd(),
     )
     recorder = Recorder()
-    controller = UpgradeController(
+    controller = UpgradeReconciler(
         Config(upgrade_controller=True),
         recorder,
         caches=io.caches,

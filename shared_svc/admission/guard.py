@@ -482,10 +482,7 @@ class AdmissionGuard:
     async def start(self) -> None:
         """Runs :meth:`runnables` on a Manager of its own (without the service's)."""
         self._manager = Manager(self.runnables(), lambda: False)
-        self._task = asyncio.ensure_future(self._manager.run(self._stop))
-        started = asyncio.ensure_future(self._manager.started.wait())
-        await asyncio.wait([started, self._task], return_when=asyncio.FIRST_COMPLETED)
-        started.cancel()
+        self._task = await self._manager.start(self._stop)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -1,6 +1,6 @@
 """What an Event says (``events.k8s.io/v1``), as plain data, and the API's size limits.
 
-The cores return :class:`Report` s; the shell (``kube.events``) writes them. A note is at
+The cores return :class:`Report` s; the shell (``kube.recorder``) writes them. A note is at
 most :data:`NOTE_LIMIT` bytes: :func:`note` cuts longer ones at a character boundary.
 """
 

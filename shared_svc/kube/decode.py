@@ -37,7 +37,7 @@ ALL: Any = None
 
 Shape = Any
 """``ALL``, ``{key: Shape}`` (a mapping: those keys of it, each of its shape) or
-``[Shape]`` (a list, each item of the shape). The same convention as ``manifests.Shape``;
+``[Shape]`` (a list, each item of the shape). The same convention as ``yaml_stream.Shape``;
 besides, :class:`Closed` and :data:`SKIP`."""
 
 SKIP: Any = msgspec.Raw

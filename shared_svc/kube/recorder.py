@@ -73,12 +73,10 @@ class EventRecorder:
     answered 409, then the series is read and bumped.
     """
 
-    def __init__(
-        self, api_client: ApiClient, *, reporting_instance: str, dry_run: bool = False
-    ) -> None:
+    def __init__(self, api_client: ApiClient, *, reporting_instance: str) -> None:
+        """Dry-run is the publisher's (:class:`EventPublisher`): a recorder writes."""
         self._api = api_client
         self._instance = reporting_instance
-        self._dry_run = dry_run
         self._series: OrderedDict[tuple[str, str], int] = OrderedDict()  # (ns, name) -> count
         self.emitted = 0  # Events created or series bumped (for /status and tests)
         self.failures = 0
@@ -86,11 +84,6 @@ class EventRecorder:
 
     async def emit(self, report: Report) -> bool:
         """True once the Event is written. Never raises: a failure is logged and counted."""
-        if self._dry_run:
-            log.info(
-                "dry-run: would emit event", extra={"reason": report.reason, "note": report.note}
-            )
-            return True
         now = dt.datetime.now(dt.UTC)
         body = event_body(report, self._instance, now)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]

@@ -39,7 +39,7 @@ cached object, as client-go's ``AddEventHandler`` does. Filtering the events and
 them to work-queue keys is the runtime's (``shared_svc.runtime.source``).
 
 Memory: lists are read in pages of ``page_size`` objects (``limit``/``continue``), and a
-``project`` function (a pure one, e.g. ``reconcile.selectors.pod_fields``) is applied to
+``project`` function (a pure one, e.g. ``reconcile.selection.pod_fields``) is applied to
 each object as it arrives, from a list page or a watch event, so only the fields the
 planners read are kept and the whole object is dropped at once; a resource with a
 ``decoder`` (``kube.decode``: msgspec) builds only the fields its projection reads from

@@ -84,7 +84,7 @@ class Resource:
     # watches): only metadata is sent, parsed and kept (``metadata_view``), then ``project``.
     metadata_only: bool = False
     # The union of these label selectors (instead of ``label_selector``): one list+watch
-    # each, merged into one store (``kube.union.UnionInformer``). Disjoint selectors keep
+    # each, merged into one store (``kube.union.UnionCache``). Disjoint selectors keep
     # each object once.
     any_of: tuple[str, ...] = ()
     # Decodes list pages and watch events into the fields ``project`` (or

@@ -1,7 +1,12 @@
-"""Writes: server-side apply, guarded JSON patches and preconditioned deletes.
+"""Writes: the one transport of both controllers' writes (:class:`Writer`), and the one
+HTTP path of shared-svc to the API server (:func:`request`).
 
-Raw JSON in and out (the core speaks dicts). Every write passes one token bucket, so a
-bug or a fight can never turn into a flood of requests.
+Raw JSON in and out (the cores speak dicts). Every write of a controller passes its
+Writer: one token bucket each (the Services controller's ``writes_per_second``, the
+upgrade controller's ``upgrade_writes_per_second``), so a bug or a fight can never turn
+into a flood of requests, and one count of what was written. The Services controller
+writes server-side applies, guarded JSON patches and preconditioned deletes; the upgrade
+controller its node patches, evictions and pod deletes (``controllers/upgrade/io.py``).
 """
 
 from __future__ import annotations
@@ -220,19 +225,41 @@ def concurrent_change(exc: BaseException) -> bool:
 
 
 class Writer:
-    def __init__(self, api: ApiClient, *, rate: float = 10.0, burst: int = 100) -> None:
+    """A controller's writes: each waits for a token of its bucket (``rate`` per second,
+    ``burst``; or ``bucket``, made by the caller), is counted by verb (``writes``), then
+    sent (:func:`raw_request`)."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        rate: float = 10.0,
+        burst: int = 100,
+        bucket: BucketRateLimiter | None = None,
+    ) -> None:
         self._api = api
-        self._bucket = BucketRateLimiter(rate, burst, clock=time.monotonic)
+        self._bucket = bucket or BucketRateLimiter(rate, burst, clock=time.monotonic)
         self.writes: Counter[str] = Counter()  # verb -> count, for /status and tests
 
-    async def _write(self, verb: str, method: str, path: str, **kw: Any) -> Any:
+    async def send(self, verb: str, method: str, path: str, **kw: Any) -> Any:
+        """One write request (:func:`raw_request`'s keywords), after its token."""
         await self._bucket.take()
         self.writes[verb] += 1
         return await raw_request(self._api, method, path, **kw)
 
+    async def delete_at(
+        self, path: str, preconditions: dict[str, str], *, successor_is_gone: bool = False
+    ) -> bool:
+        """One preconditioned delete (:func:`delete_with_preconditions`), after its token."""
+        await self._bucket.take()
+        self.writes["delete"] += 1
+        return await delete_with_preconditions(
+            self._api, path, preconditions, successor_is_gone=successor_is_gone
+        )
+
     async def apply(self, obj: dict[str, Any]) -> Any:
         meta = obj["metadata"]
-        return await self._write(
+        return await self.send(
             "apply",
             "PATCH",
             object_path(obj["kind"], meta["namespace"], meta["name"]),
@@ -244,7 +271,7 @@ class Writer:
     async def json_patch(
         self, kind: str, namespace: str, name: str, ops: list[dict[str, Any]]
     ) -> Any:
-        return await self._write(
+        return await self.send(
             "patch",
             "PATCH",
             object_path(kind, namespace, name),
@@ -256,8 +283,4 @@ class Writer:
     async def delete(
         self, kind: str, namespace: str, name: str, preconditions: dict[str, str]
     ) -> None:
-        await self._bucket.take()
-        self.writes["delete"] += 1
-        await delete_with_preconditions(
-            self._api, object_path(kind, namespace, name), preconditions
-        )
+        await self.delete_at(object_path(kind, namespace, name), preconditions)

@@ -282,7 +282,7 @@ def next_active(
 
     An occurrence whose Event could not be written stays out, so it is emitted again next
     time; one the plan no longer has drops out, so it is emitted again when it comes back.
-    (The Event publisher, ``kube.events.EventPublisher.level``, applies the same rule,
+    (The Event publisher, ``kube.recorder.EventPublisher.level``, applies the same rule,
     ``k8s.events.unsent`` / ``still_sent``, to every level-triggered scope.)
     """
     return still_sent(active_keys, occurrences(reports), written)

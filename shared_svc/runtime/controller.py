@@ -26,16 +26,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.runtime.instrumentation import RuntimeMetrics
-from shared_svc.runtime.source import Enqueue, Predicate, Source, until_synced
+from shared_svc.runtime.source import Enqueue, Predicate, Source, all_synced, until_synced
 from shared_svc.runtime.workqueue import ShutDown, WorkQueue
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import RateLimiter
+from shared_svc.wait.runnable import Runnable
 
 log = logging.getLogger(__name__)
 
@@ -59,42 +60,104 @@ class Result:
 
 
 @dataclass(frozen=True)
+class Options:
+    """How the runtime runs a reconciler (controller-runtime's ``controller.Options``):
+    its metrics, its retry backoff, how many workers, the spacing of a key's reconciles
+    (``cooldown``), the heartbeat, and whether no key is handed out while a cache it
+    reads re-lists (``only_when_synced``)."""
+
+    metrics: RuntimeMetrics
+    rate_limiter: RateLimiter
+    workers: int = 1
+    cooldown: float | None = None
+    beat_seconds: Callable[[], float] = lambda: 1.0
+    on_beat: Callable[[], None] | None = None
+    only_when_synced: bool = False
+
+
+class Reconciler(Protocol[K]):
+    """controller-runtime's ``Reconciler`` (``Reconcile(ctx, req) (Result, error)``) and
+    its ``SetupWithManager``: what a controller package writes; the runtime's
+    :class:`Controller` is built from it by :func:`controller_for`.
+
+    ``reconcile(key)``: one key, what happened and when to look again; ``options``: how
+    it is run; ``setup(controller)``: what it reads, declared (``watch``, ``reads``,
+    ``resync``), and what its parts ask of the queue; ``ready()``: ready beyond its caches'
+    sync; ``parts()``: Runnables that run beside it (started before it, stopped after)."""
+
+    name: str
+    options: Options
+
+    async def reconcile(self, key: K) -> Result: ...
+
+    def setup(self, controller: Controller[K]) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def parts(self) -> list[Runnable]: ...
+
+
+def controller_for(reconciler: Reconciler[K]) -> Controller[K]:
+    """The runtime's Controller of ``reconciler`` (controller-runtime's builder,
+    ``ControllerManagedBy(mgr)...Complete(r)``): the one way a controller is made; run it
+    with its parts by a Manager (:meth:`Controller.runnables`)."""
+    controller: Controller[K] = Controller(
+        reconciler.name,
+        reconciler.reconcile,
+        reconciler.options,
+        ready=reconciler.ready,
+        parts=reconciler.parts(),
+    )
+    reconciler.setup(controller)
+    return controller
+
+
+@dataclass(frozen=True)
 class _Watch(Generic[K]):
     source: Source
     handler: Enqueue[K]
 
 
-class Controller(Generic[K]):
+class Controller(Runnable, Generic[K]):
     """Workers over a work queue, fed by the caches it watches. With ``cooldown``
     (seconds), a key is handed out again no sooner than ``cooldown`` after its last
     reconcile ended (or, after a failure, than its retry delay): changes meanwhile become
-    one reconcile. Without it, keys are queued at once."""
+    one reconcile. Without it, keys are queued at once.
+
+    A Runnable of the Manager, on a standby too (a controller plans there, its caches
+    warm; its reconciler gates its own writes): ready once every cache it reads is synced
+    and ``ready()`` holds; becoming leader, it looks at every key of its resync again
+    (what the last leader left)."""
+
+    needs_leader = False
 
     def __init__(
         self,
         name: str,
         reconcile: Callable[[K], Awaitable[Result]],
+        options: Options,
         *,
-        metrics: RuntimeMetrics,
-        rate_limiter: RateLimiter,
-        workers: int = 1,
-        cooldown: float | None = None,
-        beat_seconds: Callable[[], float] = lambda: 1.0,
-        on_beat: Callable[[], None] | None = None,
-        only_when_synced: bool = False,
+        ready: Callable[[], bool] = lambda: True,
+        parts: Sequence[Runnable] = (),
     ) -> None:
+        """``ready``: ready beyond the caches' sync; ``parts``: Runnables that run beside
+        it (:meth:`runnables`)."""
         self.name = name
-        self._only_when_synced = only_when_synced
+        self._ready = ready
+        self._parts = tuple(parts)
+        self._only_when_synced = options.only_when_synced
         self._reconcile = reconcile
-        self._metrics = metrics
+        self._metrics = metrics = options.metrics
         metrics.declare(name)
-        self.queue: WorkQueue[K] = WorkQueue(name, rate_limiter=rate_limiter, metrics=metrics)
-        self.workers = workers
-        self._cooldown = cooldown
+        self.queue: WorkQueue[K] = WorkQueue(
+            name, rate_limiter=options.rate_limiter, metrics=metrics
+        )
+        self.workers = options.workers
+        self._cooldown = options.cooldown
         self._not_before: dict[K, float] = {}  # loop time (with a cooldown)
         self._retry_now: set[K] = set()
-        self._beat_seconds = beat_seconds
-        self._on_beat = on_beat
+        self._beat_seconds = options.beat_seconds
+        self._on_beat = options.on_beat
         self._started: dict[K, float] = {}  # monotonic start of each reconcile in flight
         self._watches: list[_Watch[K]] = []
         self._reads: list[Source] = []
@@ -134,8 +197,26 @@ class Controller(Generic[K]):
         return (*(w.source for w in self._watches), *self._reads)
 
     def synced(self) -> bool:
-        """Every cache it reads is synced (``/readyz``)."""
-        return all(source.synced.is_set() for source in self.sources)
+        """Every cache it reads is synced."""
+        return all_synced(self.sources)
+
+    # --- the Runnable (``wait.runnable``) ---
+
+    def runnables(self) -> list[Runnable]:
+        """Its parts, then itself: Runnables of a Manager, after the caches (on SIGTERM
+        the controller stops first, then its parts)."""
+        return [*self._parts, self]
+
+    def ready(self) -> bool:
+        """Every cache it reads is synced, and its reconciler is ready (``/readyz``)."""
+        return self.synced() and self._ready()
+
+    def leadership_changed(self, leader: bool) -> None:
+        if leader:
+            self.enqueue_all()  # what the last leader left
+
+    def status(self) -> dict[str, Any]:
+        return {}
 
     # --- adding keys ---
 
@@ -265,7 +346,7 @@ class Controller(Generic[K]):
                     extra={"controller": self.name, "key": str(key), "error": repr(exc)[:300]},
                 )
                 result = Result("error", retry=True)
-            self._count(result, started)
+            self._metrics.reconciled(self.name, result.result, time.perf_counter() - started)
             now = asyncio.get_running_loop().time()
             if key in self._retry_now:
                 self._retry_now.discard(key)  # a retry_now during the reconcile
@@ -287,11 +368,3 @@ class Controller(Generic[K]):
         finally:
             self._started.pop(key, None)
             self.queue.done(key, dirty_after=dirty_after)
-
-    def _count(self, result: Result, started: float) -> None:
-        m = self._metrics
-        if result.result is not None:
-            m.reconcile_total.labels(self.name, result.result).inc()
-            if result.result == "error":
-                m.reconcile_errors.labels(self.name).inc()
-            m.reconcile_time.labels(self.name).observe(time.perf_counter() - started)

@@ -78,6 +78,15 @@ class RuntimeMetrics:
         self.workqueue_queue_duration.labels(controller)
         self.workqueue_work_duration.labels(controller)
 
+    def reconciled(self, controller: str, result: str | None, seconds: float) -> None:
+        """One reconcile of ``controller`` that ended with ``result`` (None: nothing was
+        reconciled, not counted) after ``seconds``."""
+        if result is not None:
+            self.reconcile_total.labels(controller, result).inc()
+            if result == "error":
+                self.reconcile_errors.labels(controller).inc()
+            self.reconcile_time.labels(controller).observe(seconds)
+
     @classmethod
     def of(cls, registry: CollectorRegistry) -> RuntimeMetrics:
         metrics = _BY_REGISTRY.get(registry)

@@ -23,7 +23,7 @@ from typing import Any
 
 from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.runtime import controller
-from shared_svc.runtime.source import Enqueue, Source, until_synced
+from shared_svc.runtime.source import Enqueue, Source, all_synced, until_synced
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.runnable import Runnable as Runnable  # the protocol, below kube/
 
@@ -70,7 +70,7 @@ class Periodic(Runnable):
         self.wake.set()
 
     def ready(self) -> bool:
-        return all(source.synced.is_set() for source, _ in self._watched)
+        return all_synced(source for source, _ in self._watched)
 
     async def _counted(self) -> None:
         self.steps += 1
@@ -208,6 +208,18 @@ class Manager:
 
     def ready(self) -> bool:
         return all(r.ready() for r in self.runnables)
+
+    async def start(self, stop: asyncio.Event) -> asyncio.Future[list[BaseException]]:
+        """Runs the Manager (:meth:`run`) in the background and returns once every runnable
+        has started (``started``), or once the run ended first (a runnable that ended
+        while starting, or ``stop``). Returns the run: awaited, what :meth:`run` returns."""
+        task = asyncio.ensure_future(self.run(stop))
+        started = asyncio.ensure_future(self.started.wait())
+        try:
+            await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+        return task
 
     async def run(self, stop: asyncio.Event) -> list[BaseException]:
         """Until ``stop`` or until a runnable ends unexpectedly; then stops every runnable

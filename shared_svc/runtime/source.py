@@ -10,14 +10,17 @@ cache: the cost of an event does not depend on how many objects are cached.
 
 Predicates:
 
-- :func:`resource_version_changed` (controller-runtime's ``ResourceVersionChangedPredicate``):
-  an update that carries the resourceVersion already known is no change;
 - :class:`NewestVersions`: of several caches holding one object (the upgrade controller's
   state and parked node caches), or of one cache that re-lists, only a version newer than
   the newest one seen for the key passes, so the copy a second cache delivers later does
   not read as a change (nor as a change back);
 - :class:`OwnWrites`: the echo of our own write (the resourceVersion the write answered)
-  starts no reconcile: the reconcile that wrote it planned on what it wrote.
+  starts no reconcile: the reconcile that wrote it planned on what it wrote;
+  :class:`WritesInFlight` (the upgrade controller's node patches) holds a key's events
+  while its write is in flight, since the echo may come before the write's answer.
+
+A cache hands out an update with an unchanged resourceVersion only as a re-list's replay,
+which :class:`Enqueue` retries at once: no predicate filters on it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class Source(Protocol):
     def add_handler(self, handler: EventHandler) -> None: ...
 
 
+def all_synced(sources: Iterable[Source]) -> bool:
+    """Every one of ``sources`` is synced."""
+    return all(source.synced.is_set() for source in sources)
+
+
 async def until_synced(stop: asyncio.Event, sources: Iterable[Source]) -> bool:
     """Waits until every source is synced (controller-runtime's ``WaitForCacheSync``: no
     polling, each cache's ``synced`` is awaited); False if ``stop`` came first."""
@@ -102,11 +110,6 @@ def _newer(version: str, than: str | None) -> bool:
     return version != than
 
 
-def resource_version_changed(event: Event) -> bool:
-    """An update whose resourceVersion is the old one changed nothing (a resync's replay)."""
-    return event.type != "update" or version_of(event.old) != version_of(event.new)
-
-
 class NewestVersions(Generic[K]):
     """The newest resourceVersion seen per key; as a predicate, lets through only an
     event that brings a newer one (and remembers it). One dict lookup per event."""
@@ -143,6 +146,43 @@ class OwnWrites(Generic[K]):
 
     def forget(self, key: K) -> None:
         self._written.pop(key, None)
+
+
+class WritesInFlight(OwnWrites[K]):
+    """``OwnWrites`` that also knows the node patches still in flight (issue 22). The watch
+    event of a patch may come before its answer (the cache's watch and the patch are two
+    connections): such an event is held until the answer, then dropped if it is the echo
+    (the version the patch answered) and handed to ``release`` (the work queue) if it is
+    anything else: a change by someone else, before or after ours, is never lost. A failed
+    write releases what it held. Without it, most nodes of a loaded wave had a second pass
+    (a pod list for nothing) from their own record patch."""
+
+    def __init__(
+        self, key_of: Callable[[K8sObject], K], release: Callable[[K], None] = lambda _: None
+    ) -> None:
+        super().__init__(key_of)
+        self._key = key_of
+        self.release = release
+        self._held: dict[K, set[str]] = {}  # node -> versions its events brought meanwhile
+
+    def writing(self, key: K) -> None:
+        self._held.setdefault(key, set())
+
+    def __call__(self, event: Event) -> bool:
+        held = self._held.get(self._key(event.obj))
+        if held is None:
+            return super().__call__(event)
+        held.add(version_of(event.obj))
+        return False
+
+    def wrote(self, key: K, version: str) -> None:
+        super().wrote(key, version)
+        if self._held.pop(key, set()) - {version}:
+            self.release(key)
+
+    def failed(self, key: K) -> None:
+        if self._held.pop(key, None):
+            self.release(key)
 
 
 class Enqueue(Generic[K]):

@@ -3,7 +3,7 @@ change, not every node that carries the state label.
 
 gpu-operator with auto-upgrade on labels every GPU node once its driver pod is in sync
 (``upgrade-done``), so in a fleet at rest all of them are in the upgrading-node cache. A
-pass on such a node reads no pod (``planner.pods_read``), plans no write and shows the
+pass on such a node reads no pod (``pods.pods_read``), plans no write and shows the
 same idle status every time, until the node itself changes, which is an event of its own.
 The resync (``upgrade_resync_seconds``) exists for what no event brings: time passing
 on a node being freed (eviction timeouts, a blocked eviction's retry), a DaemonSet change
@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from shared_svc.k8s import objects
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.upgrade import daemonsets, record, states
-from shared_svc.upgrade.planner import NodeStatus, listed
+from shared_svc.upgrade.node_plan import NodeStatus
+from shared_svc.upgrade.node_status import listed
 
 
 def at_rest(node: K8sObject, driver_name: str) -> bool:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testenv.demo import say, step
+from testenv.demo_parts import say, step
 from testenv.node import NODE_IP, POD_CIDR, SERVICE_CIDR, Node, NodeError, start
 from testenv.workloads import cp_body
 

@@ -22,19 +22,10 @@ import msgspec
 import yaml
 from msgspec import UNSET, UnsetType
 
-from shared_svc.commands.plan.manifests import (
-    ALL,
-    MAX_BYTES,
-    Fast,
-    InputError,
-    NotJSON,
-    Shape,
-    Text,
-    load_documents,
-    load_json_stream,
-    load_yaml_stream,
-    size_text,
-)
+from shared_svc.commands.plan.json_stream import Fast, NotJSON, Text, load_json_stream
+from shared_svc.commands.plan.manifests import MAX_BYTES, InputError, size_text
+from shared_svc.commands.plan.yaml_stream import ALL, Shape, load_yaml_stream
+from shared_svc.commands.plan.yaml_text import load_documents
 from shared_svc.errors import UsageError
 from shared_svc.k8s.objects import K8sObject, as_json, camel_keys
 from shared_svc.reconcile.model import (

@@ -37,13 +37,13 @@ class ServiceMonitorDiscovery(Periodic):
         config: Config,
         *,
         caches: CacheRegistry,
-        on_change: Callable[[], None],
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(
             "servicemonitor-discovery", self._discover, lambda: config.discovery_seconds
         )
         self._api = api
-        self._on_change = on_change  # served or not, changed: what failed may work now
+        self.on_change = on_change  # served or not, changed: what failed may work now
         self.served = False
         cache = caches.cache(service_monitors(config.namespace), runs=False)
         assert isinstance(cache, Cache)  # one selector: no union
@@ -91,4 +91,4 @@ class ServiceMonitorDiscovery(Periodic):
                 # Its "not served" no longer holds: no reconcile reads it until it has listed.
                 self.cache.invalidate()
             self.cache_runnable.flip()  # the cache runs while served
-            self._on_change()
+            self.on_change()

@@ -27,7 +27,7 @@ from shared_svc.reconcile.names import COMMON_LABEL, SERVICE_NAMES
 
 log = logging.getLogger("shared_svc.controller")
 
-# Event publisher scopes (shared_svc.kube.events.EventPublisher)
+# Event publisher scopes (shared_svc.kube.recorder.EventPublisher)
 OCCURRENCES_SCOPE = f"{CONTROLLER}/occurrences"
 NAMESPACE_SCOPE = f"{CONTROLLER}/operator-namespace-missing"
 DRY_RUN_SCOPE = f"{CONTROLLER}/dry-run-announcements"

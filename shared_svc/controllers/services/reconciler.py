@@ -19,7 +19,6 @@ standby keeps its caches warm and plans, so it can take over at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -44,9 +43,10 @@ from shared_svc.kube.writer import Writer, namespace_gone
 from shared_svc.logs import reconcile_id
 from shared_svc.reconcile.model import Plan, World, world_of
 from shared_svc.reconcile.planner import plan as make_plan
-from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Runnable
+from shared_svc.runtime.source import all_synced
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
 
 log = logging.getLogger("shared_svc.controller")  # the name its log lines have always had
@@ -61,12 +61,15 @@ def _key(_: K8sObject) -> str:
     return KEY
 
 
-class ServicesController:
-    """Started by the service runner when ``services_controller`` is on. Its parts: what it
+class ServicesReconciler:
+    """Started by the service runner when ``services_controller`` is on; the runtime's
+    Controller is built from it (``runtime.controller.controller_for``). Its parts: what it
     reads (``caches``, from the process's registry; ServiceMonitors through
     ``discovery``), the executor of a plan's writes (``executor``), what it says about
     each reconcile (``outcomes``, through the one Event publisher) and the status
     serializer (``status``)."""
+
+    name = CONTROLLER
 
     def __init__(
         self,
@@ -86,9 +89,9 @@ class ServicesController:
         self._writer = writer
         self.metrics = ServicesMetrics(metrics)
         self._is_leader = is_leader
-        self._runtime: Controller[str] = Controller(
-            CONTROLLER,
-            self._reconcile_key,
+        # A standby plans too (warm caches); only the leader writes. One worker over the
+        # one key; no key is handed out while a cache re-lists: it plans from all of them.
+        self.options = Options(
             metrics=RuntimeMetrics.of(self.metrics.registry),
             rate_limiter=ItemExponentialFailureRateLimiter(
                 config.backoff_base_seconds, config.backoff_max_seconds, jitter=0.5
@@ -96,20 +99,15 @@ class ServicesController:
             workers=1,
             cooldown=config.coalesce_seconds,
             beat_seconds=lambda: HEARTBEAT_SECONDS,
-            only_when_synced=True,  # it plans from every cache: none may be re-listing
+            only_when_synced=True,
         )
         # What planning reads, asked for now: the registry's caches start before ``run``.
         self.caches: dict[str, AnyCache] = {
             name: caches.cache(resource) for name, resource in declare(config).items()
         }
         # ServiceMonitor discovery: a Runnable of its own, with the ServiceMonitor cache
-        # it switches on while the API is served.
-        self.discovery = ServiceMonitorDiscovery(
-            api, config, caches=caches, on_change=self.retry_now
-        )
-        for cache in (*self.caches.values(), self.discovery.cache):
-            self._runtime.watch(cache, _key)
-        self._runtime.resync(lambda: config.resync_seconds, lambda: (KEY,))
+        # it switches on while the API is served (a change retries at once: ``setup``).
+        self.discovery = ServiceMonitorDiscovery(api, config, caches=caches)
         self.last_plan: Plan | None = None
         self.last_reconcile: dict[str, Any] = {}
         self.reconciling = False
@@ -123,50 +121,36 @@ class ServicesController:
         )
         self._outcomes = Outcomes(config, events=self._events, metrics=self.metrics)
 
-    def trigger(self) -> None:
-        self._runtime.enqueue(KEY)
+    # --- how the runtime runs it (``runtime.controller.Reconciler``) ---
 
-    def retry_now(self) -> None:
-        """A backoff ends early: what failed before may work now (else: a change)."""
-        self._runtime.retry_now(KEY)
+    def setup(self, controller: Controller[str]) -> None:
+        """Every cache it reads, each event keyed to the one key; the resync; a change of
+        discovery ends a backoff (what failed before may work now)."""
+        for cache in self._sources():
+            controller.watch(cache, _key)
+        controller.resync(lambda: self._config.resync_seconds, lambda: (KEY,))
+        self.discovery.on_change = lambda: controller.retry_now(KEY)
 
-    @property
-    def failures(self) -> int:
-        """Reconciles failed in a row (the runtime's retry count)."""
-        return self._runtime.failures(KEY)
-
-    def pending(self) -> bool:
-        """A reconcile is due (queued, or waiting out the spacing or a backoff)."""
-        return self._runtime.pending(KEY)
-
-    # --- the runnable (shared_svc.runtime.manager.Runnable) ---
-
-    name = CONTROLLER
-    needs_leader = False  # a standby plans too (warm caches); only the leader writes
-
-    def runnables(self) -> list[Runnable]:
-        """ServiceMonitor discovery, the ServiceMonitor cache it switches, then the
-        controller (Runnables of the service's Manager, after the registry's caches: on
+    def parts(self) -> list[Runnable]:
+        """ServiceMonitor discovery and the ServiceMonitor cache it switches (Runnables of
+        the service's Manager, after the registry's caches, before the controller: on
         SIGTERM the controller stops first, then the ServiceMonitor cache and discovery,
         then the shared caches)."""
-        return [self.discovery, self.discovery.cache_runnable, self]
+        return [self.discovery, self.discovery.cache_runnable]
 
     def ready(self) -> bool:
-        """Synced and planned once: the admission guard's webhook, served by every replica,
-        then knows who needs each Service (``needed_by``) before the pod takes its calls."""
-        return self.caches_synced() and self.last_plan is not None
-
-    def alive(self) -> bool:
-        return self._runtime.alive()
-
-    def leadership_changed(self, leader: bool) -> None:
-        if leader:
-            self.trigger()
+        """Planned once (and, by the runtime, synced): the admission guard's webhook,
+        served by every replica, then knows who needs each Service (``needed_by``) before
+        the pod takes its calls."""
+        return self.last_plan is not None
 
     def caches_synced(self) -> bool:
         """Every cache it reads is synced (the ServiceMonitors' while their API is served;
         else it holds them as not served)."""
-        return self._runtime.synced()
+        return all_synced(self._sources())
+
+    def _sources(self) -> tuple[AnyCache, ...]:
+        return (*self.caches.values(), self.discovery.cache)
 
     @property
     def service_monitor_served(self) -> bool:
@@ -188,21 +172,18 @@ class ServicesController:
             for name, cache in self._read()
         }
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``; then the reconcile in flight ends. The runtime adds the handlers
-        and reconciles once every cache is synced (the caches are the Manager's: started
-        before, stopped after)."""
-        await self._runtime.run(stop)
-
-    async def _reconcile_key(self, key: str) -> Result:
-        """The runtime's reconcile of the one key."""
-        if await self.reconcile_once():
-            # a rule that waits (a drained ServiceMonitor's deletion): look again when due
-            wait = self.last_plan.recheck_after if self.last_plan is not None else None
-            return Result("success", requeue_after=wait)
-        if self.last_reconcile.get("result") == "conflict":
-            return Result("conflict", retry=True)  # planned again from the fresh cache
-        return Result("error", retry=True)
+    async def reconcile(self, key: str) -> Result:
+        """One reconcile of the namespace from the caches (the one key): a success looks
+        again when a rule that waits is due (a drained ServiceMonitor's deletion); a write
+        that met a concurrent change is a conflict, planned again from the fresh cache
+        after the backoff; any other failure an error."""
+        result = await self._reconcile_once()
+        if result == "conflict":
+            return Result("conflict", retry=True)
+        if result == "error":
+            return Result("error", retry=True)
+        wait = self.last_plan.recheck_after if self.last_plan is not None else None
+        return Result("success", requeue_after=wait)
 
     def snapshot(self) -> World:
         """What the caches hold now, as the planner reads it (``model.world_of``)."""
@@ -210,9 +191,9 @@ class ServicesController:
             {cache.resource.kind: cache.items() for _, cache in self._read()}, now=time.time()
         )
 
-    async def reconcile_once(self) -> bool:
-        """One reconcile from the caches; True unless it failed (an error, or a write that
-        met a concurrent change: planned again)."""
+    async def _reconcile_once(self) -> str:
+        """One reconcile from the caches; what became of it (``lastReconcile.result``:
+        success, standby, dry-run; conflict: a write met a concurrent change; error)."""
         rid = uuid.uuid4().hex[:12]
         token = reconcile_id.set(rid)
         started = time.monotonic()
@@ -222,23 +203,21 @@ class ServicesController:
         try:
             result, writes = await self._plan_and_act(world)
             await self._outcomes.succeeded()
-            return True
         except ObjectChanged as exc:
             result, error = "conflict", str(exc)
             self._outcomes.changed(exc)
-            return False
         except Exception as exc:
             result, error = "error", f"{type(exc).__name__}: {_short(exc)}"
             if namespace_gone(exc):
                 await self._outcomes.namespace_missing(error, world)
             else:
                 log.warning("reconcile failed", extra={"error": error})
-            return False
         finally:
             self.reconciling = False
             duration = time.monotonic() - started
             self.last_reconcile = self._outcomes.finished(rid, result, error, writes, duration)
             reconcile_id.reset(token)
+        return result
 
     async def _plan_and_act(self, world: World) -> tuple[str, int]:
         """Plans; the leader writes, dry-run shows, a standby only plans. Returns the

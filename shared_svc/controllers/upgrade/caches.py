@@ -104,6 +104,11 @@ class UpgradeCaches:
             self.driver_crd,
         )
 
+    def read(self) -> tuple[AnyCache, ...]:
+        """What a pass reads: the node caches and the DaemonSets (the policy caches are
+        the gate review's)."""
+        return (*self.nodes, self.daemonsets)
+
     def policy_caches(self) -> tuple[AnyCache, AnyCache, AnyCache]:
         """What tells which upgrade policy gpu-operator reads (``policy.policy_sources``)."""
         return (self.cluster_policies, self.nvidia_drivers, self.driver_crd)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shared_svc.controllers.upgrade.announce import Announcer
 from shared_svc.controllers.upgrade.metrics import UpgradeMetrics
-from shared_svc.k8s.objects import K8sObject
-from shared_svc.runtime.source import Event, OwnWrites, version_of
-from shared_svc.upgrade.planner import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
+from shared_svc.runtime.source import WritesInFlight
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch, NodePlan, PodAction, deleted_patch
 
 if TYPE_CHECKING:
     from shared_svc.controllers.upgrade.io import UpgradeIO
@@ -56,48 +54,13 @@ class _Lines:
         log.log(level, line, extra={"node": self.node, **extra})
 
 
-class WritesInFlight(OwnWrites[str]):
-    """``OwnWrites`` that also knows the node patches still in flight (issue 22). The watch
-    event of a patch may come before its answer (the cache's watch and the patch are two
-    connections): such an event is held until the answer, then dropped if it is the echo
-    (the version the patch answered) and handed to ``release`` (the work queue) if it is
-    anything else: a change by someone else, before or after ours, is never lost. A failed
-    write releases what it held. Without it, most nodes of a loaded wave had a second pass
-    (a pod list for nothing) from their own record patch."""
-
-    def __init__(self, key_of: Callable[[K8sObject], str], release: Callable[[str], None]):
-        super().__init__(key_of)
-        self._key = key_of
-        self._release = release
-        self._held: dict[str, set[str]] = {}  # node -> versions its events brought meanwhile
-
-    def writing(self, key: str) -> None:
-        self._held.setdefault(key, set())
-
-    def __call__(self, event: Event) -> bool:
-        held = self._held.get(self._key(event.obj))
-        if held is None:
-            return super().__call__(event)
-        held.add(version_of(event.obj))
-        return False
-
-    def wrote(self, key: str, version: str) -> None:
-        super().wrote(key, version)
-        if self._held.pop(key, set()) - {version}:
-            self._release(key)
-
-    def failed(self, key: str) -> None:
-        if self._held.pop(key, None):
-            self._release(key)
-
-
 class PlanExecutor:
     def __init__(
         self,
         io: UpgradeIO,
         metrics: UpgradeMetrics,
         announcer: Announcer,
-        own: WritesInFlight,
+        own: WritesInFlight[str],
         *,
         poll_seconds: float,
     ) -> None:

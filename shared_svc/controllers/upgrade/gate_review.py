@@ -20,6 +20,7 @@ from shared_svc.k8s.objects import K8sObject, label
 from shared_svc.k8s.selectors import Selector
 from shared_svc.kube.registry import AnyCache
 from shared_svc.runtime.manager import Periodic
+from shared_svc.runtime.source import all_synced
 from shared_svc.upgrade.gate import GateVerdicts, review_gate
 from shared_svc.upgrade.policy import (
     OWNER_LABEL,
@@ -51,14 +52,14 @@ class GateReview(Periodic):
         self._nodes = nodes
         self._selector = consumer_selector
         self._announcer = announcer
-        self._on_sources = on_sources
+        self.on_sources = on_sources
         self.sources: PolicySources | None = None  # once the caches synced
         self.gate: GateVerdicts | None = None  # the last verdicts, once the caches synced
         for cache in policy_caches:
             self.watch(cache)
 
     def _synced(self) -> bool:
-        return all(cache.synced.is_set() for cache in self._caches)
+        return all_synced(self._caches)
 
     def _sources_now(self) -> PolicySources:
         return policy_sources(
@@ -78,7 +79,7 @@ class GateReview(Periodic):
         self.gate = review_gate(sources, self._selector, self._nodes())
         await self._announcer.gate(self.gate.reports)
         if changed:
-            self._on_sources()
+            self.on_sources()
 
     def flow(self, node: K8sObject) -> NodeFlow | None:
         """What moves the node's upgrade (None: no gpu-operator CR says, or their caches

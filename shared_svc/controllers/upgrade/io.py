@@ -5,8 +5,9 @@ Pods of one node by field selector, evictions (``policy/v1``), deletes with a ui
 precondition, and node merge patches that touch only our own label and annotation keys,
 guarded by resourceVersion: :class:`UpgradeIO` is what the controller calls
 (:class:`KubeUpgradeIO` on the API server; tests run the controller on a fake with the
-same methods). The controller's writes (node patches, evictions, deletes) each wait for
-a token of one bucket (``upgrade_writes_per_second``, ``upgrade_writes_burst``).
+same methods). The controller's writes (node patches, evictions, deletes) go through a
+``kube.writer.Writer`` of its own: each waits for a token of its bucket
+(``upgrade_writes_per_second``, ``upgrade_writes_burst``) and is counted.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from shared_svc.config import Config
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.decode import Decoder
 from shared_svc.kube.resources import DAEMONSETS, METADATA, METADATA_LIST, NODES, PODS
-from shared_svc.kube.writer import MERGE_PATCH, delete_with_preconditions, raw_request, status_of
+from shared_svc.kube.writer import MERGE_PATCH, Writer, raw_request, status_of
 from shared_svc.upgrade.consumers import POD_READS
 from shared_svc.upgrade.daemonsets import CLIENT_HOOK_KEY, parked_label_key
+from shared_svc.upgrade.node_plan import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.paths import driver_pod_selector
-from shared_svc.upgrade.planner import NodeChanged, NodePatch, PodAction
 from shared_svc.upgrade.record import record_annotation_key
 from shared_svc.wait.ratelimit import BucketRateLimiter
 
@@ -78,7 +79,7 @@ async def list_nodes(api: ApiClient, label_selector: str) -> list[K8sObject]:
 
 
 def pods_field_selector(node: str, skip_namespace: str | None = None) -> str:
-    """The pods bound to ``node``, but those of ``skip_namespace`` (``planner.pods_read``).
+    """The pods bound to ``node``, but those of ``skip_namespace`` (``pods.pods_read``).
     The API server's watch cache of pods is indexed by ``spec.nodeName``: the other
     requirement filters the node's few pods, not the cluster's."""
     selector = f"spec.nodeName={node}"
@@ -183,11 +184,11 @@ class UpgradeIO(Protocol):
     """The API calls of the controller (:class:`KubeUpgradeIO`; tests run the controller
     on a fake with these methods)."""
 
-    # The pods bound to the node, but those of ``skip_namespace`` (``planner.pods_read``).
+    # The pods bound to the node, but those of ``skip_namespace`` (``pods.pods_read``).
     async def pods_on_node(
         self, name: str, skip_namespace: str | None = None
     ) -> list[K8sObject]: ...
-    # The driver pods of ``namespace`` bound to the node (``planner.PodRead.driver_pods``).
+    # The driver pods of ``namespace`` bound to the node (``pods.PodRead.driver_pods``).
     async def driver_pods_on_node(self, name: str, namespace: str) -> list[K8sObject]: ...
     async def patch_node(self, patch: NodePatch) -> str: ...  # the node's resourceVersion after it
     async def evict(self, action: PodAction) -> str: ...
@@ -203,7 +204,7 @@ class KubeUpgradeIO:
         self._api = api
         self._driver = driver_name
         # Every write waits for one of its tokens (``upgrade_write_limiter``).
-        self._writes = write_limiter
+        self.writer = Writer(api, bucket=write_limiter)
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         return await pods_on_node(self._api, name, skip_namespace)
@@ -214,10 +215,9 @@ class KubeUpgradeIO:
     async def patch_node(self, patch: NodePatch) -> str:
         """Sends the patch; returns the node's resourceVersion after it."""
         check_own_keys(patch, self._driver)
-        await self._writes.take()
         try:
-            patched: K8sObject = await raw_request(
-                self._api,
+            patched: K8sObject = await self.writer.send(
+                "patch",
                 "PATCH",
                 NODES.item(patch.node),
                 body=patch.body(),
@@ -238,11 +238,10 @@ class KubeUpgradeIO:
             "metadata": {"name": action.name, "namespace": action.namespace},
             "deleteOptions": {"preconditions": {"uid": action.uid}},
         }
-        await self._writes.take()
         try:
             # The endpoint of CoreV1Api.create_namespaced_pod_eviction, with a raw body.
-            await raw_request(
-                self._api, "POST", PODS.item(action.name, action.namespace, "eviction"), body=body
+            await self.writer.send(
+                "evict", "POST", PODS.item(action.name, action.namespace, "eviction"), body=body
             )
         except ApiException as exc:
             if exc.status == 429 and refused_by_disruption_budget(exc):
@@ -255,8 +254,7 @@ class KubeUpgradeIO:
         return "evicted"
 
     async def delete_pod(self, action: PodAction) -> EvictOutcome:
-        await self._writes.take()
         path = PODS.item(action.name, action.namespace)
         uid = {"uid": action.uid}  # a successor of the same name is not ours: gone too
-        deleted = await delete_with_preconditions(self._api, path, uid, successor_is_gone=True)
+        deleted = await self.writer.delete_at(path, uid, successor_is_gone=True)
         return "evicted" if deleted else "gone"

@@ -22,7 +22,7 @@ from shared_svc.upgrade import record, states
 from shared_svc.upgrade.gate import GateState, GateVerdicts
 
 if TYPE_CHECKING:
-    from shared_svc.upgrade.planner import NodeStatus
+    from shared_svc.upgrade.node_plan import NodeStatus
 
 PHASES = (
     "idle",

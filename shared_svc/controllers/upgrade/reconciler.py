@@ -24,7 +24,6 @@ follower (or dry-run) plans and reports status only.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -36,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from shared_svc.config import Config
 from shared_svc.controllers.upgrade.announce import Announcer
 from shared_svc.controllers.upgrade.caches import UpgradeCaches
-from shared_svc.controllers.upgrade.executor import PlanExecutor, WritesInFlight
+from shared_svc.controllers.upgrade.executor import PlanExecutor
 from shared_svc.controllers.upgrade.gate_review import GateReview
 from shared_svc.controllers.upgrade.io import UpgradeIO
 from shared_svc.controllers.upgrade.metrics import PHASES, UpgradeMetrics
@@ -44,12 +43,14 @@ from shared_svc.controllers.upgrade.status import gate_json, nodes_json
 from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.kube.recorder import Emitter, EventPublisher, publisher_of
 from shared_svc.kube.registry import CacheRegistry
-from shared_svc.runtime.controller import Controller, Result
+from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Runnable
-from shared_svc.runtime.source import Enqueue, NewestVersions
+from shared_svc.runtime.source import Enqueue, NewestVersions, WritesInFlight, all_synced
 from shared_svc.upgrade.daemonsets import DaemonSetRef, index_daemonsets, parked_label_key
-from shared_svc.upgrade.planner import NodeChanged, NodeStatus, plan_node, pods_read
+from shared_svc.upgrade.node_plan import NodeChanged, NodeStatus
+from shared_svc.upgrade.planner import plan_node
+from shared_svc.upgrade.pods import pods_read
 from shared_svc.upgrade.policy import GPU_OPERATOR_DRIVER
 from shared_svc.upgrade.resync import resync_keys
 from shared_svc.upgrade.settings import UpgradeSettings
@@ -62,12 +63,15 @@ CONTROLLER = "upgrade"  # the ``controller`` / ``name`` label of the runtime's m
 CONFLICT_RETRY_SECONDS = 0.05
 
 
-class UpgradeController:
-    """Started by the service runner when ``upgrade_controller`` is on. Its parts: what it
+class UpgradeReconciler:
+    """Started by the service runner when ``upgrade_controller`` is on; the runtime's
+    Controller is built from it (``runtime.controller.controller_for``). Its parts: what it
     reads (``caches.UpgradeCaches``, from the process's registry), its API calls
     (``io.UpgradeIO``), the plan executor (``executor``), what it announces
     (``announce``, through the one Event publisher), the gate review (``gate_review``)
     and the status serializer (``status``)."""
+
+    name = CONTROLLER
 
     def __init__(
         self,
@@ -89,29 +93,16 @@ class UpgradeController:
         self.metrics = UpgradeMetrics(metrics)
         self.caches = UpgradeCaches.of(caches, self.settings.driver_name)
         self._io = io
-        self._runtime: Controller[str] = Controller(
-            CONTROLLER,
-            self._reconcile_key,
-            metrics=RuntimeMetrics.of(self.metrics.registry),
-            rate_limiter=ItemExponentialFailureRateLimiter(
-                config.backoff_base_seconds, config.backoff_max_seconds
-            ),
-            workers=config.upgrade_workers,
-            on_beat=self._publish,
-        )
-        # Node events -> node names. The newest version seen per node: the two node caches
-        # deliver a change one after the other, the second copy is no change. The version
-        # a patch by this controller answered: its echo is no change to look at (the pass
-        # that wrote it planned on what it wrote, and asked to be polled while consumers
-        # leave).
+        self.options = self._options(config)
+        # The newest version seen per node: the two node caches deliver a change one
+        # after the other, the second copy is no change. The version a patch by this
+        # reconciler answered: its echo is no change to look at (the pass that wrote it
+        # planned on what it wrote, and asked to be polled while consumers leave); an
+        # event held while the patch is in flight is released to the queue (``setup``).
         self._newest: NewestVersions[str] = NewestVersions(name_of)
-        self._own = WritesInFlight(name_of, release=self._runtime.enqueue)
-        self.node_events: tuple[Enqueue[str], ...] = tuple(
-            self._runtime.watch(cache, name_of, self._newest, self._own)
-            for cache in self.caches.nodes
-        )
-        self._runtime.reads(self.caches.daemonsets)  # waited for; a change keys no node
-        self._runtime.resync(lambda: config.upgrade_resync_seconds, self._known_nodes)
+        self._own: WritesInFlight[str] = WritesInFlight(name_of)
+        self.node_events: tuple[Enqueue[str], ...] = ()  # the node caches' handlers
+        self._failures: Callable[[str], int] = lambda _: 0  # the queue's retry count
         events = publisher_of(recorder, dry_run=config.dry_run)
         # Events go out from the leader, or (dry-run) to the publisher, which logs them.
         self._announcer = Announcer(events, sends=lambda: self._writing() or config.dry_run)
@@ -128,7 +119,6 @@ class UpgradeController:
             self.settings.consumer_selector,
             self._announcer,
             seconds=lambda: config.upgrade_resync_seconds,
-            on_sources=self.trigger,  # a node's flow may have changed: plan every node again
         )
         # gpu-operator's policy sources decide which nodes a flow moves (upgrade/policy.py)
         # for its own driver name only.
@@ -139,29 +129,41 @@ class UpgradeController:
         self._ds_snapshot: tuple[K8sObject, ...] | None = None
         self._ds_index_cache: dict[str, DaemonSetRef] = {}
 
-    # --- the runnable (shared_svc.runtime.manager.Runnable) ---
+    # --- how the runtime runs it (``runtime.controller.Reconciler``) ---
 
-    name = CONTROLLER
-    needs_leader = False  # a follower plans too (status, warm caches); only the leader writes
+    def _options(self, config: Config) -> Options:
+        """``upgrade_workers`` nodes at once, retried with the capped backoff; each beat
+        publishes the gauges. A follower plans too (status, warm caches); only the leader
+        writes."""
+        return Options(
+            metrics=RuntimeMetrics.of(self.metrics.registry),
+            rate_limiter=ItemExponentialFailureRateLimiter(
+                config.backoff_base_seconds, config.backoff_max_seconds
+            ),
+            workers=config.upgrade_workers,
+            on_beat=self._publish,
+        )
 
-    def runnables(self) -> list[Runnable]:
-        """The gate review, then the controller (Runnables of the service's Manager, after
-        the registry's caches)."""
-        return [self.gate_review, self]
+    def setup(self, controller: Controller[str]) -> None:
+        """Node events -> node names, through the newest-version and echo filters; the
+        DaemonSets waited for (a change keys no node); the resync over the nodes a pass can
+        still change; the gate review's changed sources plan every node again."""
+        self.node_events = tuple(
+            controller.watch(cache, name_of, self._newest, self._own) for cache in self.caches.nodes
+        )
+        controller.reads(self.caches.daemonsets)
+        controller.resync(lambda: self._config.upgrade_resync_seconds, self._known_nodes)
+        self._own.release = controller.enqueue
+        self.gate_review.on_sources = controller.enqueue_all
+        self._failures = controller.failures
+
+    def parts(self) -> list[Runnable]:
+        """The gate review (a Runnable of the service's Manager, after the registry's
+        caches, before the controller)."""
+        return [self.gate_review]
 
     def ready(self) -> bool:
-        return self._runtime.synced()
-
-    def alive(self) -> bool:
-        return self._runtime.alive()
-
-    def leadership_changed(self, leader: bool) -> None:
-        if leader:
-            self.trigger()  # what the last leader left half done
-
-    def trigger(self) -> None:
-        """Look again now at every node a pass can change (the resync, becoming leader)."""
-        self._runtime.enqueue_all()
+        return True  # once its caches are synced (the runtime's part of ready)
 
     def _known_nodes(self) -> set[str]:
         return resync_keys(self.caches.cached_nodes(), self._statuses, self.settings.driver_name)
@@ -175,26 +177,21 @@ class UpgradeController:
             "detection": self.settings.detection,
             "dryRun": self._config.dry_run,
             "writing": self._writing(),
-            "synced": self.ready(),
+            "synced": all_synced(self.caches.read()),
             "phases": {phase: phases.get(phase, 0) for phase in PHASES},
             "nodes": nodes_json(self._statuses),
             "errors": dict(sorted(self._errors.items())),
             "gate": None if gate is None else gate_json(gate),
         }
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Until ``stop``; then the nodes in flight are finished (bounded). The runtime
-        adds the handlers, waits for the caches to sync (a node is never planned without
-        its DaemonSets), then starts the workers and the resync."""
-        await self._runtime.run(stop)
-
     def _writing(self) -> bool:
         return not self._config.dry_run and self._is_leader()
 
-    async def _reconcile_key(self, name: str) -> Result:
-        """One node, for the runtime's worker: what happened, and when to look again."""
+    async def reconcile(self, name: str) -> Result:
+        """One node: what happened, and when to look again (sooner than a change)."""
+        self.reconciles += 1
         try:
-            requeue = await self.reconcile(name)
+            requeue = await self._pass(name)
         except NodeChanged:
             # Our patch met a newer node: plan again on it soon (not a failure).
             return Result("conflict", requeue_after=CONFLICT_RETRY_SECONDS, forget=False)
@@ -205,7 +202,7 @@ class UpgradeController:
                 extra={
                     "node": name,
                     "error": self._errors[name],
-                    "failures": self._runtime.failures(name) + 1,
+                    "failures": self._failures(name) + 1,
                 },
             )
             return Result("error", retry=True)
@@ -214,9 +211,8 @@ class UpgradeController:
 
     # --- one node ---
 
-    async def reconcile(self, name: str) -> float | None:
+    async def _pass(self, name: str) -> float | None:
         """Plan one node and carry the plan out. Returns when to look again, if sooner than a change."""
-        self.reconciles += 1
         node = self.caches.get_node(name)  # the node cache's copy: no request
         if node is None:
             if (shown := self._statuses.pop(name, None)) is not None:

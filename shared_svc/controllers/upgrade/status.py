@@ -9,7 +9,7 @@ from typing import Any
 
 from shared_svc.k8s.objects import camel_keys
 from shared_svc.upgrade.gate import GateVerdicts
-from shared_svc.upgrade.planner import NodeStatus
+from shared_svc.upgrade.node_plan import NodeStatus
 
 
 def node_json(status: NodeStatus) -> dict[str, Any]:

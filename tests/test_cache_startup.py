@@ -47,15 +47,15 @@ async def test_a_paged_list_is_served_from_the_watch_cache(
             kube.ns,
             {"metadata": {"name": f"p{i}"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
         )
-    informer = Cache(
+    cache = Cache(
         kube.api,
         Resource("", "v1", "pods", "Pod", namespace=kube.ns, project=pod_fields),
         page_size=2,
     )
     before = list_counts(control_plane, "pods")
-    await informer.relist()
+    await cache.relist()
     after = list_counts(control_plane, "pods")
-    assert len(informer.items()) == 5
+    assert len(cache.items()) == 5
     # Three pages (limit 2), each served from the watch cache; etcd sends no object (the
     # one storage read of a consistent list is its revision: no objects fetched).
     assert after["cache"] - before["cache"] == 3

@@ -105,7 +105,7 @@ async def _deep_cr_scenario(
             assert raw_patch(control_plane, path, patch) == 200
             ctrl = svc.controller
             assert ctrl is not None
-            informer = ctrl.caches["clusterpolicies"]
+            cache = ctrl.caches["clusterpolicies"]
             # Known fields still count: disabling the exporter is acted on.
             assert (
                 raw_patch(control_plane, path, '{"spec":{"dcgmExporter":{"enabled":false}}}') == 200
@@ -113,9 +113,9 @@ async def _deep_cr_scenario(
             await eventually(lambda: _absent(kube, "nvidia-dcgm-exporter"), timeout=30)
             await settle(svc)
             assert svc.ready()
-            assert informer.synced.is_set() and informer.last_error is None
-            assert informer.pruned == {("", "cluster-policy")}
-            [cached] = informer.items()
+            assert cache.synced.is_set() and cache.last_error is None
+            assert cache.pruned == {("", "cluster-policy")}
+            [cached] = cache.items()
             assert cached["spec"]["dcgm"]["extra"]["n"]["n"]  # the shallow part is kept
             assert PRUNED in json.dumps(cached)
         # A fresh start lists it (the list path): synced, the Service is kept.
@@ -133,12 +133,12 @@ async def _absent(kube: Kube, name: str) -> bool:
 
 
 # --- 10: a watch that goes silent, and API server restarts ---
-def names(informer: Cache) -> set[str]:
-    return {o["metadata"]["name"] for o in informer.items()}
+def names(cache: Cache) -> set[str]:
+    return {o["metadata"]["name"] for o in cache.items()}
 
 
-def labels_of(informer: Cache, name: str) -> dict[str, str]:
-    for o in informer.items():
+def labels_of(cache: Cache, name: str) -> dict[str, str]:
+    for o in cache.items():
         if o["metadata"]["name"] == name:
             labels: dict[str, str] = o["metadata"].get("labels") or {}
             return labels
@@ -155,25 +155,25 @@ async def test_a_silent_watch_is_noticed_and_relisted(
     api = await api_client(
         control_plane, str(kubeconfig_via(control_plane, proxy.url, tmp_path / "kc"))
     )
-    informer = Cache(
+    cache = Cache(
         api,
         Resource("", "v1", "services", "Service", namespace=kube.ns),
         idle_timeout_seconds=3.0,
     )
     stop = asyncio.Event()
-    task = asyncio.ensure_future(informer.run(stop))
+    task = asyncio.ensure_future(cache.run(stop))
     try:
-        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await eventually(lambda: _true(cache.synced.is_set()), timeout=15)
         await kube.core.create_namespaced_service(
             kube.ns, {"metadata": {"name": "first"}, "spec": {"ports": [{"port": 1}]}}
         )
-        await eventually(lambda: _true(names(informer) == {"first"}), timeout=15)
+        await eventually(lambda: _true(names(cache) == {"first"}), timeout=15)
         assert proxy.blackhole() >= 1
         await kube.core.create_namespaced_service(
             kube.ns, {"metadata": {"name": "second"}, "spec": {"ports": [{"port": 1}]}}
         )
-        await eventually(lambda: _true(names(informer) == {"first", "second"}), timeout=30)
-        assert informer.idle_watches >= 1
+        await eventually(lambda: _true(names(cache) == {"first", "second"}), timeout=30)
+        assert cache.idle_watches >= 1
     finally:
         stop.set()
         await asyncio.wait_for(task, 70)
@@ -186,22 +186,22 @@ async def test_a_quiet_healthy_watch_is_not_taken_for_dead(kube: Kube) -> None:
     next one resumes from the resourceVersion the cache has; the silence detector (default:
     the watch timeout plus a margin) never fires, so a quiet namespace costs no re-list, and
     a change made after all those resumed watches is still seen, without a re-list."""
-    informer = Cache(
+    cache = Cache(
         kube.api,
         Resource("", "v1", "services", "Service", namespace=kube.ns),
         watch_timeout_seconds=2,
     )
     stop = asyncio.Event()
-    task = asyncio.ensure_future(informer.run(stop))
+    task = asyncio.ensure_future(cache.run(stop))
     try:
-        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await eventually(lambda: _true(cache.synced.is_set()), timeout=15)
         await asyncio.sleep(25)
-        assert (informer.idle_watches, informer.relists, informer.last_error) == (0, 1, None)
+        assert (cache.idle_watches, cache.relists, cache.last_error) == (0, 1, None)
         await kube.core.create_namespaced_service(
             kube.ns, {"metadata": {"name": "later"}, "spec": {"ports": [{"port": 1}]}}
         )
-        await eventually(lambda: _true(names(informer) == {"later"}), timeout=15)
-        assert (informer.idle_watches, informer.relists, informer.last_error) == (0, 1, None)
+        await eventually(lambda: _true(names(cache) == {"later"}), timeout=15)
+        assert (cache.idle_watches, cache.relists, cache.last_error) == (0, 1, None)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -241,10 +241,10 @@ async def test_every_cache_sees_changes_after_each_api_server_restart() -> None:
                     ("services", "other"),
                     ("pods", "dcgm-0"),
                 ):
-                    informer = caches[resource]
+                    cache = caches[resource]
 
                     async def seen(
-                        i: Cache = informer, n: str = name, want: str = str(round_)
+                        i: Cache = cache, n: str = name, want: str = str(round_)
                     ) -> bool:
                         return labels_of(i, n).get("round") == want and i.synced.is_set()
 

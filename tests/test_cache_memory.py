@@ -45,20 +45,20 @@ async def _create_pod(kube: Kube, name: str, labels: dict[str, str] | None = Non
 class Spy:
     """An event handler that counts the changes the cache hands out (adds, deletes,
     updates to another object) apart from the replays of a re-list (an update handing
-    out the very object held), and the query of every GET the informer sends."""
+    out the very object held), and the query of every GET the cache sends."""
 
-    def __init__(self, informer: Cache) -> None:
+    def __init__(self, cache: Cache) -> None:
         self.changes = 0
         self.replays = 0
         self.queries: list[dict[str, str]] = []
-        real = informer._get
+        real = cache._get
 
         async def get(params: dict[str, str], **kw: Any) -> Any:
             self.queries.append(dict(params))
             return await real(params, **kw)
 
-        informer._get = get  # type: ignore[method-assign]
-        informer.add_handler(self)
+        cache._get = get  # type: ignore[method-assign]
+        cache.add_handler(self)
 
     def on_add(self, new: Any) -> None:
         self.changes += 1
@@ -73,20 +73,20 @@ class Spy:
         self.changes += 1
 
 
-def pods_informer(kube: Kube, *, page_size: int = 500) -> tuple[Cache, Spy]:
-    informer = Cache(
+def pods_cache(kube: Kube, *, page_size: int = 500) -> tuple[Cache, Spy]:
+    cache = Cache(
         kube.api,
         Resource("", "v1", "pods", "Pod", namespace=kube.ns, project=pod_fields),
         page_size=page_size,
     )
-    return informer, Spy(informer)
+    return cache, Spy(cache)
 
 
 async def test_a_list_is_read_in_pages_and_every_object_projected(kube: Kube) -> None:
     for i in range(5):
         await _create_pod(kube, f"p{i}")
-    informer, spy = pods_informer(kube, page_size=2)
-    await informer.relist()
+    cache, spy = pods_cache(kube, page_size=2)
+    await cache.relist()
     # Three pages of at most two, the later ones by continue token.
     assert [q.get("limit") for q in spy.queries] == ["2", "2", "2"]
     assert [bool(q.get("continue")) for q in spy.queries] == [False, True, True]
@@ -96,31 +96,31 @@ async def test_a_list_is_read_in_pages_and_every_object_projected(kube: Kube) ->
         pod.setdefault("apiVersion", "v1")
         pod.setdefault("kind", "Pod")
     by_name = {p["metadata"]["name"]: p for p in live}
-    cached = informer.items()
+    cached = cache.items()
     assert [p["metadata"]["name"] for p in cached] == [f"p{i}" for i in range(5)]
     for pod in cached:
         # Exactly what planning reads: no containers, no managedFields, no uid.
         assert pod == pod_fields(by_name[pod["metadata"]["name"]])
         assert "containers" not in pod["spec"] and "managedFields" not in pod["metadata"]
-    assert informer.synced.is_set() and spy.changes == 5  # five adds
+    assert cache.synced.is_set() and spy.changes == 5  # five adds
 
 
 async def test_a_relist_decides_on_resource_versions(kube: Kube) -> None:
     await _create_pod(kube, "a")
     await _create_pod(kube, "b")
-    informer, spy = pods_informer(kube)
-    await informer.relist()
+    cache, spy = pods_cache(kube)
+    await cache.relist()
     assert (spy.changes, spy.replays) == (2, 0)
-    await informer.relist()  # nothing changed: each object handed out again as it was
-    assert (spy.changes, spy.replays) == (2, 2) and informer.relists == 2
+    await cache.relist()  # nothing changed: each object handed out again as it was
+    assert (spy.changes, spy.replays) == (2, 2) and cache.relists == 2
     # A change the projection drops still changes the resourceVersion: an update.
     await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"annotations": {"x": "1"}}})
-    await informer.relist()
+    await cache.relist()
     assert (spy.changes, spy.replays) == (3, 3)
     await kube.core.delete_namespaced_pod("b", kube.ns, grace_period_seconds=0)
-    await informer.relist()
+    await cache.relist()
     assert (spy.changes, spy.replays) == (4, 4)
-    assert [p["metadata"]["name"] for p in informer.items()] == ["a"]
+    assert [p["metadata"]["name"] for p in cache.items()] == ["a"]
 
 
 async def test_a_relist_keeps_the_cached_objects_of_unchanged_versions(kube: Kube) -> None:
@@ -129,31 +129,31 @@ async def test_a_relist_keeps_the_cached_objects_of_unchanged_versions(kube: Kub
     deleted one is gone."""
     for name in ("a", "b", "c"):
         await _create_pod(kube, name)
-    informer, spy = pods_informer(kube, page_size=2)
-    await informer.relist()
-    before = {p["metadata"]["name"]: p for p in informer.items()}
-    await informer.relist()
-    after = {p["metadata"]["name"]: p for p in informer.items()}
+    cache, spy = pods_cache(kube, page_size=2)
+    await cache.relist()
+    before = {p["metadata"]["name"]: p for p in cache.items()}
+    await cache.relist()
+    after = {p["metadata"]["name"]: p for p in cache.items()}
     assert all(after[n] is before[n] for n in ("a", "b", "c"))
-    assert (spy.changes, spy.replays) == (3, 3) and informer.relists == 2
+    assert (spy.changes, spy.replays) == (3, 3) and cache.relists == 2
     await kube.core.patch_namespaced_pod("a", kube.ns, {"metadata": {"labels": {"app": "y"}}})
     await kube.core.delete_namespaced_pod("c", kube.ns, grace_period_seconds=0)
-    await informer.relist()
-    now = {p["metadata"]["name"]: p for p in informer.items()}
+    await cache.relist()
+    now = {p["metadata"]["name"]: p for p in cache.items()}
     assert sorted(now) == ["a", "b"] and (spy.changes, spy.replays) == (5, 4)
     assert now["a"] is not before["a"] and now["a"]["metadata"]["labels"] == {"app": "y"}
     assert now["b"] is before["b"]
 
 
 async def test_watch_events_are_projected_and_dropped_fields_wake_nobody(kube: Kube) -> None:
-    informer, spy = pods_informer(kube)
+    cache, spy = pods_cache(kube)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(informer.run(stop))
+    task = asyncio.ensure_future(cache.run(stop))
     try:
-        await eventually(lambda: _true(informer.synced.is_set()), timeout=15)
+        await eventually(lambda: _true(cache.synced.is_set()), timeout=15)
         await _create_pod(kube, "w", {"app": "w"})
-        await eventually(lambda: _true(len(informer.items()) == 1), timeout=15)
-        [pod] = informer.items()
+        await eventually(lambda: _true(len(cache.items()) == 1), timeout=15)
+        [pod] = cache.items()
         assert "containers" not in pod["spec"] and pod["spec"]["nodeName"] == "node-00001"
         changes = spy.changes
         # An annotation (not read by planning) changes: the cache, as projected, does not.
@@ -163,10 +163,10 @@ async def test_watch_events_are_projected_and_dropped_fields_wake_nobody(kube: K
         # A label change afterwards arrives in order; by then the annotation was seen.
         await kube.core.patch_namespaced_pod("w", kube.ns, {"metadata": {"labels": {"app": "v"}}})
         await eventually(
-            lambda: _true(informer.items()[0]["metadata"]["labels"] == {"app": "v"}), timeout=15
+            lambda: _true(cache.items()[0]["metadata"]["labels"] == {"app": "v"}), timeout=15
         )
         assert spy.changes == changes + 1
-        assert "annotations" not in informer.items()[0]["metadata"]
+        assert "annotations" not in cache.items()[0]["metadata"]
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -242,8 +242,8 @@ async def test_an_expired_continue_token_starts_the_list_over(kube: Kube) -> Non
     the list starts over (once) instead of failing the cache."""
     for i in range(3):
         await _create_pod(kube, f"e{i}")
-    informer, spy = pods_informer(kube, page_size=2)
-    real = informer._get
+    cache, spy = pods_cache(kube, page_size=2)
+    real = cache._get
     expired = [False]
 
     async def get(params: dict[str, str], **kw: Any) -> Any:
@@ -254,9 +254,9 @@ async def test_an_expired_continue_token_starts_the_list_over(kube: Kube) -> Non
             raise exc
         return await real(params, **kw)
 
-    informer._get = get  # type: ignore[method-assign]
-    await informer.relist()
-    assert expired[0] and informer.synced.is_set()
-    assert [p["metadata"]["name"] for p in informer.items()] == ["e0", "e1", "e2"]
+    cache._get = get  # type: ignore[method-assign]
+    await cache.relist()
+    assert expired[0] and cache.synced.is_set()
+    assert [p["metadata"]["name"] for p in cache.items()] == ["e0", "e1", "e2"]
     # Sent on: the first page, then (the expired continue refused) the list from its start.
     assert [bool(q.get("continue")) for q in spy.queries] == [False, False, True]

@@ -94,13 +94,13 @@ class Replays(Events):
 
 
 def test_a_list_tells_handlers_what_it_added_changed_brought_again_and_no_longer_found() -> None:
-    informer = pods_cache()
+    cache = pods_cache()
     events = Replays()
-    informer.add_handler(events)
-    fill(informer, [pod("a", "1"), pod("b", "2"), pod("c", "3")])
+    cache.add_handler(events)
+    fill(cache, [pod("a", "1"), pod("b", "2"), pod("c", "3")])
     assert sorted(events.seen) == [("add", "a@v1"), ("add", "b@v2"), ("add", "c@v3")]
     events.seen.clear()
-    fill(informer, [pod("a", "1"), pod("b", "4"), pod("d", "5")])
+    fill(cache, [pod("a", "1"), pod("b", "4"), pod("d", "5")])
     assert sorted(events.seen) == [
         ("add", "d@v5"),
         ("delete", "c@v3"),
@@ -111,7 +111,7 @@ def test_a_list_tells_handlers_what_it_added_changed_brought_again_and_no_longer
     events.seen.clear()
     # A re-list of what is cached: every object handed out again as it was (the replay by
     # which a re-list says "listed again"; runtime.source.replayed).
-    fill(informer, [pod("a", "1"), pod("b", "4"), pod("d", "5")])
+    fill(cache, [pod("a", "1"), pod("b", "4"), pod("d", "5")])
     assert sorted(e for e in events.seen if e[0] == "replay") == [
         ("replay", "a@v1"),
         ("replay", "b@v4"),
@@ -121,20 +121,20 @@ def test_a_list_tells_handlers_what_it_added_changed_brought_again_and_no_longer
 
 
 def test_a_handler_added_to_a_synced_cache_first_hears_of_every_object() -> None:
-    informer = pods_cache()
-    fill(informer, [pod("a", "1"), pod("b", "2")])
+    cache = pods_cache()
+    fill(cache, [pod("a", "1"), pod("b", "2")])
     events = Events()
-    informer.add_handler(events)
+    cache.add_handler(events)
     assert sorted(events.seen) == [("add", "a@v1"), ("add", "b@v2")]
 
 
 async def test_watch_events_reach_handlers_with_the_old_and_new_kept_objects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    informer = pods_cache()
-    fill(informer, [pod("a", "1"), pod("b", "2")])
+    cache = pods_cache()
+    fill(cache, [pod("a", "1"), pod("b", "2")])
     events = Events()
-    informer.add_handler(events)
+    cache.add_handler(events)
     events.seen.clear()
     updated = pod("a", "6", app="y")
     dropped_only = pod("b", "7", app="v2")
@@ -152,12 +152,12 @@ async def test_watch_events_reach_handlers_with_the_old_and_new_kept_objects(
     async def open_watch(params: dict[str, str], *, timeout: float) -> Lines:
         return stream
 
-    monkeypatch.setattr(informer, "_open_watch", open_watch)
-    assert await informer.watch_once() == "timeout"
+    monkeypatch.setattr(cache, "_open_watch", open_watch)
+    assert await cache.watch_once() == "timeout"
     # The projection drops the container image, so b's change is no change at all; the
     # delete carries the object's last state.
     assert events.seen == [("update", "a@v1", "a@y"), ("add", "c@v8"), ("delete", "a@y")]
-    assert [p["metadata"]["name"] for p in informer.items()] == ["b", "c"]
+    assert [p["metadata"]["name"] for p in cache.items()] == ["b", "c"]
 
 
 def test_a_cache_tells_of_changes_one_way_handlers_with_objects() -> None:
