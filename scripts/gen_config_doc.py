@@ -22,7 +22,7 @@ import _generated as generated  # scripts/_generated.py (this directory)
 from pydantic.fields import FieldInfo
 
 from shared_svc import config
-from shared_svc.commands.upgrade import SETTINGS as UPGRADE_SETTINGS
+from shared_svc.commands.upgrade.common import SETTINGS as UPGRADE_SETTINGS
 from shared_svc.config import Config
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
