@@ -1,5 +1,6 @@
 """``python -m tests.soak [--steps N] [--seed S] [--budget SECONDS] [--plant BUG] [--workdir D]``:
-one soak (``make soak``); prints its report as JSON; exit 1 on a violation (its dump named)."""
+one soak (``make soak``); prints its report as JSON; exit 1 on a violation (its dump named).
+SIGINT (Ctrl-C) or SIGTERM ends it after the step in progress, with the report so far."""
 
 from __future__ import annotations
 
@@ -25,20 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1 or args.budget <= 0:
         parser.error("--steps and --budget must be positive")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="shared-svc-soak-"))
-    try:
-        report = asyncio.run(
-            soak(
-                workdir,
-                seed=args.seed,
-                steps=args.steps,
-                budget=args.budget,
-                plant=args.plant,
-                progress=True,
-            )
+    report = asyncio.run(
+        soak(
+            workdir,
+            seed=args.seed,
+            steps=args.steps,
+            budget=args.budget,
+            plant=args.plant,
+            progress=True,
         )
-    except KeyboardInterrupt:
-        print(f"interrupted; the world's logs are in {workdir}", file=sys.stderr)
-        return 130
+    )
     print(json.dumps(report.as_dict(), indent=1, default=str))
     if report.violation is not None:
         print(f"violation: {report.out}/violation.json; logs in {workdir}", file=sys.stderr)

@@ -54,6 +54,7 @@ class Report:
     kinds: Counter[str] = field(default_factory=Counter)
     explained: Counter[str] = field(default_factory=Counter)  # identity changes explained
     leaders: list[str] = field(default_factory=list)  # the leading replica after each step
+    interrupted: bool = False  # stopped by a signal, after a whole step
     violation: dict[str, Any] | None = None
     out: Path | None = None
 
@@ -66,6 +67,7 @@ class Report:
             "explained": dict(self.explained),
             "leader_changes": sum(a != b for a, b in itertools.pairwise(self.leaders)),
             "violation": self.violation,
+            "interrupted": self.interrupted,
         }
 
 
@@ -107,6 +109,7 @@ class Soak:
         self.world = world
         self.seed = seed
         self.history = m.history(seed, steps) if history is None else history
+        self.stopping = asyncio.Event()  # set (SIGINT, SIGTERM): stop after the step
         self.budget = budget
         self.out = out
         self.report = Report(seed)
@@ -363,7 +366,8 @@ class Soak:
             await self.settle(before)
             ids = await asyncio.to_thread(self.identities)
             for step, after in self.history:
-                if time.monotonic() - start > self.budget:
+                if time.monotonic() - start > self.budget or self.stopping.is_set():
+                    self.report.interrupted = self.stopping.is_set()
                     break
                 self.done.append(step.describe())
                 try:
@@ -455,6 +459,11 @@ async def soak(
     world = await start_world(workdir, plant=plant)
     try:
         out = workdir / "violation"
-        return await Soak(world, seed, steps, budget, out, progress, history).run()
+        run = Soak(world, seed, steps, budget, out, progress, history)
+        if progress:  # the command: SIGINT or SIGTERM ends it after the step in progress
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, run.stopping.set)
+        return await run.run()
     finally:
         await stop_world(world)
