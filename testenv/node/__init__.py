@@ -359,13 +359,19 @@ def _cleanup(state: State, stop_control_plane: Callable[[], None] | None = None)
     else:  # a session that died: its control plane's processes by pid
         left_cp = testenv.stop_processes({n: p for n, p in pids.items() if n in testenv.STOP_ORDER})
         problems += [f"{n} (pid {p}) did not stop" for n, p in left_cp.items()]
-    # 5. The holder: its namespaces go, with the veth, the bridge and every mount in them.
+    # 5. The veth, from the host's side (one end deleted deletes both, at once), then the
+    #    holder: its namespaces go, with the bridge and every mount in them. The kernel
+    #    frees a namespace in its own time: a whole run saw a veth left in it outlive the
+    #    holder by over 60 s with nothing holding it that /proc shows.
+    if _link_exists(HOST_LINK):
+        out = _run(["ip", "link", "del", HOST_LINK], check=False)
+        if out.returncode != 0 and _link_exists(HOST_LINK):
+            problems.append(f"link {HOST_LINK}: {out.stderr.strip()}")
     if state.holder is not None and not _stop_pid(state.holder, "sleep", timeout=5):
         problems.append(f"the namespace holder (pid {state.holder}) did not stop")
-    # The kernel frees a namespace's devices asynchronously (its cleanup_net work): on a
-    # loaded machine the veth outlived the holder by more than 10 s (seen in a whole run).
-    # Whatever still keeps the namespace (a process or thread that entered it late, an open
-    # descriptor, a bind mount) is ended or unmounted here, and named if the link stays.
+    # Gone with its deletion above; if not, whatever still keeps the namespace (a process
+    # or thread that entered it late, an open descriptor, a bind mount) is ended or
+    # unmounted here, and named if the link stays.
     deadline = time.monotonic() + 60
     kept: list[str] = []
     while _link_exists(HOST_LINK) and time.monotonic() < deadline:
