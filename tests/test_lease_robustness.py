@@ -5,10 +5,12 @@ at its renew deadline, before a standby can take over (never two leaders)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +225,12 @@ async def test_a_leader_gives_up_while_etcd_does_not_answer() -> None:
         cp.stop()
 
 
-async def _elector_via_proxy(
+@contextlib.asynccontextmanager
+async def _electing(
     control_plane: ControlPlane, tmp_path: Path, ns: str, identity: str
-) -> tuple[ThrottlingProxy, Any, LeaseElector]:
+) -> AsyncIterator[tuple[ThrottlingProxy, LeaseElector]]:
+    """An elector ``identity`` campaigning for the Lease ``renewals`` through a proxy that
+    records its requests; stopped (its Lease released) and closed on the way out."""
     proxy = await ThrottlingProxy.start(control_plane)
     kc = kubeconfig_via(control_plane, proxy.url, tmp_path / f"{identity}.kubeconfig")
     api = await api_client(control_plane, str(kc))
@@ -238,7 +243,15 @@ async def _elector_via_proxy(
         renew_deadline=3.0,
         retry_period=0.2,
     )
-    return proxy, api, elector
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(elector.run(stop))
+    try:
+        yield proxy, elector
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await api.close()
+        await proxy.close()
 
 
 def _lease_calls(proxy: ThrottlingProxy, ns: str) -> list[str]:
@@ -251,10 +264,7 @@ async def test_a_leader_renews_with_one_put_and_no_get(
 ) -> None:
     """As client-go's leaderelection: the leader renews the record it last wrote with one PUT
     (its resourceVersion guards the race); it does not read the Lease before every renewal."""
-    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "renewer")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(elector.run(stop))
-    try:
+    async with _electing(control_plane, tmp_path, kube.ns, "renewer") as (proxy, elector):
 
         async def led_and_renewed() -> bool:
             return elector.is_leader and _lease_calls(proxy, kube.ns).count("PUT") >= 8
@@ -264,11 +274,6 @@ async def test_a_leader_renews_with_one_put_and_no_get(
         assert calls[:2] == ["GET", "POST"], calls  # the first attempt finds no Lease
         assert "GET" not in calls[2:], calls
         assert elector.errors == 0 and elector.last_error is None
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-        await api.close()
-        await proxy.close()
 
 
 async def test_a_lease_written_by_another_is_read_again_on_conflict(
@@ -277,11 +282,8 @@ async def test_a_lease_written_by_another_is_read_again_on_conflict(
     """Someone else writes the Lease: the leader's PUT with the old resourceVersion gets 409,
     it reads the Lease again at once (no error counted). Still its own record (a label added):
     it renews; another holder's fresh record: it is a follower at once."""
-    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "first")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(elector.run(stop))
     path = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases/renewals"
-    try:
+    async with _electing(control_plane, tmp_path, kube.ns, "first") as (proxy, elector):
 
         async def leads() -> bool:
             return elector.is_leader
@@ -313,11 +315,6 @@ async def test_a_lease_written_by_another_is_read_again_on_conflict(
         assert elector.errors == 0
         lease = await raw_request(kube.api, "GET", path)
         assert lease["spec"]["holderIdentity"] == "second"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-        await api.close()
-        await proxy.close()
 
 
 async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_down_at_once(
@@ -327,9 +324,6 @@ async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_do
     again. When a standby's POST lands first, the leader's gets 409: it reads the Lease and
     follows the new holder at once, counting no error (before, the 409 was an error and it
     kept leading until its renew deadline, beside the new leader)."""
-    proxy, api, elector = await _elector_via_proxy(control_plane, tmp_path, kube.ns, "first")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(elector.run(stop))
     leases = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases"
     raced: list[str] = []
 
@@ -347,7 +341,7 @@ async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_do
             }
             await raw_request(kube.api, "POST", leases, body=body)
 
-    try:
+    async with _electing(control_plane, tmp_path, kube.ns, "first") as (proxy, elector):
 
         async def leads() -> bool:
             return elector.is_leader
@@ -365,11 +359,6 @@ async def test_a_leader_that_loses_the_race_to_recreate_a_deleted_lease_steps_do
         assert elector.errors == 0, elector.last_error
         lease = await raw_request(kube.api, "GET", f"{leases}/renewals")
         assert lease["spec"]["holderIdentity"] == "second"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
-        await api.close()
-        await proxy.close()
 
 
 async def test_a_deleted_lease_is_not_taken_by_a_standby_while_its_leader_may_lead(
@@ -395,9 +384,15 @@ async def test_a_deleted_lease_is_not_taken_by_a_standby_while_its_leader_may_le
 
     leader, standby = elector("leader", 2.0), elector("standby", 0.2)
     stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(e.run(stop)) for e in (leader, standby)]
+    tasks = [asyncio.ensure_future(leader.run(stop))]
     both: list[float] = []
     try:
+
+        async def leads() -> bool:
+            return leader.is_leader
+
+        await eventually(leads, timeout=30, interval=0.05)
+        tasks.append(asyncio.ensure_future(standby.run(stop)))  # the standby second
 
         async def settled() -> bool:
             return leader.is_leader and standby.holder == "leader"
