@@ -126,9 +126,10 @@ class Soak:
         monitors = w.objects("servicemonitors")
         problems = []
         uids = {cr.key: w.uid_of(cr.key) for cr in model.crs}
+        needs = model.needs()
         for name in m.SERVICES:
             svc = services.get(name)
-            needing = model.needs().get(name)
+            needing = needs.get(name)
             if needing is None:
                 if _managed(svc):
                     problems.append(f"{name}: managed by shared-svc, needed by no CR")

@@ -9,9 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import yaml
 import testenv
 from testenv import ControlPlane
 from testenv import gpu_operator as gpu_env
+from testenv.workloads import pod_labels
 from tests.admission import ADMISSION_KINDS, Tls, install, make_tls, webhook_sets
 from tests.apiproxy import TcpProxy, kubeconfig_via
 from tests.soak import model as m
@@ -35,22 +35,14 @@ CP_API = "/apis/nvidia.com/v1/clusterpolicies"
 BINDINGS = ("RoleBinding", "ClusterRoleBinding")
 NODES = ("gpu-node-0", "gpu-node-1")
 APPS = (m.DCGM, m.EXPORTER, m.DCGM_DRA, m.EXPORTER_DRA)  # each stack's DaemonSet and app label
-COMMON = {
-    "dcgm": "nvidia.com/gpu-operator.dcgm",
-    "exporter": "nvidia.com/gpu-operator.dcgm-exporter",
-}
 MERGE = "application/merge-patch+json"
 STAND_IN = "soak-gpucluster-controller"  # the field manager of the DRA DaemonSets
-
-
-def common_label(app: str) -> str:
-    return COMMON["exporter"] if "exporter" in app else COMMON["dcgm"]
 
 
 def dra_daemonset(app: str, common: bool) -> dict[str, Any]:
     """A DaemonSet of the GPUCluster stack, as gpu-operator's GPUCluster controller makes it
     (the common label on its template once its rollout brings it)."""
-    labels = {"app": app, **({common_label(app): "true"} if common else {})}
+    labels = pod_labels(app, common=common)
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -64,6 +56,11 @@ def dra_daemonset(app: str, common: bool) -> dict[str, Any]:
             },
         },
     }
+
+
+def _cr_path(key: Key) -> str:
+    kind, name = key
+    return f"{CP_API if kind == CP else GC_API}/{name}"
 
 
 class Unanswered(Exception):
@@ -202,7 +199,8 @@ class World:
     replicas: list[Replica]
     rbac: list[dict[str, Any]]
     guard: list[dict[str, Any]]
-    explained: list[str] = field(default_factory=list)  # what the last step did
+    # the DRA DaemonSets as last applied (which, and with the common labels or not)
+    dra: tuple[frozenset[str], bool] | None = None
 
     # --- the CRs ----------------------------------------------------------------------
 
@@ -220,29 +218,22 @@ class World:
         self.cp.apply_manifests([body])
 
     def delete_cr(self, key: Key) -> None:
-        kind, name = key
-        path = f"{CP_API if kind == CP else GC_API}/{name}"
+        path = _cr_path(key)
         status, body = self.cp.request("DELETE", path)
         if status not in (200, 202, 404):
             raise AssertionError(f"DELETE {path}: {status} {body}")
         # Gone before the step ends (no finalizers here): the next create is a new CR.
-        for _ in range(200):
-            if self.cp.request("GET", path)[0] == 404:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{path} still there after its delete")
+        gpu_env.wait_for(
+            lambda: self.cp.request("GET", path)[0] == 404, 10, f"{path} gone after its delete"
+        )
 
     def uid_of(self, key: Key) -> str | None:
-        kind, name = key
-        status, body = _answer(self.cp, "GET", f"{CP_API if kind == CP else GC_API}/{name}")
+        status, body = _answer(self.cp, "GET", _cr_path(key))
         return body["metadata"]["uid"] if status == 200 else None
 
     def objects(self, plural: str) -> dict[str, dict[str, Any]]:
         api = "/api/v1" if plural == "services" else "/apis/monitoring.coreos.com/v1"
-        status, body = _answer(self.cp, "GET", f"{api}/namespaces/{NS}/{plural}")
-        if status != 200:
-            raise AssertionError(f"list {plural}: {status} {body}")
-        return {o["metadata"]["name"]: o for o in body["items"]}
+        return {o["metadata"]["name"]: o for o in self._list(f"{api}/namespaces/{NS}/{plural}")}
 
     # --- the stand-ins: gpu-operator's GPUCluster controller, the DaemonSet controller, the
     # kubelet (kube-controller-manager here runs the collector and EndpointSlices only) ---
@@ -253,14 +244,16 @@ class World:
         labels differ from its template's relabelled one per DaemonSet and round (an
         OnDelete rollout, node by node); each DaemonSet's status as its controller reports
         it; the pods of a DaemonSet that went deleted."""
-        needs = model.needs()
-        for app in (m.DCGM_DRA, m.EXPORTER_DRA):
-            if app in needs:
-                self.cp.apply_manifests(
-                    [dra_daemonset(app, model.dra_common)], field_manager=STAND_IN
-                )
-            else:
-                self.cp.request("DELETE", f"/apis/apps/v1/namespaces/{NS}/daemonsets/{app}")
+        wanted = frozenset({m.DCGM_DRA, m.EXPORTER_DRA} & model.needs().keys())
+        if self.dra != (wanted, model.dra_common):  # once per change of the model
+            for app in (m.DCGM_DRA, m.EXPORTER_DRA):
+                if app in wanted:
+                    self.cp.apply_manifests(
+                        [dra_daemonset(app, model.dra_common)], field_manager=STAND_IN
+                    )
+                else:
+                    self.cp.request("DELETE", f"/apis/apps/v1/namespaces/{NS}/daemonsets/{app}")
+            self.dra = (wanted, model.dra_common)
         daemonsets = {
             d["metadata"]["name"]: d
             for d in self._list(f"/apis/apps/v1/namespaces/{NS}/daemonsets")
