@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck unit proptest-long bench lock
-.PHONY: compat testenv-versions testenv-versions-background soak
+.PHONY: compat testenv-versions testenv-versions-background testenv-background soak
 
 # The Kubernetes versions of the test control plane, one module file each
 # (testenv/kube/<minor>.mod): the whole suite runs on the default, the compatibility suite
@@ -40,6 +40,32 @@ TESTENV_VERSIONS_LOG ?= .testenv-versions.log
 testenv-versions-background:
 	( for v in $(COMPAT_VERSIONS); do nice -n 19 bash testenv/build.sh $$v >/dev/null || exit 1; done ) \
 	  >$(TESTENV_VERSIONS_LOG) 2>&1 </dev/null &
+
+# make test's second step: the parties' builds (the default control plane and helmrender,
+# Prometheus and prometheus-operator, gpu-operator, the upgrade libs; and the real node's
+# chain: its programs, the base image, the project's image) started in the background at
+# nice -n 10, in two chains, and returned from at once (the host's packages first, in the
+# foreground: apt). The suite's fixtures run the same cached builds when they need a party
+# (testenv/builds.py): one still in flight is waited for (flock), one done is a cache hit,
+# one that failed is built again and reports. So on a cold machine the venv, lint, types
+# and the whole suite run while the parties build, and the node's downloads (debootstrap
+# first, then modules and packages) overlap the Go builds; its programs wait for the
+# default control plane (flock) and reuse its compiled packages. Logs:
+# $(TESTENV_BACKGROUND_LOG) and $(TESTENV_NODE_LOG).
+TESTENV_BACKGROUND_LOG ?= .testenv-background.log
+TESTENV_NODE_LOG ?= .testenv-node.log
+testenv-background:
+	bash testenv/node/host-packages.sh
+	( nice -n 10 bash testenv/helmrender/build.sh; \
+	  nice -n 10 bash testenv/build.sh $${SHARED_SVC_KUBE_VERSION:-$(KUBE_DEFAULT)}; \
+	  nice -n 10 bash testenv/prometheus/build.sh; \
+	  nice -n 10 bash testenv/gpu-operator/build.sh; \
+	  nice -n 10 bash testenv/prometheus-operator/build.sh; \
+	  nice -n 10 bash testenv/upgrade-libs/build.sh ) >$(TESTENV_BACKGROUND_LOG) 2>&1 </dev/null &
+	( base=$$(nice -n 10 bash testenv/node/base.sh) \
+	  && nice -n 10 bash testenv/build.sh $${SHARED_SVC_KUBE_VERSION:-$(KUBE_DEFAULT)} >/dev/null \
+	  && programs=$$(nice -n 10 bash testenv/node/build.sh) \
+	  && nice -n 10 bash testenv/node/images.sh "$$programs" "$$base" ) >$(TESTENV_NODE_LOG) 2>&1 </dev/null &
 
 # The real gpu-operator for the tests marked gpu_operator (its own cached build; heavy when cold).
 testenv-gpu-operator:
@@ -79,7 +105,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 # make test: the whole suite on the default version, then the compatibility suite on the others.
-test: testenv-versions-background venv testenv testenv-gpu-operator testenv-prometheus testenv-upgrade-libs testenv-node lint typecheck
+test: testenv-versions-background testenv-background venv lint typecheck testenv
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest
 	for v in $(COMPAT_VERSIONS); do \
 	  nice -n 10 bash testenv/build.sh $$v >/dev/null || exit 1; \

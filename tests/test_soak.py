@@ -8,6 +8,8 @@ long.
 - A planted bug (tests/soak/replica.py: a Service two CRs need gets the first reference
   only) is caught at the first step whose model has a Service two CRs need, never later:
   the soak checks every step.
+- A failing history shrinks to the steps that matter (``shrink``): the planted bug's
+  three steps to the two CR creations that make a shared Service.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.soak import model as m
-from tests.soak.runner import soak
+from tests.soak.runner import SETTLE, shrink, soak
 
 pytestmark = [
     pytest.mark.apiserver,
@@ -73,3 +75,22 @@ async def test_a_leader_frozen_past_its_lease_never_leads_beside_the_next(tmp_pa
     assert report.steps == 2
     first_leader, second_leader = report.leaders
     assert first_leader != second_leader, "the standby took over while the leader was stopped"
+
+
+async def test_a_failing_history_shrinks_to_the_steps_that_matter(tmp_path: Path) -> None:
+    """The planted bug's history of three steps (test_a_planted_bug_... proves such a one
+    fails): the Lease fault goes, the two creations stay."""
+    policy = m.CR(m.CP, m.CP_NAME, 0, dcgm=True, exporter=True)
+    cluster = m.CR(m.GC, m.GC_NAME, 2, dcgm=True, exporter=True)
+    steps = [
+        m.Step(0, "cp-create", change="cp-create", cr=policy),
+        m.Step(1, "lease"),
+        m.Step(2, "gc-create", change="gc-create", cr=cluster),
+    ]
+    what = f"not settled after {SETTLE:g} s"  # the owner references never right
+    shorter, runs = await shrink(tmp_path, steps, what, plant="owner-refs", budget=BUDGET)
+    assert [(s.change, s.cr) for s in shorter] == [
+        ("cp-create", policy),
+        ("gc-create", cluster),
+    ], shorter
+    assert runs == 2  # one run per step that could go, the last one kept

@@ -412,3 +412,37 @@ def test_gpu_operator_builds_of_the_same_version_started_at_once_build_once(
     )
     assert again.stdout.strip() == str(directory) and "cached build" in again.stderr
     assert len(builds(tmp_path)) == 1
+
+
+PARTY_BUILDS = (
+    "testenv/prometheus/build.sh",
+    "testenv/gpu-operator/build.sh",
+    "testenv/prometheus-operator/build.sh",
+    "testenv/upgrade-libs/build.sh",
+    "testenv/node/base.sh",
+    "testenv/node/build.sh",
+    "testenv/node/images.sh",
+)
+
+
+def test_make_test_builds_the_parties_in_the_background_before_the_suite() -> None:
+    """On a cold machine the parties' builds must not hold up the venv, lint, types and
+    the suite (the fixtures wait for a build in flight, tests/test_testenv.py above): in
+    ``make test`` every one of them is started in a background chain (a command of its
+    own ending in ``&``) before pytest starts, and none runs in the foreground first."""
+    make = subprocess.run(
+        ["make", "-n", "test"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert make.returncode == 0, make.stderr
+    commands: list[str] = []
+    for line in make.stdout.splitlines():  # join the continued lines of one command
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1] + " " + line.strip()
+        else:
+            commands.append(line.strip())
+    suite = next(i for i, c in enumerate(commands) if "bin/pytest" in c)
+    before = commands[:suite]
+    for script in PARTY_BUILDS:
+        runs = [c for c in before if script in c]
+        assert runs, f"{script} is not built before the suite: {before}"
+        assert all(c.endswith("&") for c in runs), f"{script} built in the foreground: {runs}"

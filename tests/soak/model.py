@@ -8,7 +8,8 @@ from shared-svc's core: it would share a bug with the code it checks.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 CP, GC = "ClusterPolicy", "GPUCluster"
@@ -292,4 +293,57 @@ def history(seed: int, steps: int) -> list[tuple[Step, Model]]:
     for index in range(steps):
         step, model = next_step(rng, model, index)
         out.append((step, model))
+    return out
+
+
+# --- a history written out and read back, and rebuilt from its steps alone (shrinking) ---
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    """``step`` whole, as JSON (:func:`step_from_json` reads it back)."""
+    return asdict(step)
+
+
+def step_from_json(data: dict[str, Any]) -> Step:
+    cr = data.get("cr")
+    return Step(**{**data, "cr": CR(**cr) if cr else None})
+
+
+def _changed(model: Model, step: Step) -> Model | None:
+    """The model after ``step``'s change, made as recorded (an edit sets the CR's fields
+    as the step left them); None when the change cannot be made in ``model`` (a create of
+    a CR there, an edit or delete of one not there)."""
+    if not step.change:
+        return model
+    if step.change == "rollout":
+        return replace(model, dra_common=bool(step.detail.get("common")))
+    verb = step.change.rpartition("-")[2]
+    if step.cr is None:
+        return None
+    live = model.get(step.cr.key)
+    if verb == "create":
+        if live is not None:
+            return None
+        if step.cr.kind == CP and not model.operator_cp:
+            model = replace(model, operator_cp=step.cr.name)
+        return model.with_cr(step.cr)
+    if live is None:
+        return None
+    if verb == "delete":
+        return model.without(live.key)
+    return model.with_cr(replace(step.cr, born=live.born))
+
+
+def rebuild(steps: Sequence[Step]) -> list[tuple[Step, Model]] | None:
+    """The history of ``steps`` (renumbered) with the model after each, derived from the
+    steps alone; None when one of them cannot be made after the ones before it. On a
+    seed's own steps it gives back :func:`history` (tests/test_soak_pure.py)."""
+    model = Model()
+    out = []
+    for index, step in enumerate(steps):
+        after = _changed(model, step)
+        if after is None:
+            return None
+        model = after.normalized()
+        out.append((replace(step, index=index), model))
     return out

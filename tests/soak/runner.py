@@ -17,7 +17,9 @@ After every step, once the world settles (bounded: :data:`SETTLE`):
   ClusterPolicy turns off passing while the delete webhook could not answer (the ``guard``
   fault, or a frozen replica the webhook's Service still sends calls to);
 - shared-svc's writes come to rest (no write for :data:`QUIET` seconds);
-- no traceback in a replica's log; gpu-operator still runs.
+- no traceback, no line that is not a log record, and no ERROR in a replica's log that
+  the step does not explain (:data:`EXPLAINED_ERRORS`); its warnings are counted by
+  message in the report; gpu-operator still runs.
 All the time: at most one replica says it leads.
 """
 
@@ -44,6 +46,38 @@ LEASE = 15.0  # the shipped lease duration (values.yaml: leaderElection)
 SETTLE = 120.0  # a leader killed: the Lease (15 s) runs out first, then a resync
 QUIET = 1.5  # no write for this long: at rest (shared-svc coalesces events for 0.2 s)
 MANAGED = ("app.kubernetes.io/managed-by", "shared-svc")
+# ERROR records a step explains, by its kind: the prefixes of their "msg". None so far:
+# shared-svc logs ERROR only for what nothing expects (a controller or a periodic task
+# ending on an exception), whatever the fault.
+EXPLAINED_ERRORS: dict[str, tuple[str, ...]] = {}
+START = "--- start "  # the line Replica.start writes before each start
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def judge_log(lines: list[tuple[str, str]], kind: str) -> tuple[list[str], Counter[str]]:
+    """The problems in the replicas' new log ``lines`` after a step of ``kind`` (a line
+    that is not a JSON record, a traceback, an ERROR the step does not explain), and
+    their warnings counted by message."""
+    problems: list[str] = []
+    warnings: Counter[str] = Counter()
+    for replica, line in lines:
+        if not line.strip() or line.startswith(START):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            problems.append(f"{replica}: not a log record: {line[:500]}")
+            continue
+        level = str(record.get("level", "")).lower()
+        msg = str(record.get("msg", ""))
+        if level in ("error", "critical"):
+            if not (msg and msg.startswith(EXPLAINED_ERRORS.get(kind, ()))):
+                problems.append(f"{replica}: {level} after a {kind} step: {line[:1500]}")
+        elif TRACEBACK in line:
+            problems.append(f"{replica}: a traceback at {level}: {line[:1500]}")
+        elif level == "warning":
+            warnings[msg] += 1
+    return problems, warnings
 
 
 @dataclass
@@ -53,6 +87,7 @@ class Report:
     seconds: float = 0.0
     kinds: Counter[str] = field(default_factory=Counter)
     explained: Counter[str] = field(default_factory=Counter)  # identity changes explained
+    warnings: Counter[str] = field(default_factory=Counter)  # the replicas' warnings, by msg
     leaders: list[str] = field(default_factory=list)  # the leading replica after each step
     interrupted: bool = False  # stopped by a signal, after a whole step
     violation: dict[str, Any] | None = None
@@ -65,6 +100,7 @@ class Report:
             "seconds": round(self.seconds, 1),
             "kinds": dict(sorted(self.kinds.items())),
             "explained": dict(self.explained),
+            "warnings": dict(self.warnings.most_common()),
             "leader_changes": sum(a != b for a, b in itertools.pairwise(self.leaders)),
             "violation": self.violation,
             "interrupted": self.interrupted,
@@ -108,12 +144,13 @@ class Soak:
         self.progress = progress
         self.world = world
         self.seed = seed
+        self.seeded = history is None
         self.history = m.history(seed, steps) if history is None else history
         self.stopping = asyncio.Event()  # set (SIGINT, SIGTERM): stop after the step
         self.budget = budget
         self.out = out
         self.report = Report(seed)
-        self.done: list[dict[str, Any]] = []
+        self.done: list[m.Step] = []
         self.leaders: list[dict[str, Any]] = []  # moments two replicas said they lead
         self.fenced: tuple[Replica, float | None] | None = None  # a leader frozen past its Lease
 
@@ -370,7 +407,7 @@ class Soak:
                 if time.monotonic() - start > self.budget or self.stopping.is_set():
                     self.report.interrupted = self.stopping.is_set()
                     break
-                self.done.append(step.describe())
+                self.done.append(step)
                 try:
                     await self.make(step)
                 except (OSError, AssertionError, testenv.ControlPlaneError) as exc:
@@ -391,8 +428,11 @@ class Soak:
                 if self.fenced is not None:
                     await self.check_fenced(*self.fenced)
                     self.fenced = None
-                if errors := self.world.errors():
-                    raise Violation("a traceback in a replica's log", errors)
+                lines = await asyncio.to_thread(self.world.log_lines)
+                errors, warnings = judge_log(lines, step.kind)
+                self.report.warnings.update(warnings)
+                if errors:
+                    raise Violation("a replica logged what the step does not explain", errors)
                 if self.leaders:
                     raise Violation("two replicas said they lead at once", self.leaders)
                 self.report.kinds[step.kind] += 1
@@ -418,6 +458,13 @@ class Soak:
             self.report.seconds = time.monotonic() - start
         return self.report
 
+    @property
+    def replay(self) -> str:
+        """The command that replays this run's history up to its last step."""
+        if self.seeded:
+            return f"make soak SEED={self.seed} STEPS={len(self.done)}"
+        return f"python -m tests.soak --history {self.out / 'violation.json'}"
+
     def dump(self) -> None:
         """The seed, the history up to the failing step and the objects, under ``out``."""
         self.out.mkdir(parents=True, exist_ok=True)
@@ -432,9 +479,10 @@ class Soak:
             json.dumps(
                 {
                     **self.report.as_dict(),
-                    "history": self.done,
+                    "history": [step.describe() for step in self.done],
+                    "steps": [m.step_json(step) for step in self.done],
                     "objects": objects,
-                    "replay": f"make soak SEED={self.seed} STEPS={len(self.done)}",
+                    "replay": self.replay,
                     "logs": {r.name: str(r.log) for r in self.world.replicas},
                 },
                 indent=1,
@@ -468,3 +516,33 @@ async def soak(
         return await run.run()
     finally:
         await stop_world(world)
+
+
+async def shrink(
+    workdir: Path, steps: list[m.Step], what: str, *, plant: str = "", budget: float = 3600.0
+) -> tuple[list[m.Step], int]:
+    """The failing history ``steps`` (its violation: ``what``) made shorter, greedily: each
+    step but the last, the latest first, is dropped for good when the history without it
+    (rebuilt: :func:`tests.soak.model.rebuild`) still ends in a violation of the same
+    kind, in a world of its own. Returns the shortest history found and the runs it took
+    (one per step that could be dropped: cheap next to the run that found it)."""
+    current = list(steps)
+    runs = 0
+    i = len(current) - 2
+    while i >= 0:
+        candidate = m.rebuild(current[:i] + current[i + 1 :])
+        if candidate is not None:
+            runs += 1
+            report = await soak(
+                workdir / f"run-{runs}",
+                seed=0,
+                steps=len(candidate),
+                budget=budget,
+                plant=plant,
+                history=candidate,
+            )
+            if report.violation is not None and report.violation["what"] == what:
+                current = [step for step, _ in candidate[: report.violation["step"] + 1]]
+                i = min(i, len(current) - 1)
+        i -= 1
+    return current, runs

@@ -123,6 +123,7 @@ class Replica:
     plant: str = ""
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    read_to: int = 0  # how far the runner has read its log
 
     def start(self) -> None:
         args = [sys.executable, "-m", "tests.soak.replica", self.plant or "-", "run"]
@@ -373,14 +374,16 @@ class World:
     def delete_lease(self) -> None:
         self.cp.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{RELEASE}")
 
-    def errors(self) -> list[str]:
-        """Tracebacks in the replicas' logs (nothing explains one)."""
+    def log_lines(self) -> list[tuple[str, str]]:
+        """The lines each replica logged since the last call, as (replica, line)."""
         out = []
         for r in self.replicas:
-            text = r.log.read_text(errors="replace")
-            if "Traceback (most recent call last)" in text:
-                at = text.index("Traceback (most recent call last)")
-                out.append(f"{r.name}: {text[at : at + 1500]}")
+            with r.log.open("rb") as f:
+                f.seek(r.read_to)
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+            r.read_to += len(complete)
+            out += [(r.name, line) for line in complete.decode(errors="replace").splitlines()]
         return out
 
 
