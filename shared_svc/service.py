@@ -136,13 +136,7 @@ class Service:
         discovery and the ServiceMonitor cache it switches, the Services controller, the
         upgrade gate's review, the upgrade controller)."""
         cfg = self.config
-        self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
-        self.events = EventPublisher(
-            self.recorder,
-            dry_run=cfg.dry_run,
-            on_written=lambda r: self.metrics.events.labels(r.type, r.reason).inc(),
-        )
-        self.writer = Writer(api, rate=cfg.writes_per_second, burst=cfg.writes_burst)
+        self.events, self.writer = self._writes(api)
         if cfg.leader_election:
             self.elector = self._lease_elector(api)
         # One cache per resource, shared by both controllers (DaemonSets, ClusterPolicies);
@@ -184,6 +178,26 @@ class Service:
                 controller = self.controllers[reconciler.name] = controller_for(reconciler)
                 parts += controller.runnables()
         return parts
+
+    def _writes(self, api: ApiClient) -> tuple[EventPublisher, Writer]:
+        """The one Event publisher of the service (in dry-run it logs instead of sending)
+        and the Services controller's Writer (it sends the leader's writes only, none in
+        dry-run)."""
+        cfg = self.config
+        self.recorder = EventRecorder(api, reporting_instance=cfg.pod_name)
+        events = EventPublisher(
+            self.recorder,
+            dry_run=cfg.dry_run,
+            on_written=lambda r: self.metrics.events.labels(r.type, r.reason).inc(),
+        )
+        writer = Writer(
+            api,
+            rate=cfg.writes_per_second,
+            burst=cfg.writes_burst,
+            dry_run=cfg.dry_run,
+            is_leader=self.is_leader,
+        )
+        return events, writer
 
     def _lease_elector(self, api: ApiClient) -> LeaseElector:
         """Leader election on the configured Lease; each change is told to the Manager."""
@@ -235,7 +249,11 @@ class Service:
             events,
             caches=caches,
             io=KubeUpgradeIO(
-                api, cfg.upgrade_driver_name, write_limiter=upgrade_write_limiter(cfg)
+                api,
+                cfg.upgrade_driver_name,
+                write_limiter=upgrade_write_limiter(cfg),
+                dry_run=cfg.dry_run,
+                is_leader=self.is_leader,
             ),
             is_leader=self.is_leader,
             metrics=self.metrics.registry,

@@ -6,20 +6,19 @@ import os
 import subprocess
 from pathlib import Path
 
-from testenv import ControlPlaneError
-
 
 def cached_build(
     script: Path,
     *args: str,
     override_env: str | None,
     what: str,
-    error: type[ControlPlaneError],
+    error: type[Exception],
 ) -> Path:
     """Runs ``script`` with ``args`` (cached by content; ``nice -n 10``: it is heavy) and
     returns the directory its last line of output names. ``$override_env`` names such a
-    directory instead. A missing script or a failed build raises ``error``, saying which (the build's
-    own output has gone to stderr)."""
+    directory instead. A missing script or a failed build raises ``error`` (the caller's
+    own: ``testenv.ControlPlaneError`` and its kin), saying which (the build's own output
+    has gone to stderr)."""
     override = os.environ.get(override_env) if override_env else None
     if override:
         return Path(override)

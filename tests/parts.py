@@ -63,7 +63,6 @@ def executor(
     *,
     writer: Any,
     recorder: Any = None,
-    leader: bool = True,
     rediscover: asyncio.Event | None = None,
 ) -> Executor:
     """The Services controller's executor alone (``controllers/services/executor.py``)."""
@@ -73,7 +72,6 @@ def executor(
         writer=writer,
         events=EventPublisher(recorder or NoEvents(), dry_run=cfg.dry_run),
         metrics=ServicesMetrics(),
-        is_leader=lambda: leader,
         rediscover=rediscover or asyncio.Event(),
     )
 

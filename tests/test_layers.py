@@ -14,7 +14,8 @@ against it, and the table itself:
   at the same place in the two controller packages or in the two pure cores;
 - no asyncio task is started outside the Manager and the controller runtime (but where a
   call awaits the tasks it starts before it returns: :data:`AWAITED_TASKS`);
-- no class of ``shared_svc`` is over 300 lines, no function over 80 (issue 21).
+- no module of ``shared_svc`` is over 600 lines, no class over 250, no function over 60
+  (issues 21, 45).
 
 Every import counts: inside functions and ``TYPE_CHECKING`` blocks too.
 """
@@ -194,7 +195,9 @@ def test_no_import_circle_among_the_modules() -> None:
 def test_no_import_circle_in_the_test_environment_nor_the_tests_helpers() -> None:
     """Issue 45: none among the modules of ``testenv/``, ``tests/`` and ``proptests/``
     either (the demo's three modules imported each other; what they share is
-    ``testenv/demo_parts.py``). Imports inside functions count too."""
+    ``testenv/demo_parts.py``; ``testenv.builds`` imported the package's error, the
+    package imports ``builds``: the caller passes its error). Imports inside functions
+    count too."""
     root = PACKAGE.parent
     paths = [p for d in ("testenv", "tests", "proptests") for p in sorted((root / d).rglob("*.py"))]
     names = {module_name(p) for p in paths}
@@ -202,10 +205,7 @@ def test_no_import_circle_in_the_test_environment_nor_the_tests_helpers() -> Non
         module_name(p): {m for m in imports_of(p) if m in names and m != module_name(p)}
         for p in paths
     }
-    # Left: the package testenv and its testenv.builds (builds raises the package's
-    # ControlPlaneError; the package builds lazily), to go once that error leaves
-    # testenv/__init__.py.
-    assert circles(graph) == [["testenv", "testenv.builds"]]
+    assert circles(graph) == []
 
 
 def test_a_circle_is_found() -> None:
@@ -368,12 +368,14 @@ def test_no_module_of_shared_svc_is_over_600_lines() -> None:
     assert long == {}
 
 
-MAX_CLASS_LINES = 300
-MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 60
 
 
-def test_no_class_of_shared_svc_is_over_300_lines_nor_a_function_over_80() -> None:
-    """Issue 21: each part split by concern (the Services and upgrade shells, the reflector)."""
+def test_no_class_of_shared_svc_is_over_250_lines_nor_a_function_over_60() -> None:
+    """Issues 21 and 45: each part split by concern (the Services and upgrade shells, the
+    reflector and its store, the Services planner and its writes' Events). Lines from the
+    ``def``/``class`` line to the last, decorators not counted."""
     too_long = []
     for path in MODULES:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -87,7 +87,9 @@ async def test_reconcile_writes_plan_and_emits_after_writes() -> None:
 
 
 async def test_follower_and_dry_run_write_nothing() -> None:
-    for kwargs in ({"leader": False}, {"dry_run": True}):
+    """A standby hands no Event to the publisher, dry-run or not (``kube.writer.write_mode``:
+    in dry-run the leader alone logs what it would send, as the Services controller does)."""
+    for kwargs in ({"leader": False}, {"dry_run": True}, {"leader": False, "dry_run": True}):
         io = ex.FakeUpgradeIO(
             [ex.node(state="cordon-required")],
             [ex.declared_pod("a"), ex.pod("v", runtime_class="nvidia")],
@@ -97,7 +99,7 @@ async def test_follower_and_dry_run_write_nothing() -> None:
         await controller.reconcile("node-1")
         assert io.writes == []
         assert controller.status()["nodes"]["node-1"]["pending"] == ["ml/a"]
-        if kwargs.get("dry_run"):
+        if kwargs.get("dry_run") and kwargs.get("leader", True):
             assert [r.reason for r in recorder.reports] == [
                 "GPUConsumersDetected"
             ]  # once, not per pass

@@ -168,7 +168,29 @@ def make_pair(spec: CertSpec, now: dt.datetime) -> dict[str, str]:
             x509.NameAttribute(NameOID.COMMON_NAME, spec.common_name),
         ]
     )
-    ca = (
+    ca = _make_ca(ca_key, ca_name, start, end)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _make_serving(spec, key, ca_key, ca_name, start, end)
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return {
+        CERT: b64(cert.public_bytes(pem)),
+        KEY: b64(key_pem),
+        CA: b64(ca.public_bytes(pem)),
+    }
+
+
+def _make_ca(
+    ca_key: ec.EllipticCurvePrivateKey, ca_name: x509.Name, start: dt.datetime, end: dt.datetime
+) -> x509.Certificate:
+    """The self-signed CA: signs certificates only (no path below the serving one)."""
+    return (
         x509.CertificateBuilder()
         .subject_name(ca_name)
         .issuer_name(ca_name)
@@ -194,10 +216,21 @@ def make_pair(spec: CertSpec, now: dt.datetime) -> dict[str, str]:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-    key = ec.generate_private_key(ec.SECP256R1())
+
+
+def _make_serving(
+    spec: CertSpec,
+    key: ec.EllipticCurvePrivateKey,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    start: dt.datetime,
+    end: dt.datetime,
+) -> x509.Certificate:
+    """The serving certificate of ``key`` for the spec's DNS names and IP addresses,
+    signed by the CA."""
     names: list[x509.GeneralName] = [x509.DNSName(n) for n in spec.dns_names]
     names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in spec.ip_addresses]
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, spec.common_name)]))
         .issuer_name(ca_name)
@@ -213,19 +246,6 @@ def make_pair(spec: CertSpec, now: dt.datetime) -> dict[str, str]:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    pem = serialization.Encoding.PEM
-    key_pem = key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-    def b64(raw: bytes) -> str:
-        return base64.b64encode(raw).decode()
-
-    return {
-        CERT: b64(cert.public_bytes(pem)),
-        KEY: b64(key_pem),
-        CA: b64(ca.public_bytes(pem)),
-    }
 
 
 def ca_bundle_patch(configuration: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]]:

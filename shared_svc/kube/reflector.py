@@ -83,8 +83,8 @@ from shared_svc.kube.resources import (
 )
 from shared_svc.kube.resources import Resource as Resource
 from shared_svc.kube.store import EventHandler as EventHandler
-from shared_svc.kube.store import Key, SharedValues, Store, interned_maps, key_of
-from shared_svc.kube.untrusted import MAX_DEPTH, has_pruned, loads
+from shared_svc.kube.store import Key, ResourceStore, key_of
+from shared_svc.kube.untrusted import has_pruned, loads
 from shared_svc.kube.writer import describe_error, raw_request, request, retry_after
 from shared_svc.wait.loop import repeat
 from shared_svc.wait.ratelimit import ItemExponentialFailureRateLimiter
@@ -225,21 +225,9 @@ def watch_event(
     return etype, obj, pruned
 
 
-def log_newly_pruned(resource: Resource, keys: set[Key]) -> None:
-    """Logs each object newly kept with a too-deep subtree cut."""
-    for ns, name in sorted(keys):
-        log.warning(
-            "object nested too deep: kept with the deep part cut",
-            extra={
-                "resource": resource.describe(),
-                "object": f"{ns}/{name}" if ns else name,
-                "maxDepth": MAX_DEPTH,
-            },
-        )
-
-
-class Cache(Store):
-    """A list-then-watch cache of one resource (client-go's reflector over its store)."""
+class Cache(ResourceStore):
+    """A list-then-watch cache of one resource (client-go's reflector over its store: the
+    store keeps what a list or a watch event brings, the cache lists and watches)."""
 
     def __init__(
         self,
@@ -254,27 +242,21 @@ class Cache(Store):
     ) -> None:
         self._api = api
         self._page_size = page_size
-        self.resource = resource
         self._watch_timeout = watch_timeout_seconds
         # The server ends each watch at its timeout: silence beyond that means a dead stream.
         self._idle_timeout = (
             idle_timeout_seconds if idle_timeout_seconds is not None else watch_timeout_seconds + 15
         )
-        self._shared = SharedValues()  # repeated subtrees of the kept objects, once
-        self.served = True
-        self.resource_version = ""
-        self.relists = 0
         self.idle_watches = 0  # watches closed for silence (no event, no bookmark)
         self.throttled = 0  # 429 answers: waited for, cache kept
         self.last_error: str | None = None
         self._need_list = True  # the next round lists first
         self._pause = 0.0  # the wait before the next round
-        self.pruned: set[Key] = set()  # objects kept with a too-deep subtree cut
         # Reconnects: 0.4 s, 0.8 s, ... up to backoff_max_seconds, with jitter (the runtime's limiter).
         self._backoff = ItemExponentialFailureRateLimiter(
             BACKOFF_BASE_SECONDS, backoff_max_seconds, max_exponent=10, jitter=0.5
         )
-        super().__init__(on_synced)
+        super().__init__(resource, on_synced)
 
     def _query(self, params: dict[str, str]) -> list[Key]:
         query = list(params.items())
@@ -337,48 +319,6 @@ class Cache(Store):
             self._note_pruned(listed.pruned)
             return
 
-    def invalidate(self) -> None:
-        """What it holds no longer holds (a reader knows it is about to list again): not
-        synced until its next complete list."""
-        self._set_synced(False)
-
-    def _keep(self, obj: K8sObject) -> K8sObject:
-        """What is kept of a list item or a watch event's object (``Resource.kept``: the
-        resource's kind and apiVersion, metadata only or projected). A projection's
-        repeated subtrees and strings are shared (:class:`SharedValues`: thousands of pods
-        carry the same label sets and conditions). Any other cache (the metadata-only
-        node caches: 5,000 upgrading nodes, events in waves) keeps the object as parsed
-        with the strings of its labels and annotations interned (:func:`interned_maps`:
-        microseconds, where the whole-tree pass cost 0.13 ms per node event)."""
-        kept = self.resource.kept(obj)
-        return self._shared(kept) if self.resource.project else interned_maps(kept)
-
-    def replace(
-        self,
-        items: dict[Key, K8sObject],
-        versions: dict[Key, str],
-        *,
-        served: bool,
-        resource_version: str,
-    ) -> None:
-        """A complete list replaces the store (client-go's ``Store.Replace``): the kept
-        objects and their resourceVersions; synced; the list's events handed out."""
-        old_items = self._items
-        self._items = items
-        self._versions = versions
-        self.served = served
-        self.resource_version = resource_version
-        self.relists += 1
-        self._set_synced(True)
-        if self._handlers:
-            self._hand_out_list(old_items)
-
-    def _note_pruned(self, keys: set[Key]) -> None:
-        """Remembers the objects kept with a cut subtree; each newly cut one is logged."""
-        if keys != self.pruned:
-            log_newly_pruned(self.resource, keys - self.pruned)
-            self.pruned = keys
-
     async def watch_once(self) -> str:
         """Watches until the stream ends. Returns 'timeout' (the server ended it), 'gone'
         (410: re-list) or 'idle' (nothing, not even a bookmark, for too long: re-list)."""
@@ -412,34 +352,6 @@ class Cache(Store):
                 if etype == "BOOKMARK" or etype is None:
                     continue
                 self.apply(etype, obj, pruned=pruned)
-
-    def apply(self, etype: str, obj: K8sObject, *, pruned: bool = False) -> None:
-        """One watch event applied to the store (client-go's ``Store.Add``/``Update``/
-        ``Delete``) and handed out: ``ADDED``/``MODIFIED`` keep ``obj`` (a change in a
-        field the projection drops is no change), ``DELETED`` drops it and hands out its
-        last state. ``pruned``: a subtree of ``obj`` was cut (``watch_event``)."""
-        key = key_of(obj)
-        rv = obj.get("metadata", {}).get("resourceVersion")
-        if pruned and etype != "DELETED" and has_pruned(self.resource.kept(obj)):
-            self._note_pruned(self.pruned | {key})
-        elif key in self.pruned:
-            self._note_pruned(self.pruned - {key})
-        if etype == "DELETED":
-            self._versions.pop(key, None)
-            cached = self._items.pop(key, None)
-            if cached is not None:
-                # The object's last state (its final resourceVersion) is the event's.
-                self._deleted(self._keep(obj) if self._handlers else cached)
-        elif etype in ("ADDED", "MODIFIED"):
-            self._versions[key] = rv or ""
-            kept = self._keep(obj)
-            old = self._items.get(key)
-            if old != kept:
-                self._items[key] = kept
-                if old is None:
-                    self._added(kept)
-                else:
-                    self._updated(old, kept)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Runs until ``stop`` is set. Never raises for API trouble: it backs off and retries.

@@ -7,6 +7,13 @@ upgrade controller's ``upgrade_writes_per_second``), so a bug or a fight can nev
 into a flood of requests, and one count of what was written. The Services controller
 writes server-side applies, guarded JSON patches and preconditioned deletes; the upgrade
 controller its node patches, evictions and pod deletes (``controllers/upgrade/io.py``).
+
+Who writes is one rule for both (:func:`write_mode`; docs/operations.md "Dry-run"): the
+leader writes, in dry-run it shows what it would write instead, a standby only plans.
+Each controller asks it before it carries a plan out; the Writer asks it again before
+every request and refuses one that is not the leader's to send (:class:`NotWriting`: the
+Lease lost during a reconcile, or a write in dry-run), so no write leaves a standby or a
+dry run whatever a controller does.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient
@@ -224,10 +231,27 @@ def concurrent_change(exc: BaseException) -> bool:
     )
 
 
+WriteMode = Literal["write", "dry-run", "standby"]
+
+
+def write_mode(*, leader: bool, dry_run: bool) -> WriteMode:
+    """What a replica does with its plans' writes: a standby (not the leader) plans only,
+    dry-run or not; the leader in dry-run shows them and sends none (Events included);
+    else the leader writes."""
+    if not leader:
+        return "standby"
+    return "dry-run" if dry_run else "write"
+
+
+class NotWriting(RuntimeError):
+    """A write refused by the Writer: this replica is not the one to send it now."""
+
+
 class Writer:
-    """A controller's writes: each waits for a token of its bucket (``rate`` per second,
-    ``burst``; or ``bucket``, made by the caller), is counted by verb (``writes``), then
-    sent (:func:`raw_request`)."""
+    """A controller's writes: each is refused unless this replica writes now (``mode``:
+    :func:`write_mode` of ``is_leader`` and ``dry_run``), waits for a token of its bucket
+    (``rate`` per second, ``burst``; or ``bucket``, made by the caller), is counted by verb
+    (``writes``), then sent (:func:`raw_request`)."""
 
     def __init__(
         self,
@@ -236,23 +260,36 @@ class Writer:
         rate: float = 10.0,
         burst: int = 100,
         bucket: BucketRateLimiter | None = None,
+        dry_run: bool = False,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._api = api
         self._bucket = bucket or BucketRateLimiter(rate, burst, clock=time.monotonic)
+        self._dry_run = dry_run
+        self._is_leader = is_leader
         self.writes: Counter[str] = Counter()  # verb -> count, for /status and tests
+
+    def mode(self) -> WriteMode:
+        return write_mode(leader=self._is_leader(), dry_run=self._dry_run)
+
+    async def _admit(self, verb: str) -> None:
+        """A write's turn: its token, then refused unless this replica writes now (the
+        Lease may be lost while it waits for the token)."""
+        await self._bucket.take()
+        if (mode := self.mode()) != "write":
+            raise NotWriting(f"{verb} refused: {mode} (not the leader's to send now)")
+        self.writes[verb] += 1
 
     async def send(self, verb: str, method: str, path: str, **kw: Any) -> Any:
         """One write request (:func:`raw_request`'s keywords), after its token."""
-        await self._bucket.take()
-        self.writes[verb] += 1
+        await self._admit(verb)
         return await raw_request(self._api, method, path, **kw)
 
     async def delete_at(
         self, path: str, preconditions: dict[str, str], *, successor_is_gone: bool = False
     ) -> bool:
         """One preconditioned delete (:func:`delete_with_preconditions`), after its token."""
-        await self._bucket.take()
-        self.writes["delete"] += 1
+        await self._admit("delete")
         return await delete_with_preconditions(
             self._api, path, preconditions, successor_is_gone=successor_is_gone
         )

@@ -258,46 +258,7 @@ def going_away(
     wait = 2 * scrape_interval(live, default_interval) + DISCOVERY_SECONDS
     since = drained_since(live, name)
     if since is None:
-        pre = preconditions_of(live)
-        annotations = meta(live).get("annotations")
-        # Our CR references go with the drain: the garbage collector would take it with the
-        # last of its CRs (a GPUCluster released by its finalizer) before its targets'
-        # series are marked; shared-svc deletes it (the time is on the object).
-        owners: tuple[K8sObject, ...] = (
-            ({"op": "remove", "path": _pointer("metadata", "ownerReferences")},)
-            if "ownerReferences" in meta(live)
-            else ()
-        )
-        stamp: K8sObject = (
-            {
-                "op": "add",
-                "path": _pointer("metadata", "annotations", DRAINED_ANNOTATION),
-                "value": drain_stamp(now),
-            }
-            if isinstance(annotations, dict)
-            else {
-                "op": "add",
-                "path": _pointer("metadata", "annotations"),
-                "value": {DRAINED_ANNOTATION: drain_stamp(now)},
-            }
-        )
-        ops: tuple[K8sObject, ...] = (
-            {"op": "test", "path": "/metadata/uid", "value": pre["uid"]},
-            {"op": "replace", "path": "/metadata/resourceVersion", "value": pre["resourceVersion"]},
-            {"op": "add", "path": _pointer("spec", "selector"), "value": drained_selector(name)},
-            stamp,
-            *owners,
-        )
-        action = Action(
-            "update",
-            "ServiceMonitor",
-            name,
-            "ServiceMonitorDrained",
-            json_patch=ops,
-            preconditions=pre,
-            changed_fields=("spec.selector", OWNERS_PATH) if owners else ("spec.selector",),
-        )
-        return action, wait
+        return _drain(name, live, now), wait
     left = since + wait - now
     if left > 0:
         return None, left
@@ -309,6 +270,50 @@ def going_away(
         preconditions=preconditions_of(live),
     )
     return delete, None
+
+
+def _drain(name: str, live: K8sObject, now: float) -> Action:
+    """The write that drains a ServiceMonitor of ours: it selects nothing from ``now`` on
+    (the time on the object) and loses our CR references."""
+    pre = preconditions_of(live)
+    annotations = meta(live).get("annotations")
+    # Our CR references go with the drain: the garbage collector would take it with the
+    # last of its CRs (a GPUCluster released by its finalizer) before its targets'
+    # series are marked; shared-svc deletes it (the time is on the object).
+    owners: tuple[K8sObject, ...] = (
+        ({"op": "remove", "path": _pointer("metadata", "ownerReferences")},)
+        if "ownerReferences" in meta(live)
+        else ()
+    )
+    stamp: K8sObject = (
+        {
+            "op": "add",
+            "path": _pointer("metadata", "annotations", DRAINED_ANNOTATION),
+            "value": drain_stamp(now),
+        }
+        if isinstance(annotations, dict)
+        else {
+            "op": "add",
+            "path": _pointer("metadata", "annotations"),
+            "value": {DRAINED_ANNOTATION: drain_stamp(now)},
+        }
+    )
+    ops: tuple[K8sObject, ...] = (
+        {"op": "test", "path": "/metadata/uid", "value": pre["uid"]},
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": pre["resourceVersion"]},
+        {"op": "add", "path": _pointer("spec", "selector"), "value": drained_selector(name)},
+        stamp,
+        *owners,
+    )
+    return Action(
+        "update",
+        "ServiceMonitor",
+        name,
+        "ServiceMonitorDrained",
+        json_patch=ops,
+        preconditions=pre,
+        changed_fields=("spec.selector", OWNERS_PATH) if owners else ("spec.selector",),
+    )
 
 
 def _scrape_of(obj: K8sObject | None) -> str | None:

@@ -298,7 +298,9 @@ class _Planner:
                     Pending(f"{desired.kind}/{desired.name}", action.reason, message)
                 )
                 self.reports.append(
-                    self._object_report("Warning", action, live, message, "Reconcile")
+                    object_report(
+                        "Warning", action, live, message, "Reconcile", self.settings.namespace
+                    )
                 )
         for key, live in self.live.items():
             if key in self.desired:
@@ -319,52 +321,10 @@ class _Planner:
                     self.waits.append(wait)
             if unneeded is not None:
                 pairs.append((unneeded, live))
-        return [(self._announce(action, live), live) for action, live in pairs]
-
-    def _announce(self, action: Action, live: K8sObject | None) -> Action:
-        """The action carrying the object it was planned against and the Normal report of
-        a write worth an Event (also in the plan's reports); sent after the write succeeds."""
-        action = dataclasses.replace(action, live=live)
-        verbs = {
-            "Created": "Create",
-            "Adopted": "Adopt",
-            "Deleted": "Delete",
-            "SelectorMigrated": "MigrateSelector",
-        }
-        verb = next((v for suffix, v in verbs.items() if action.reason.endswith(suffix)), None)
-        if verb is None or action.action in ("skip", "unchanged"):
-            return action
-        if action.reason == "SelectorMigrated" and live is not None and action.apply is not None:
-            old, new = spec(live).get("selector"), action.apply["spec"]["selector"]
-            text = f"Service {action.name}: selector {_selector_text(old)} -> {_selector_text(new)}"
-        else:
-            text = f"{action.kind} {action.name}: {action.reason}"
-            if action.apply is not None:
-                owners = ", ".join(
-                    f"{r['kind']}/{r['name']}" for r in action.apply["metadata"]["ownerReferences"]
-                )
-                text += f" (owners: {owners or 'none'})"
-        report = self._object_report("Normal", action, live, text, verb)
-        self.reports.append(report)
-        return dataclasses.replace(action, announces=(report,))
-
-    def _object_report(
-        self, type_: str, action: Action, live: K8sObject | None, text: str, verb: str
-    ) -> Report:
-        uid = meta(live).get("uid") if live is not None else None
-        api = SERVICE_API if action.kind == "Service" else SERVICE_MONITOR_API
-        # One occurrence per reason, object and note: a repeat (an adoption fight) bumps the
-        # series of one Event. Not the patch: its resourceVersion differs on every repeat.
-        identity = stable_digest([uid, text])
-        return Report(
-            "Warning" if type_ == "Warning" else "Normal",
-            action.reason,
-            verb,
-            ObjectRef(api, action.kind, action.name, self.settings.namespace, uid or None),
-            note(text),
-            key=f"{action.reason}/{action.kind}/{action.name}/{identity}",
-            after_write=(action.kind, action.name) if type_ == "Normal" else None,
-        )
+        ns = self.settings.namespace
+        announced = [(announce(action, live, ns), live) for action, live in pairs]
+        self.reports.extend(r for action, _ in announced for r in action.announces)
+        return announced
 
     def manifest(self, desired: Desired) -> K8sObject:
         """What the object will be: our intent plus the foreign references that are kept.
@@ -374,23 +334,76 @@ class _Planner:
         refs = kept_owner_refs(self.live.get((desired.kind, desired.name)), desired.owners)
         return {**body, "metadata": {**body["metadata"], "ownerReferences": refs}}
 
-    def status(self) -> tuple[ObjectStatus, ...]:
-        keys = set(self.needs.by_object) | {k for k, v in self.live.items() if is_managed(v)}
-        out = []
-        for kind, name in sorted(keys):
-            needed_by = tuple(cr.label for cr in self.needs.needed_by((kind, name)))
-            choice = self.choices.get(name) if kind == "Service" else None
-            out.append(
-                ObjectStatus(
-                    "Service" if kind == "Service" else "ServiceMonitor",
-                    name,
-                    needed_by,
-                    selector=dict(choice.selector) if choice else None,
-                    gates=choice.gates if choice else (),
-                    held_back=dict(choice.held_back) if choice and choice.held_back else None,
-                )
+
+def object_statuses(
+    needs: Needs, live: Mapping[ObjectKey, K8sObject], choices: Mapping[str, SelectorChoice]
+) -> tuple[ObjectStatus, ...]:
+    """What ``status`` shows of each object a CR needs or we manage: who needs it, the
+    selector chosen for a Service and what gates or holds it back."""
+    keys = set(needs.by_object) | {k for k, v in live.items() if is_managed(v)}
+    out = []
+    for kind, name in sorted(keys):
+        needed_by = tuple(cr.label for cr in needs.needed_by((kind, name)))
+        choice = choices.get(name) if kind == "Service" else None
+        out.append(
+            ObjectStatus(
+                "Service" if kind == "Service" else "ServiceMonitor",
+                name,
+                needed_by,
+                selector=dict(choice.selector) if choice else None,
+                gates=choice.gates if choice else (),
+                held_back=dict(choice.held_back) if choice and choice.held_back else None,
             )
-        return tuple(out)
+        )
+    return tuple(out)
+
+
+def announce(action: Action, live: K8sObject | None, namespace: str) -> Action:
+    """The action carrying the object it was planned against and the Normal report of
+    a write worth an Event (``announces``; also in the plan's reports); sent after the
+    write succeeds."""
+    action = dataclasses.replace(action, live=live)
+    verbs = {
+        "Created": "Create",
+        "Adopted": "Adopt",
+        "Deleted": "Delete",
+        "SelectorMigrated": "MigrateSelector",
+    }
+    verb = next((v for suffix, v in verbs.items() if action.reason.endswith(suffix)), None)
+    if verb is None or action.action in ("skip", "unchanged"):
+        return action
+    if action.reason == "SelectorMigrated" and live is not None and action.apply is not None:
+        old, new = spec(live).get("selector"), action.apply["spec"]["selector"]
+        text = f"Service {action.name}: selector {_selector_text(old)} -> {_selector_text(new)}"
+    else:
+        text = f"{action.kind} {action.name}: {action.reason}"
+        if action.apply is not None:
+            owners = ", ".join(
+                f"{r['kind']}/{r['name']}" for r in action.apply["metadata"]["ownerReferences"]
+            )
+            text += f" (owners: {owners or 'none'})"
+    report = object_report("Normal", action, live, text, verb, namespace)
+    return dataclasses.replace(action, announces=(report,))
+
+
+def object_report(
+    type_: str, action: Action, live: K8sObject | None, text: str, verb: str, namespace: str
+) -> Report:
+    """The report of a planned write of ours to an object in ``namespace``."""
+    uid = meta(live).get("uid") if live is not None else None
+    api = SERVICE_API if action.kind == "Service" else SERVICE_MONITOR_API
+    # One occurrence per reason, object and note: a repeat (an adoption fight) bumps the
+    # series of one Event. Not the patch: its resourceVersion differs on every repeat.
+    identity = stable_digest([uid, text])
+    return Report(
+        "Warning" if type_ == "Warning" else "Normal",
+        action.reason,
+        verb,
+        ObjectRef(api, action.kind, action.name, namespace, uid or None),
+        note(text),
+        key=f"{action.reason}/{action.kind}/{action.name}/{identity}",
+        after_write=(action.kind, action.name) if type_ == "Normal" else None,
+    )
 
 
 def _selector_text(selector: object) -> str:
@@ -423,7 +436,7 @@ def plan(world: World, settings: Settings) -> Plan:
         pending=tuple(sorted(planner.pending, key=lambda p: (p.object, p.reason))),
         errors=tuple(errors),
         reports=tuple(sorted(planner.reports, key=lambda r: r.key)),
-        status=planner.status(),
+        status=object_statuses(planner.needs, planner.live, planner.choices),
         notes=tuple(planner.notes),
         recheck_after=min(planner.waits, default=None),
     )

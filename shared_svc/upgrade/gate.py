@@ -126,6 +126,24 @@ def _wanted(consumer_selector: Selector) -> tuple[dict[str, str], str]:
     return labels, label_text(labels)
 
 
+# What a gate that does not hold the flow for the consumers lets happen.
+_RACE = (
+    "freeing GPU consumers races the driver restart (the flow reaches pod-restart-required "
+    "about a second after cordon-required and does not wait for consumers still terminating)"
+)
+
+
+def _fix(gate_field: str, wanted: str) -> str:
+    """What to do about a gate that does not hold the flow for the consumers ``wanted``."""
+    if wanted:
+        return (
+            f"set {gate_field} to {wanted!r} with waitForCompletion.timeoutSeconds > 0 "
+            "(`shared-svc upgrade configure-gate`), and prepare every consumer DaemonSet "
+            "(`shared-svc upgrade prepare-daemonset`)"
+        )
+    return f"set upgrade_consumer_selector to a label selector and {gate_field} to the same label"
+
+
 def check_policy(
     policy: UpgradePolicy | None,
     consumer_selector: Selector,
@@ -153,28 +171,18 @@ def check_policy(
         return verdict(
             "off", f"{where}: driver auto-upgrade is off ({policy.off}): nothing to gate"
         )
-    fix = (
-        f"set {gate_field} to {wanted!r} with waitForCompletion.timeoutSeconds > 0 "
-        "(`shared-svc upgrade configure-gate`), and prepare every consumer DaemonSet "
-        "(`shared-svc upgrade prepare-daemonset`)"
-        if wanted
-        else f"set upgrade_consumer_selector to a label selector and {gate_field} to the same label"
-    )
-    race = (
-        "freeing GPU consumers races the driver restart (the flow reaches pod-restart-required "
-        "about a second after cordon-required and does not wait for consumers still terminating)"
-    )
+    fix = _fix(gate_field, wanted)
     if not selector.strip():
-        return verdict("missing", f"{where} has no {gate_field}: {race}; {fix}.")
+        return verdict("missing", f"{where} has no {gate_field}: {_RACE}; {fix}.")
     try:
         gate = parse_selector(selector)
     except SelectorError as exc:
-        return verdict("invalid", f"{where}: {gate_field} does not parse ({exc}): {race}; {fix}.")
+        return verdict("invalid", f"{where}: {gate_field} does not parse ({exc}): {_RACE}; {fix}.")
     if not labels or not _selects(gate, labels):
         return verdict(
             "mismatch",
             f"{where}: {gate_field} {selector!r} does not select the declared GPU consumers "
-            f"({wanted or consumer_selector.text!r}; the selector is AND-only): {race}; {fix}. "
+            f"({wanted or consumer_selector.text!r}; the selector is AND-only): {_RACE}; {fix}. "
             "Pods the selector gates today (Jobs) must carry the same label.",
         )
     note = (

@@ -131,21 +131,31 @@ def decide(
     pods bound to it (its driver pods among them) and the DaemonSets (see the module doc)."""
     if state != RESTART_STATE:
         return Verdict("full", "state", f"the node passed {state}, a state of the full path only")
-    if rec is not None and rec.restart_only is None:
-        return Verdict("full", "record", "shared-svc freed this node earlier in this upgrade")
     daemonsets = list(daemonsets)
-    if rec is not None and rec.restart_only is not None:
-        ro = rec.restart_only
-        if verdict_holds(rec, daemonsets):
-            return Verdict(
-                "restart-only", "verdict", "recorded restart-only", ro.daemonset, ro.digest
-            )
-        return Verdict(
-            "full",
-            "changed",
-            f"DaemonSet {ro.daemonset} changed its DRIVER_CONFIG_DIGEST (or is gone) during the "
-            "restart-only driver restart: the driver is reinstalled",
-        )
+    if rec is not None:
+        return _from_record(rec, daemonsets)
+    return _from_driver_pods(pods, daemonsets, operator_namespace)
+
+
+def _from_record(rec: Record, daemonsets: list[K8sObject]) -> Verdict:
+    """Evidence 2: our record on the node, in ``pod-restart-required``."""
+    ro = rec.restart_only
+    if ro is None:
+        return Verdict("full", "record", "shared-svc freed this node earlier in this upgrade")
+    if verdict_holds(rec, daemonsets):
+        return Verdict("restart-only", "verdict", "recorded restart-only", ro.daemonset, ro.digest)
+    return Verdict(
+        "full",
+        "changed",
+        f"DaemonSet {ro.daemonset} changed its DRIVER_CONFIG_DIGEST (or is gone) during the "
+        "restart-only driver restart: the driver is reinstalled",
+    )
+
+
+def _from_driver_pods(
+    pods: Iterable[K8sObject], daemonsets: list[K8sObject], operator_namespace: str
+) -> Verdict:
+    """Evidence 3 and 4: the driver pods against their DaemonSets, else a guess."""
     by_uid = {objects.uid_of(ds): ds for ds in daemonsets if objects.uid_of(ds)}
     old: list[tuple[str, str, str]] = []  # (pod, daemonset, digest) of old pods, digests equal
     for pod in sorted(pods, key=objects.key_of):

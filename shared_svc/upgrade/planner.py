@@ -316,22 +316,7 @@ def plan_node(
     if ds_index is None:
         ds_index = daemonsets.index_daemonsets(daemonset_objects, parked_key)
     pods = list(pods)
-    freeing: Freeing | None = None
-    verdict: Verdict | None = None
-    if mode == "free":
-        ns = settings.operator_namespace
-        verdict = paths.decide(state, current, pods, daemonset_objects, ns)
-        if verdict.path == "restart-only":
-            _restart_only(b, verdict)
-        else:
-            freeing = _free(b, pods, ds_index, parked_key in labels, state, verdict)
-    elif mode == "keep" and current is not None:
-        if current.parked_label and parked_key not in labels:
-            b.labels[parked_key] = PARKED_VALUE  # someone removed it: keep what was freed parked
-    elif mode in ("restore", "abort") and current is not None:
-        _undo(b, aborted=mode == "abort")
-    elif mode in ("restore", "abort") and record_error is not None:
-        b.record = None  # an unreadable record is dropped; the label is not known to be ours
+    freeing = _act(b, mode, state, record_error, pods, daemonset_objects, ds_index)
     # An unreadable record is rewritten only by a plan that decides it (free, restore, abort).
     owns_record = record_error is None or mode in ("free", "restore", "abort")
     status = plan_status(b, pods, ds_index, current, record_error, freeing)
@@ -347,6 +332,36 @@ def plan_node(
         b.record if owns_record else current,
         record_key,
     )
+
+
+def _act(
+    b: Builder,
+    mode: states.Mode,
+    state: str | None,
+    record_error: str | None,
+    pods: list[K8sObject],
+    daemonset_objects: tuple[K8sObject, ...],
+    ds_index: Mapping[str, daemonsets.DaemonSetRef],
+) -> Freeing | None:
+    """What the node's mode asks of the plan ``b`` (its record, as read, in ``b.record``):
+    free (the full path) or hold the restart-only verdict, keep the parked label, restore
+    or abort. The freeing, when the plan frees."""
+    current, labels = b.record, objects.labels_of(b.node)
+    parked_key = daemonsets.parked_label_key(b.settings.driver_name)
+    if mode == "free":
+        ns = b.settings.operator_namespace
+        verdict = paths.decide(state, current, pods, daemonset_objects, ns)
+        if verdict.path != "restart-only":
+            return _free(b, pods, ds_index, parked_key in labels, state, verdict)
+        _restart_only(b, verdict)
+    elif mode == "keep" and current is not None:
+        if current.parked_label and parked_key not in labels:
+            b.labels[parked_key] = PARKED_VALUE  # someone removed it: keep what was freed parked
+    elif mode in ("restore", "abort") and current is not None:
+        _undo(b, aborted=mode == "abort")
+    elif mode in ("restore", "abort") and record_error is not None:
+        b.record = None  # an unreadable record is dropped; the label is not known to be ours
+    return None
 
 
 def _patch(b: Builder, raw: str | None, record_key: str | None) -> NodePatch | None:

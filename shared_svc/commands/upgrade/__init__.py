@@ -28,7 +28,6 @@ from typing import Any
 
 # The modules (not their functions of the same names): each is an attribute of the package.
 from shared_svc.commands.upgrade import configure_gate, prepare_daemonset, show_status
-from shared_svc.commands.upgrade.common import _common
 
 
 def register(subparsers: Any) -> None:
@@ -41,63 +40,6 @@ def register(subparsers: Any) -> None:
         dest="upgrade_command", metavar="SUBCOMMAND", title="subcommands", required=True
     )
 
-    prepare = commands.add_parser(
-        "prepare-daemonset",
-        help="add the parked-label node affinity and the consumer label to a DaemonSet (once)",
-        description="Add the required node affinity term '<parked label> DoesNotExist' and "
-        "the declared consumer label to a DaemonSet's pod template (one patch, one rollout).",
-    )
-    prepare.add_argument("target", metavar="NAMESPACE/NAME", help="the DaemonSet")
-    prepare.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="show the diff and validate it server-side; write nothing",
-    )
-    _common(prepare)
-    prepare.set_defaults(handler=prepare_daemonset.prepare_daemonset)
-
-    gate = commands.add_parser(
-        "configure-gate",
-        help="print (or --apply) the upgrade-policy change that makes the upgrade flow wait for the consumers",
-        description="Print the merge patch that sets waitForCompletion.podSelector of the "
-        "upgrade policy gpu-operator reads to the declared consumer label (and timeoutSeconds "
-        "when it is 0), or apply it with --apply: the active ClusterPolicy's "
-        "spec.driver.upgradePolicy in ClusterPolicy mode; each NVIDIADriver's "
-        "spec.upgradePolicy in NVIDIADriver mode (spec.driver.useNvidiaDriverCRD, or no "
-        "ClusterPolicy: a GPUCluster cluster). Run it with your own kubeconfig: the service "
-        "never writes them.",
-    )
-    gate.add_argument(
-        "--apply", action="store_true", help="apply the merge patch (default: print it only)"
-    )
-    gate.add_argument(
-        "--nvidia-driver",
-        action="append",
-        metavar="NAME",
-        help="NVIDIADriver mode: only this NVIDIADriver (repeatable; default: every one)",
-    )
-    gate.add_argument(
-        "--replace",
-        action="store_true",
-        help="replace an existing podSelector that does not select the consumers (it is "
-        "AND-only: first add the consumer label to the pods it gates today)",
-    )
-    gate.add_argument(
-        "--timeout-seconds",
-        type=int,
-        default=None,
-        metavar="N",
-        help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever); "
-        "a positive value in the policy is kept (default: 600)",
-    )
-    _common(gate)
-    gate.set_defaults(handler=configure_gate.configure_gate)
-
-    status = commands.add_parser(
-        "status", help="upgrading nodes: state, what was freed, what still blocks"
-    )
-    status.add_argument(
-        "-o", "--output", choices=("text", "json"), default="text", help="output format"
-    )
-    _common(status)
-    status.set_defaults(handler=show_status.show_status)
+    prepare_daemonset.add_parser(commands)
+    configure_gate.add_parser(commands)
+    show_status.add_parser(commands)

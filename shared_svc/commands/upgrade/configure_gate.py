@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from shared_svc.commands.upgrade.common import (
+    _common,
     _consumer_labels,
     _consumer_selector,
     _retrying_conflicts,
@@ -18,6 +19,7 @@ from shared_svc.errors import UsageError
 if TYPE_CHECKING:  # kubernetes_asyncio is imported only by the commands that connect
     from kubernetes_asyncio.client import ApiClient
 
+    from shared_svc.upgrade.gate import GatePlan
     from shared_svc.upgrade.policy import PolicySources, UpgradePolicy
 
 
@@ -89,10 +91,47 @@ def _gate_targets(sources: PolicySources, named: list[str]) -> tuple[UpgradePoli
     return tuple(p for p in sources.policies if not named or p.name in named)
 
 
+def add_parser(commands: Any) -> None:
+    """``upgrade configure-gate``, a subcommand of ``commands``."""
+    gate = commands.add_parser(
+        "configure-gate",
+        help="print (or --apply) the upgrade-policy change that makes the upgrade flow wait for the consumers",
+        description="Print the merge patch that sets waitForCompletion.podSelector of the "
+        "upgrade policy gpu-operator reads to the declared consumer label (and timeoutSeconds "
+        "when it is 0), or apply it with --apply: the active ClusterPolicy's "
+        "spec.driver.upgradePolicy in ClusterPolicy mode; each NVIDIADriver's "
+        "spec.upgradePolicy in NVIDIADriver mode (spec.driver.useNvidiaDriverCRD, or no "
+        "ClusterPolicy: a GPUCluster cluster). Run it with your own kubeconfig: the service "
+        "never writes them.",
+    )
+    gate.add_argument(
+        "--apply", action="store_true", help="apply the merge patch (default: print it only)"
+    )
+    gate.add_argument(
+        "--nvidia-driver",
+        action="append",
+        metavar="NAME",
+        help="NVIDIADriver mode: only this NVIDIADriver (repeatable; default: every one)",
+    )
+    gate.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace an existing podSelector that does not select the consumers (it is "
+        "AND-only: first add the consumer label to the pods it gates today)",
+    )
+    gate.add_argument(
+        "--timeout-seconds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="waitForCompletion.timeoutSeconds to set when the policy has 0 (waits forever); "
+        "a positive value in the policy is kept (default: 600)",
+    )
+    _common(gate)
+    gate.set_defaults(handler=configure_gate)
+
+
 def configure_gate(args: argparse.Namespace) -> int:
-    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
-    from shared_svc.controllers.upgrade.caches import NVIDIA_DRIVERS
-    from shared_svc.kube.writer import MERGE_PATCH, raw_request
     from shared_svc.upgrade.gate import DEFAULT_GATE_TIMEOUT_SECONDS, plan_gate
 
     timeout = DEFAULT_GATE_TIMEOUT_SECONDS if args.timeout_seconds is None else args.timeout_seconds
@@ -126,36 +165,51 @@ def configure_gate(args: argparse.Namespace) -> int:
         refused = [plan.message for _, plan in plans if plan.action == "refuse"]
         if refused:  # nothing is written while one of them needs the user first
             raise UsageError("; ".join(refused))
-        for policy, plan in plans:
-            print(plan.message)
-            if plan.action == "nothing":
-                continue
-            patch = json.dumps(plan.patch, separators=(",", ":"))
-            print(f"merge patch: {patch}")
-            print(f"kubectl patch {policy.kind.lower()} {policy.name} --type merge -p '{patch}'")
-            if not policy.auto_upgrade:
-                print(
-                    f"note: {policy.where}: auto-upgrade is off ({policy.off}): the gate "
-                    "takes effect when it is on"
-                )
+        _print_plans(plans)
         due = [(p, plan) for p, plan in plans if plan.action == "set"]
         if not due:
             return 0
         if not args.apply:
             print("not applied: run again with --apply, or run the kubectl command(s) above")
             return 0
-        for policy, plan in due:
-            resource = CLUSTER_POLICIES if policy.owner is None else NVIDIA_DRIVERS
-            guarded = {**plan.patch, "metadata": {"resourceVersion": policy.resource_version}}
-            await raw_request(
-                api,
-                "PATCH",
-                resource.gvr.item(policy.name),
-                body=guarded,
-                content_type=MERGE_PATCH,
-                query=[("fieldManager", "shared-svc-configure-gate")],
-            )
-            print(f"applied to {policy.where}")
+        await _apply(api, due)
         return 0
 
     return _run(args, body)
+
+
+def _print_plans(plans: list[tuple[UpgradePolicy, GatePlan]]) -> None:
+    """Each policy's plan: its message and, where it changes the policy, the merge patch
+    and the kubectl command that applies it."""
+    for policy, plan in plans:
+        print(plan.message)
+        if plan.action == "nothing":
+            continue
+        patch = json.dumps(plan.patch, separators=(",", ":"))
+        print(f"merge patch: {patch}")
+        print(f"kubectl patch {policy.kind.lower()} {policy.name} --type merge -p '{patch}'")
+        if not policy.auto_upgrade:
+            print(
+                f"note: {policy.where}: auto-upgrade is off ({policy.off}): the gate "
+                "takes effect when it is on"
+            )
+
+
+async def _apply(api: ApiClient, due: list[tuple[UpgradePolicy, GatePlan]]) -> None:
+    """The merge patches of ``due``, each guarded by the resourceVersion it was planned on."""
+    from shared_svc.controllers.shared_caches import CLUSTER_POLICIES
+    from shared_svc.controllers.upgrade.caches import NVIDIA_DRIVERS
+    from shared_svc.kube.writer import MERGE_PATCH, raw_request
+
+    for policy, plan in due:
+        resource = CLUSTER_POLICIES if policy.owner is None else NVIDIA_DRIVERS
+        guarded = {**plan.patch, "metadata": {"resourceVersion": policy.resource_version}}
+        await raw_request(
+            api,
+            "PATCH",
+            resource.gvr.item(policy.name),
+            body=guarded,
+            content_type=MERGE_PATCH,
+            query=[("fieldManager", "shared-svc-configure-gate")],
+        )
+        print(f"applied to {policy.where}")

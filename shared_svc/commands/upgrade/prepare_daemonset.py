@@ -12,6 +12,7 @@ import yaml
 
 from shared_svc.commands.upgrade.common import (
     _PROTECTED_KEY_PREFIX,
+    _common,
     _consumer_labels,
     _retrying_conflicts,
     _run,
@@ -58,6 +59,24 @@ def diff_text(before: dict[str, Any], after: dict[str, Any], label: str) -> str:
     )
 
 
+def add_parser(commands: Any) -> None:
+    """``upgrade prepare-daemonset``, a subcommand of ``commands``."""
+    prepare = commands.add_parser(
+        "prepare-daemonset",
+        help="add the parked-label node affinity and the consumer label to a DaemonSet (once)",
+        description="Add the required node affinity term '<parked label> DoesNotExist' and "
+        "the declared consumer label to a DaemonSet's pod template (one patch, one rollout).",
+    )
+    prepare.add_argument("target", metavar="NAMESPACE/NAME", help="the DaemonSet")
+    prepare.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the diff and validate it server-side; write nothing",
+    )
+    _common(prepare)
+    prepare.set_defaults(handler=prepare_daemonset)
+
+
 def prepare_daemonset(args: argparse.Namespace) -> int:
     namespace, name = parse_target(args.target)
 
@@ -87,23 +106,7 @@ async def _prepare(
     )
     from shared_svc.upgrade.gate import label_text
 
-    if namespace == config.namespace:
-        raise UsageError(
-            f"{namespace} is the operator namespace: its DaemonSets are gpu-operator operands, never touched"
-        )
-    live = await upgrade_io.read_daemonset(api, namespace, name)
-    if live is None:
-        raise UsageError(f"DaemonSet {namespace}/{name} not found")
-    selector = live.get("spec", {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
-    operand_keys = sorted(
-        k
-        for k in selector
-        if k.startswith(_PROTECTED_KEY_PREFIX) and k != "nvidia.com/gpu.deploy.client"
-    )
-    if operand_keys:
-        raise UsageError(
-            f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_keys[0]}); not touched"
-        )
+    live = await _read_touchable(api, config, namespace, name)
     key = parked_label_key(config.upgrade_driver_name)
     hook = client_hook_use(live, key, await upgrade_io.client_label_on_nodes(api))
     if hook is not None and hook.finding == "never-schedules":
@@ -135,13 +138,45 @@ async def _prepare(
     await upgrade_io.patch_daemonset_template(
         api, live, required=required, labels=missing, dry_run=dry_run
     )
-    if dry_run:
-        print(
-            f"dry run: the API server accepted the change; DaemonSet {namespace}/{name} not changed"
-        )
-    else:
-        print(
-            f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key}, and "
-            f"carry {shown} so the upgrade flow's gate waits for them (one rollout now)"
-        )
+    print(
+        f"dry run: the API server accepted the change; DaemonSet {namespace}/{name} not changed"
+        if dry_run
+        else f"DaemonSet {namespace}/{name} prepared: its pods leave nodes labelled {key}, and "
+        f"carry {shown} so the upgrade flow's gate waits for them (one rollout now)"
+    )
     return 0
+
+
+async def _read_touchable(
+    api: ApiClient, config: Config, namespace: str, name: str
+) -> dict[str, Any]:
+    """The DaemonSet, read; a usage error where it is none or one of gpu-operator's
+    operands (in the operator namespace, or by its node selector)."""
+    from shared_svc.controllers.upgrade import io as upgrade_io
+
+    if namespace == config.namespace:
+        raise UsageError(
+            f"{namespace} is the operator namespace: its DaemonSets are gpu-operator operands, never touched"
+        )
+    live = await upgrade_io.read_daemonset(api, namespace, name)
+    if live is None:
+        raise UsageError(f"DaemonSet {namespace}/{name} not found")
+    operand_key = _operand_key(live)
+    if operand_key is not None:
+        raise UsageError(
+            f"DaemonSet {namespace}/{name} is a gpu-operator operand ({operand_key}); not touched"
+        )
+    return live
+
+
+def _operand_key(daemonset: dict[str, Any]) -> str | None:
+    """The first node-selector key that makes a DaemonSet one of gpu-operator's operands
+    (``nvidia.com/gpu.deploy.*`` but the client hook); None: not an operand."""
+    spec = daemonset.get("spec", {}).get("template", {}).get("spec", {})
+    selector = spec.get("nodeSelector") or {}
+    keys = sorted(
+        k
+        for k in selector
+        if k.startswith(_PROTECTED_KEY_PREFIX) and k != "nvidia.com/gpu.deploy.client"
+    )
+    return keys[0] if keys else None

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from shared_svc.commands.upgrade.common import _consumer_selector, _run
+from shared_svc.commands.upgrade.common import _common, _consumer_selector, _run
 from shared_svc.commands.upgrade.configure_gate import _policy_sources
 from shared_svc.config import Config
 
@@ -184,6 +184,18 @@ def _hooks_text(hooks: tuple[ClientHookUse, ...]) -> str:
     lines = ["DaemonSets on gpu-operator's client hook (nvidia.com/gpu.deploy.client):"]
     lines += [f"  {'WARNING: ' if h.warns else ''}{h.message}" for h in hooks]
     return "\n".join(lines) + "\n"
+
+
+def add_parser(commands: Any) -> None:
+    """``upgrade status``, a subcommand of ``commands``."""
+    status = commands.add_parser(
+        "status", help="upgrading nodes: state, what was freed, what still blocks"
+    )
+    status.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="output format"
+    )
+    _common(status)
+    status.set_defaults(handler=show_status)
 
 
 def show_status(args: argparse.Namespace) -> int:

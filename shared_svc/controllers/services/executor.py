@@ -4,7 +4,8 @@ without it); the ConflictingWriter backoff (``reconcile.fight``).
 
 The first failure stops the plan (the order keeps coverage). A write that meets a
 concurrent change of its object raises :class:`ObjectChanged`: the controller plans
-again from the cache.
+again from the cache. A write this replica may no longer send (the Lease lost during
+the plan) is refused by the Writer (``kube.writer.NotWriting``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -52,14 +52,12 @@ class Executor:
         writer: Writer,
         events: EventPublisher,
         metrics: ServicesMetrics,
-        is_leader: Callable[[], bool],
         rediscover: asyncio.Event,
     ) -> None:
         self._config = config
         self._writer = writer
         self._events = events
         self._metrics = metrics
-        self._is_leader = is_leader
         self._rediscover = rediscover  # a 404 on the ServiceMonitor path: look now
         # ConflictingWriter: what we applied last, and how often the same drift came back.
         self._applied: dict[tuple[str, str], dict[str, Any]] = {}
@@ -79,8 +77,6 @@ class Executor:
             self.contested.pop(key, None)
             if action.action == "update" and await self._is_fight(action):
                 continue
-            if not self._is_leader():
-                raise RuntimeError("lost leadership during reconcile")
             writes += await self._write(action)
             log.info(
                 "wrote",

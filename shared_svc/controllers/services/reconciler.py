@@ -39,7 +39,7 @@ from shared_svc.controllers.services.status import plan_status
 from shared_svc.k8s.objects import K8sObject
 from shared_svc.kube.recorder import Emitter, EventPublisher, publisher_of
 from shared_svc.kube.registry import AnyCache, CacheRegistry
-from shared_svc.kube.writer import Writer, namespace_gone
+from shared_svc.kube.writer import Writer, namespace_gone, write_mode
 from shared_svc.logs import reconcile_id
 from shared_svc.reconcile.model import Plan, World, world_of
 from shared_svc.reconcile.planner import plan as make_plan
@@ -116,7 +116,6 @@ class ServicesReconciler:
             writer=writer,
             events=self._events,
             metrics=self.metrics,
-            is_leader=is_leader,
             rediscover=self.discovery.wake,  # a 404 on the ServiceMonitor path: look now
         )
         self._outcomes = Outcomes(config, events=self._events, metrics=self.metrics)
@@ -226,9 +225,10 @@ class ServicesReconciler:
         plan = make_plan(world, settings)
         self.last_plan = plan
         self._outcomes.record_plan_metrics(plan)
-        if not self._is_leader():
+        mode = write_mode(leader=self._is_leader(), dry_run=self._config.dry_run)
+        if mode == "standby":
             return "standby", 0
-        if self._config.dry_run:
+        if mode == "dry-run":
             await self._outcomes.show(plan)
             return "dry-run", 0
         # The plan's writes, each followed by its announcements (``executor.Executor``).

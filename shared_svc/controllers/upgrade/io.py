@@ -13,6 +13,7 @@ same methods). The controller's writes (node patches, evictions, deletes) go thr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from kubernetes_asyncio.client import ApiClient
@@ -199,12 +200,19 @@ class KubeUpgradeIO:
     """The controller's API calls on the API server (:class:`UpgradeIO`)."""
 
     def __init__(
-        self, api: ApiClient, driver_name: str, *, write_limiter: BucketRateLimiter
+        self,
+        api: ApiClient,
+        driver_name: str,
+        *,
+        write_limiter: BucketRateLimiter,
+        dry_run: bool = False,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._api = api
         self._driver = driver_name
-        # Every write waits for one of its tokens (``upgrade_write_limiter``).
-        self.writer = Writer(api, bucket=write_limiter)
+        # Every write waits for one of its tokens (``upgrade_write_limiter``) and is sent
+        # only by the leader, never in dry-run (``kube.writer.write_mode``).
+        self.writer = Writer(api, bucket=write_limiter, dry_run=dry_run, is_leader=is_leader)
 
     async def pods_on_node(self, name: str, skip_namespace: str | None = None) -> list[K8sObject]:
         return await pods_on_node(self._api, name, skip_namespace)

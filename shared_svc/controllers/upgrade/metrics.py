@@ -78,70 +78,8 @@ class UpgradeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.nodes = Gauge(
-            "shared_svc_upgrade_nodes",
-            "Upgrading nodes by phase of their consumers.",
-            ["phase"],
-            registry=r,
-        )
-        self.nodes_by_state = Gauge(
-            "shared_svc_upgrade_nodes_by_state",
-            "Upgrading nodes by their driver-upgrade state label.",
-            ["state"],
-            registry=r,
-        )
-        self.pending_pods = Gauge(
-            "shared_svc_upgrade_pending_pods",
-            "GPU consumers still on nodes being freed.",
-            registry=r,
-        )
-        self.blocked_pods = Gauge(
-            "shared_svc_upgrade_blocked_pods",
-            "GPU consumers whose eviction is refused past the timeout.",
-            registry=r,
-        )
-        self.stuck_pods = Gauge(
-            "shared_svc_upgrade_stuck_pods",
-            "GPU consumers evicted but still terminating past the timeout.",
-            registry=r,
-        )
-        self.stalled_nodes = Gauge(
-            "shared_svc_upgrade_stalled_nodes",
-            "Nodes being freed past the eviction timeout with no eviction refused: "
-            "consumers that do not leave.",
-            registry=r,
-        )
-        self.gate = Gauge(
-            "shared_svc_upgrade_gate",
-            "1 for the verdict on the gate (waitForCompletion.podSelector) of each upgrade "
-            "policy gpu-operator reads (kind ClusterPolicy or NVIDIADriver, its name; both "
-            "empty: no policy source).",
-            ["kind", "name", "state"],
-            registry=r,
-        )
-        self.evictions = Counter(
-            "shared_svc_upgrade_evictions_total",
-            "Eviction requests by outcome.",
-            ["outcome"],
-            registry=r,
-        )
-        self.deletions = Counter(
-            "shared_svc_upgrade_pod_deletions_total",
-            "Pods deleted after the eviction timeout.",
-            registry=r,
-        )
-        self.node_patches = Counter(
-            "shared_svc_upgrade_node_patches_total",
-            "Node label/annotation patches by outcome.",
-            ["outcome"],
-            registry=r,
-        )
-        self.restores = Counter(
-            "shared_svc_upgrade_restores_total",
-            "Nodes restored, by cause (done, aborted).",
-            ["cause"],
-            registry=r,
-        )
+        self._gauges(r)
+        self._counters(r)
         for phase in PHASES:
             self.nodes.labels(phase=phase).set(0)
         for state in NODE_STATES:
@@ -155,6 +93,76 @@ class UpgradeMetrics:
         self._states: Tally[str] = Tally()
         self._pods: Tally[str] = Tally()  # pending, blocked, stuck
         self._freeing: dict[str, NodeStatus] = {}  # node -> its status, phase "freeing"
+
+    def _gauges(self, registry: CollectorRegistry) -> None:
+        """What the upgrade shows now: the nodes, the consumers still on them, the gate."""
+        self.nodes = Gauge(
+            "shared_svc_upgrade_nodes",
+            "Upgrading nodes by phase of their consumers.",
+            ["phase"],
+            registry=registry,
+        )
+        self.nodes_by_state = Gauge(
+            "shared_svc_upgrade_nodes_by_state",
+            "Upgrading nodes by their driver-upgrade state label.",
+            ["state"],
+            registry=registry,
+        )
+        self.pending_pods = Gauge(
+            "shared_svc_upgrade_pending_pods",
+            "GPU consumers still on nodes being freed.",
+            registry=registry,
+        )
+        self.blocked_pods = Gauge(
+            "shared_svc_upgrade_blocked_pods",
+            "GPU consumers whose eviction is refused past the timeout.",
+            registry=registry,
+        )
+        self.stuck_pods = Gauge(
+            "shared_svc_upgrade_stuck_pods",
+            "GPU consumers evicted but still terminating past the timeout.",
+            registry=registry,
+        )
+        self.stalled_nodes = Gauge(
+            "shared_svc_upgrade_stalled_nodes",
+            "Nodes being freed past the eviction timeout with no eviction refused: "
+            "consumers that do not leave.",
+            registry=registry,
+        )
+        self.gate = Gauge(
+            "shared_svc_upgrade_gate",
+            "1 for the verdict on the gate (waitForCompletion.podSelector) of each upgrade "
+            "policy gpu-operator reads (kind ClusterPolicy or NVIDIADriver, its name; both "
+            "empty: no policy source).",
+            ["kind", "name", "state"],
+            registry=registry,
+        )
+
+    def _counters(self, registry: CollectorRegistry) -> None:
+        """What the upgrade did: evictions, deletions, node patches, restores."""
+        self.evictions = Counter(
+            "shared_svc_upgrade_evictions_total",
+            "Eviction requests by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.deletions = Counter(
+            "shared_svc_upgrade_pod_deletions_total",
+            "Pods deleted after the eviction timeout.",
+            registry=registry,
+        )
+        self.node_patches = Counter(
+            "shared_svc_upgrade_node_patches_total",
+            "Node label/annotation patches by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.restores = Counter(
+            "shared_svc_upgrade_restores_total",
+            "Nodes restored, by cause (done, aborted).",
+            ["cause"],
+            registry=registry,
+        )
 
     def changed(self, old: NodeStatus | None, new: NodeStatus | None) -> None:
         """A node's shown status went from ``old`` to ``new`` (None: not shown)."""

@@ -43,6 +43,7 @@ from shared_svc.controllers.upgrade.status import gate_json, nodes_json
 from shared_svc.k8s.objects import K8sObject, name_of
 from shared_svc.kube.recorder import Emitter, EventPublisher, publisher_of
 from shared_svc.kube.registry import CacheRegistry
+from shared_svc.kube.writer import WriteMode, write_mode
 from shared_svc.runtime.controller import Controller, Options, Result
 from shared_svc.runtime.instrumentation import RuntimeMetrics
 from shared_svc.runtime.manager import Runnable
@@ -104,8 +105,9 @@ class UpgradeReconciler:
         self.node_events: tuple[Enqueue[str], ...] = ()  # the node caches' handlers
         self._failures: Callable[[str], int] = lambda _: 0  # the queue's retry count
         events = publisher_of(recorder, dry_run=config.dry_run)
-        # Events go out from the leader, or (dry-run) to the publisher, which logs them.
-        self._announcer = Announcer(events, sends=lambda: self._writing() or config.dry_run)
+        # Events go out from the leader: to the API, or (dry-run) to the publisher, which
+        # logs them.
+        self._announcer = Announcer(events, sends=lambda: self._mode() != "standby")
         self._executor = PlanExecutor(
             self._io,
             self.metrics,
@@ -176,7 +178,7 @@ class UpgradeReconciler:
             "driver": self.settings.driver_name,
             "detection": self.settings.detection,
             "dryRun": self._config.dry_run,
-            "writing": self._writing(),
+            "writing": self._mode() == "write",
             "synced": all_synced(self.caches.read()),
             "phases": {phase: phases.get(phase, 0) for phase in PHASES},
             "nodes": nodes_json(self._statuses),
@@ -184,8 +186,8 @@ class UpgradeReconciler:
             "gate": None if gate is None else gate_json(gate),
         }
 
-    def _writing(self) -> bool:
-        return not self._config.dry_run and self._is_leader()
+    def _mode(self) -> WriteMode:
+        return write_mode(leader=self._is_leader(), dry_run=self._config.dry_run)
 
     async def reconcile(self, name: str) -> Result:
         """One node: what happened, and when to look again (sooner than a change)."""
@@ -239,10 +241,10 @@ class UpgradeReconciler:
         if (shown := self._statuses.get(name)) != plan.status:
             self._statuses[name] = plan.status
             self.metrics.changed(shown, plan.status)
-        if self._writing():
+        if (mode := self._mode()) == "write":
             await self._executor.carry_out(plan)
         else:
-            await self._executor.show(plan, dry_run=self._config.dry_run)
+            await self._executor.show(plan, dry_run=mode == "dry-run")
         await self._announcer.notices(plan.notices)
         return plan.requeue_after
 
