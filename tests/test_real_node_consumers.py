@@ -195,9 +195,15 @@ async def test_parked_daemonset_leaves_and_returns_and_an_evicted_consumer_holds
             return bool(rec and rec["freedAt"]) and not daemonset_pods(real_node)
 
         await eventually(freed, timeout=60, interval=0.5)
-        events = get(cp, "/apis/events.k8s.io/v1/namespaces/default/events") or {"items": []}
-        reasons = {e["reason"] for e in events["items"] if e["regarding"]["name"] == NAME}
-        assert "GPUConsumersFreed" in reasons, reasons
+
+        # The Event follows the node's patch (the controller announces after it writes).
+        async def announced() -> set[str] | None:
+            events = get(cp, "/apis/events.k8s.io/v1/namespaces/default/events") or {}
+            reasons = {e["reason"] for e in events.get("items", [])
+                       if e["regarding"]["name"] == NAME}  # fmt: skip
+            return reasons if "GPUConsumersFreed" in reasons else None
+
+        await eventually(announced, timeout=30, interval=0.5)
 
         # The upgrade is done: the parked label goes and the DaemonSet's pod comes back.
         set_state(real_node, "upgrade-done")
