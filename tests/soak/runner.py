@@ -40,7 +40,7 @@ from typing import Any
 import testenv
 from shared_svc.k8s.selectors import label_selector, selector_from_set
 from tests.soak import model as m
-from tests.soak.world import Replica, Unanswered, World, start_world, stop_world
+from tests.soak.world import START, Replica, Unanswered, World, start_world, stop_world
 
 LEASE = 15.0  # the shipped lease duration (values.yaml: leaderElection)
 SETTLE = 120.0  # a leader killed: the Lease (15 s) runs out first, then a resync
@@ -50,7 +50,6 @@ MANAGED = ("app.kubernetes.io/managed-by", "shared-svc")
 # shared-svc logs ERROR only for what nothing expects (a controller or a periodic task
 # ending on an exception), whatever the fault.
 EXPLAINED_ERRORS: dict[str, tuple[str, ...]] = {}
-START = "--- start "  # the line Replica.start writes before each start
 TRACEBACK = "Traceback (most recent call last)"
 
 

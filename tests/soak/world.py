@@ -37,6 +37,7 @@ NODES = ("gpu-node-0", "gpu-node-1")
 APPS = (m.DCGM, m.EXPORTER, m.DCGM_DRA, m.EXPORTER_DRA)  # each stack's DaemonSet and app label
 MERGE = "application/merge-patch+json"
 STAND_IN = "soak-gpucluster-controller"  # the field manager of the DRA DaemonSets
+START = "--- start "  # the line a replica's log gets before each of its starts
 
 
 def dra_daemonset(app: str, common: bool) -> dict[str, Any]:
@@ -128,7 +129,7 @@ class Replica:
     def start(self) -> None:
         args = [sys.executable, "-m", "tests.soak.replica", self.plant or "-", "run"]
         with self.log.open("ab") as out:
-            out.write(f"--- start {self.starts} ---\n".encode())
+            out.write(f"{START}{self.starts} ---\n".encode())
             self.proc = subprocess.Popen(
                 args, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
             )
