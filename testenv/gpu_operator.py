@@ -291,10 +291,14 @@ def start(
     builddir: Path | None = None,
     extra_args: Iterable[str] = (),
     timeout: float = 60.0,
+    upgrade_controller: bool = True,
 ) -> GpuOperator:
     """Starts gpu-operator against ``cp`` (built by :func:`start_control_plane`) and waits
     until it serves ``/readyz``. Its log is ``<cp.workdir>/gpu-operator.log`` (JSON lines).
-    Raises :class:`GpuOperatorError` with the log's tail if it exits or is not ready."""
+    ``upgrade_controller=False`` runs the build without its upgrade controller
+    (``testenv/gpu-operator/no-upgrade/``: next to ``testenv/upgrade-libs/``, which plays
+    gpu-operator v26.7.0's). Raises :class:`GpuOperatorError` with the log's tail if it
+    exits or is not ready."""
     builddir = builddir or build()
     if not (builddir / "opt" / "gpu-operator" / "state-dcgm").is_dir():
         raise GpuOperatorError(f"{builddir}: no opt/gpu-operator/state-dcgm (not a build)")
@@ -315,7 +319,7 @@ def start(
         _LAUNCH,
         "gpu-operator",
         str(builddir),
-        str(builddir / "gpu-operator"),
+        str(builddir / ("gpu-operator" if upgrade_controller else "gpu-operator-no-upgrade")),
         f"--metrics-bind-address={metrics}",
         f"--health-probe-bind-address={health}",
         "--leader-elect=false",

@@ -5,6 +5,7 @@ coexistence and upgrade tests build on."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,55 @@ def test_dcgm_disabled_deletes_nvidia_dcgm(gpu_operator: gpu_env.GpuOperator) ->
     )
     assert service(cp, "nvidia-dcgm-exporter") is not None
     assert gpu_operator.alive(), gpu_operator.tail()
+
+
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+
+
+@pytest.mark.parametrize("upgrade_controller", [True, False])
+def test_the_build_without_its_upgrade_controller_leaves_the_upgrade_state_alone(
+    tmp_path: Path, upgrade_controller: bool
+) -> None:
+    """gpu-operator's own upgrade controller removes the upgrade-state label from every
+    node for a ClusterPolicy without ``autoUpgrade`` (what made it unfit to run beside
+    testenv/upgrade-libs); the build without it leaves the label and makes the same
+    DaemonSets."""
+    cp = gpu_env.start_control_plane(tmp_path)
+    try:
+        gpu_env.add_gpu_node(cp, "gpu-node-0", labels={STATE: "upgrade-required"})
+        op = gpu_env.start(cp, upgrade_controller=upgrade_controller)
+        try:
+            gpu_env.apply_cluster_policy(cp)
+            gpu_env.wait_for(
+                lambda: (
+                    {d["metadata"]["name"] for d in gpu_env.daemonsets(cp)}
+                    >= {"nvidia-dcgm", "nvidia-dcgm-exporter", "nvidia-operator-validator"}
+                ),
+                TIMEOUT,
+                "gpu-operator's DaemonSets",
+            )
+
+            def label() -> str | None:
+                node = get(cp, "/api/v1/nodes/gpu-node-0")
+                assert node is not None
+                value: str | None = node["metadata"]["labels"].get(STATE)
+                return value
+
+            if upgrade_controller:
+                gpu_env.wait_for(lambda: label() is None, TIMEOUT, "the state label removed")
+            else:
+                # Its ClusterPolicy controller has reconciled (the DaemonSets above), and
+                # node label changes would wake an upgrade controller: one more, then look.
+                cp.request(
+                    "PATCH",
+                    "/api/v1/nodes/gpu-node-0",
+                    {"metadata": {"labels": {"soak.test/beat": "1"}}},
+                    content_type="application/merge-patch+json",
+                )
+                time.sleep(10)  # the original removes it at once (the case above)
+                assert op.alive(), op.tail()
+                assert label() == "upgrade-required"
+        finally:
+            op.stop()
+    finally:
+        cp.stop()

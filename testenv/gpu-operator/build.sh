@@ -22,12 +22,18 @@ name=gpu-operator kind=gpu-operator
 version=$(tr -d '[:space:]' <"$here/version")
 what=$version
 module=github.com/NVIDIA/gpu-operator
+wrapper="$here/no-upgrade"  # gpu-operator without its upgrade controller (its main.go says why)
 key=$( {
   go version
   cat "$here/version" "$here/build.sh" "$here/../lib.sh"
+  cat "$wrapper/main.go" "$wrapper/go.mod" "$wrapper/go.sum"
 } | sha256sum | cut -c1-16)
 complete() {
-  [[ -x "$1/gpu-operator" && -d "$1/opt/gpu-operator/state-dcgm" && -d "$1/opt/gpu-operator/manifests" && -d "$1/crds" && -d "$1/rbac" ]]
+  [[ -x "$1/gpu-operator" && -x "$1/gpu-operator-no-upgrade" && -d "$1/opt/gpu-operator/state-dcgm" && -d "$1/opt/gpu-operator/manifests" && -d "$1/crds" && -d "$1/rbac" ]]
+}
+grep -q "github.com/NVIDIA/gpu-operator $version\$" "$wrapper/go.mod" || {
+  echo "gpu-operator: $wrapper/go.mod requires another gpu-operator than $here/version ($version): run 'go get github.com/NVIDIA/gpu-operator@$version && go mod tidy' there" >&2
+  exit 1
 }
 cached_or_locked
 mkdir -p "$tmp/bin"
@@ -38,6 +44,7 @@ GOWORK=off GOBIN="$tmp/bin" go install -trimpath \
   -ldflags "-s -w -X $module/internal/info.version=$version -X $module/internal/info.gitCommit=$commit" \
   "$module/cmd/gpu-operator@$version"
 mv "$tmp/bin/gpu-operator" "$tmp/gpu-operator" && rmdir "$tmp/bin"
+(cd "$wrapper" && GOWORK=off go build -trimpath -ldflags "-s -w" -o "$tmp/gpu-operator-no-upgrade" .)
 src=$(GOWORK=off go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [[ -d "$src/assets" ]] || { echo "gpu-operator: module source not found ($src)" >&2; exit 1; }
 mkdir -p "$tmp/opt/gpu-operator" "$tmp/crds" "$tmp/rbac"
