@@ -304,7 +304,7 @@ def start(
         raise GpuOperatorError(f"{builddir}: no opt/gpu-operator/state-dcgm (not a build)")
     cp.ensure_namespace(namespace)
     cp.apply_manifests(chart_rbac(builddir, namespace))
-    token = cp.service_account_token(namespace, SERVICE_ACCOUNT, seconds=24 * 3600)
+    token = cp.service_account_token(namespace, SERVICE_ACCOUNT, seconds=7 * 24 * 3600)
     kubeconfig = cp.write_kubeconfig(
         cp.workdir / "gpu-operator.kubeconfig", token, user=SERVICE_ACCOUNT
     )

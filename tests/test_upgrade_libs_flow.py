@@ -53,6 +53,7 @@ from tests.upgrade_flow import (
     consumer_stop_seconds,
     explained,
     exporter_daemonset,
+    flow_driver_daemonset,
     libs_plane,
     libs_stand_ins,
     node_events,
@@ -72,7 +73,6 @@ CP_PATH = f"/apis/nvidia.com/v1/clusterpolicies/{libs_env.CLUSTER_POLICY}"
 DRIVER_PATH = f"/apis/apps/v1/namespaces/{OPERATOR_NS}/daemonsets/{DRIVER_DS}"
 DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
 DEPLOY_VALIDATOR = "nvidia.com/gpu.deploy.operator-validator"
-CHART = "helm.sh/chart"
 DRIVER_STOP_SECONDS = 1.5  # a driver pod stops in this once deleted (its grace period: 3 s)
 SKIPPED = ("cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required")
 
@@ -101,16 +101,7 @@ def _stop_seconds(pod: K8sObject) -> float:
 
 
 def _driver_daemonset(w: World) -> dict[str, Any]:
-    """gpu-operator's driver DaemonSet as its ClusterPolicy controller writes it (the parts
-    the flow reads): its labels, ``OnDelete``, the digest on both containers."""
-    ds = ex.driver_daemonset(w.digest)
-    for key in ("uid", "resourceVersion", "generation"):
-        del ds["metadata"][key]
-    spec = ds["spec"]["template"]["spec"]
-    spec["terminationGracePeriodSeconds"] = 3
-    spec["containers"][0]["image"] = f"nvcr.io/nvidia/driver:{w.version}-ubuntu22.04"
-    ds["spec"]["template"]["metadata"]["labels"][CHART] = w.chart
-    return ds
+    return flow_driver_daemonset(w.version, w.chart)
 
 
 def _cluster_policy() -> dict[str, Any]:

@@ -57,6 +57,7 @@ from shared_svc.config import Config
 from shared_svc.kube.writer import MERGE_PATCH, raw_request
 from testenv import ControlPlane
 from testenv import gpu_operator as gpu_env
+from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
 from tests.conftest import UPSTREAM_CRDS
 from tests.kube import api_client, eventually
@@ -218,7 +219,9 @@ class Cluster:
     """DaemonSet controller, kubelet and driver-manager for ``nodes`` (see the module doc).
 
     ``stop_seconds(pod)``: how long the pod's containers take to stop once asked (its
-    grace period caps it). ``consumer(pod)``: the pod keeps the driver from unloading."""
+    grace period caps it). ``consumer(pod)``: the pod keeps the driver from unloading.
+    ``leave(obj)``: a DaemonSet, or a pod, that another stand-in runs (the driver-manager
+    still waits for such an operand pod to go before it unloads)."""
 
     def __init__(
         self,
@@ -229,6 +232,7 @@ class Cluster:
         stop_seconds: Callable[[K8sObject], float],
         consumer: Callable[[K8sObject], bool],
         tick: float = 0.1,
+        leave: Callable[[K8sObject], bool] = lambda obj: False,
     ) -> None:
         self.api = api
         self.nodes = nodes
@@ -236,6 +240,7 @@ class Cluster:
         self.stop_seconds = stop_seconds
         self.consumer = consumer
         self.tick = tick
+        self.leave = leave
         self.errors: list[str] = []
         # node -> names of consumers still on it when its driver was to be unloaded
         self.at_unload: dict[str, list[list[str]]] = {}
@@ -265,18 +270,19 @@ class Cluster:
             for n in await list_items(self.api, "/api/v1/nodes")
             if n["metadata"]["name"] in self.nodes
         }
-        pods = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
-        if await self._kubelet_finish(pods):
-            pods = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
+        every = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
+        if await self._kubelet_finish([p for p in every if not self.leave(p)]):
+            every = [p for p in await list_items(self.api, "/api/v1/pods") if self._ours(p)]
+        pods = [p for p in every if not self.leave(p)]
         daemonsets = [
             d
             for d in await list_items(self.api, "/apis/apps/v1/daemonsets")
-            if d["metadata"]["namespace"] in self.namespaces
+            if d["metadata"]["namespace"] in self.namespaces and not self.leave(d)
         ]
         revisions = await list_items(self.api, "/apis/apps/v1/controllerrevisions")
         for ds in daemonsets:
             await self._daemonset(ds, nodes, pods, revisions)
-        await self._driver_manager(nodes, pods)
+        await self._driver_manager(nodes, every)
         await self._kubelet_start(pods)
         beats, self._beats = self._beats, set()
         for node in sorted(beats):
@@ -871,6 +877,25 @@ def upgrade_service_config(cp: ControlPlane) -> Config:
     )
 
 
+CHART = "helm.sh/chart"
+DRIVER_GRACE = 3  # the driver pod's termination grace period
+
+
+def flow_driver_daemonset(version: str, chart: str) -> dict[str, Any]:
+    """gpu-operator's driver DaemonSet as its ClusterPolicy controller writes it (the parts
+    the flow reads): its labels, ``OnDelete``, the digest of the driver ``version`` on both
+    containers (``digest-<version>``: what gpu-operator hashes), gpu-operator's ``chart``
+    label on the template (a ``helm upgrade`` changes only that)."""
+    ds = ex.driver_daemonset(f"digest-{version}")
+    for key in ("uid", "resourceVersion", "generation"):
+        del ds["metadata"][key]
+    spec = ds["spec"]["template"]["spec"]
+    spec["terminationGracePeriodSeconds"] = DRIVER_GRACE
+    spec["containers"][0]["image"] = f"nvcr.io/nvidia/driver:{version}-ubuntu22.04"
+    ds["spec"]["template"]["metadata"]["labels"][CHART] = chart
+    return ds
+
+
 def consumer_stop_seconds(pod: K8sObject) -> float:
     """How long a consumer takes to stop once asked (0 for any other pod). They hold the
     GPU: on gpu-node-0 the declared pod uses its whole grace period and the DaemonSet pod
@@ -1029,11 +1054,9 @@ async def recording(api: ApiClient) -> AsyncIterator[Recorder]:
         await asyncio.wait_for(task, 30)
 
 
-async def newest_driver_hashes(api: ApiClient) -> dict[str, str]:
-    """By driver DaemonSet uid (ClusterPolicy's, or each NVIDIADriver's), the hash of its
-    newest ControllerRevision (what the upgrade library compares the driver pods'
-    ``controller-revision-hash`` with)."""
-    revisions = await list_items(api, f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions")
+def newest_revision_hashes(revisions: list[K8sObject]) -> dict[str, str]:
+    """By DaemonSet uid, the hash of its newest ControllerRevision among ``revisions``
+    (what the upgrade library compares the driver pods' ``controller-revision-hash`` with)."""
     newest: dict[str, K8sObject] = {}
     for r in revisions:
         owner = _controller_uid(r)
@@ -1042,14 +1065,25 @@ async def newest_driver_hashes(api: ApiClient) -> dict[str, str]:
     return {owner: str(_labels(r).get(HASH)) for owner, r in newest.items()}
 
 
-async def unsettled_nodes(api: ApiClient) -> str | None:
-    """What is missing before every node is upgrade-done, uncordoned, on the newest driver
-    revision (driver, validator and prepared DaemonSet's pods Ready), with nothing of
-    shared-svc's left on it; None when all that holds."""
-    newest = await newest_driver_hashes(api)
-    nodes = {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
-    pods = await list_items(api, "/api/v1/pods")
-    for name in NODES:
+async def newest_driver_hashes(api: ApiClient) -> dict[str, str]:
+    """By driver DaemonSet uid (ClusterPolicy's, or each NVIDIADriver's), the hash of its
+    newest ControllerRevision."""
+    path = f"/apis/apps/v1/namespaces/{OPERATOR_NS}/controllerrevisions"
+    return newest_revision_hashes(await list_items(api, path))
+
+
+def unsettled(
+    nodes: dict[str, K8sObject],
+    pods: list[K8sObject],
+    newest: dict[str, str],
+    names: tuple[str, ...] = NODES,
+    apps: tuple[str, ...] = (VALIDATOR_APP, EXPORTER),
+) -> str | None:
+    """What is missing before every node of ``names`` is upgrade-done, uncordoned, on the
+    newest driver revision (``newest``: :func:`newest_revision_hashes`) with its driver pod
+    Ready and a Ready pod of each of ``apps``, with nothing of shared-svc's left on it; None
+    when all that holds."""
+    for name in names:
         meta = nodes[name]["metadata"]
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
         if labels.get(STATE) != "upgrade-done":
@@ -1065,7 +1099,14 @@ async def unsettled_nodes(api: ApiClient) -> str | None:
         wanted = newest.get(str(_controller_uid(driver[0])))
         if _labels(driver[0]).get(HASH) != wanted:
             return f"{name}: driver pod not of the newest revision {wanted}"
-        for app in (VALIDATOR_APP, EXPORTER):
+        for app in apps:
             if not any(_labels(p).get("app") == app and is_ready(p) for p in here):
                 return f"{name}: no Ready {app} pod"
     return None
+
+
+async def unsettled_nodes(api: ApiClient) -> str | None:
+    """:func:`unsettled` of the flow tests' nodes, read now."""
+    newest = await newest_driver_hashes(api)
+    nodes = {n["metadata"]["name"]: n for n in await list_items(api, "/api/v1/nodes")}
+    return unsettled(nodes, await list_items(api, "/api/v1/pods"), newest)

@@ -10,6 +10,10 @@ parties, checked after every step against a model of what the contracts promise.
   the chart's webhook Service does), and two ``shared-svc run`` processes with the
   shipped defaults and the chart's RBAC, talking to the API server through a proxy (watch
   cuts); the faults.
+- :mod:`tests.soak.upgrades`: the driver-upgrade side: the real upgrade state machine of
+  gpu-operator v26.7.0's libs, its stand-ins, the GPU consumers, and each step's verdicts.
+- :mod:`tests.soak.timeline`: the invariants about time, judged on the API server's own
+  order of events: no consumer asked to go outside the freeing states, the hold.
 - :mod:`tests.soak.runner`: the loop, the invariants, the history, the dump on a violation.
 
 ``make soak STEPS=... SEED=... BUDGET=...`` runs it long (``python -m tests.soak``);

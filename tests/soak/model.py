@@ -33,6 +33,23 @@ FAULTS = (
     "rbac",  # the replicas' bindings deleted for a few seconds, then restored
     "guard",  # the delete webhook unreachable for a few seconds
 )
+# The driver changes (gpu-operator's driver DaemonSet, as its ClusterPolicy controller writes
+# it): a new driver version (the full upgrade path: consumers freed, parked, restored) or a
+# new chart label only (a ``helm upgrade`` of gpu-operator: the restart-only path, nothing
+# freed). The upgrade flow drives them while a ClusterPolicy is active (its upgradePolicy:
+# :data:`UPGRADE_POLICY`); without one the change waits for the next ClusterPolicy.
+DRIVER_CHANGES = ("driver-upgrade", "driver-restart")
+UPGRADE_PATHS = {"driver-upgrade": "full", "driver-restart": "restart-only"}
+CONSUMER_SELECTOR = "nvidia.com/gpu-driver-upgrade.consumer=true"
+# Every ClusterPolicy of the soak: auto upgrade, one node at a time, the gate on the
+# consumers shared-svc frees (`shared-svc upgrade configure-gate`'s selector).
+UPGRADE_POLICY: dict[str, Any] = {
+    "autoUpgrade": True,
+    "maxParallelUpgrades": 1,
+    "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+    "drain": {"enable": False, "force": False, "timeoutSeconds": 300},
+    "waitForCompletion": {"podSelector": CONSUMER_SELECTOR, "timeoutSeconds": 600},
+}
 WEIGHTS: dict[str, int] = {
     "cp-create": 3,
     "cp-delete": 1,
@@ -43,6 +60,8 @@ WEIGHTS: dict[str, int] = {
     "gc-delete": 1,
     "gc-edit": 6,
     "rollout": 2,  # the DRA DaemonSets' template gains the common labels, or loses them
+    "driver-upgrade": 2,
+    "driver-restart": 2,
     **dict.fromkeys(FAULTS, 1),
 }
 Key = tuple[str, str]  # (kind, name)
@@ -70,7 +89,9 @@ class CR:
 
     def spec(self) -> dict[str, Any]:
         """The CR's spec (for a ClusterPolicy: what is merged into gpu-operator's)."""
-        spec: dict[str, Any] = {"draDriver": {}} if self.kind == GC else {}
+        spec: dict[str, Any] = (
+            {"draDriver": {}} if self.kind == GC else {"driver": {"upgradePolicy": UPGRADE_POLICY}}
+        )
         if self.dcgm is not None:
             spec["dcgm"] = {"enabled": self.dcgm}
         exporter: dict[str, Any] = {}
@@ -112,6 +133,10 @@ class Model:
     # The ClusterPolicy gpu-operator reconciles: the first it saw, for as long as it runs
     # (its controller's ``singleton``; any other is "ignored").
     operator_cp: str = ""
+    # The driver gpu-operator's DaemonSet asks for, (version, chart) as counts of changes,
+    # and the one the nodes run (the flow brings them to it while a ClusterPolicy is active).
+    driver: tuple[int, int] = (0, 0)
+    installed: tuple[int, int] = (0, 0)
 
     def get(self, key: Key) -> CR | None:
         return next((cr for cr in self.crs if cr.key == key), None)
@@ -158,6 +183,8 @@ class Model:
         for the ClusterPolicy it reconciles while that one turns DCGM on and no Service of
         that name is kept. An invalid ClusterPolicy, whose ownership shared-svc keeps as it
         finds it (section 9), then owns it and keeps needing it."""
+        if self.active_policy() is not None and self.installed != self.driver:
+            return replace(self, installed=self.driver).normalized()
         cr = self.get((CP, self.operator_cp))
         active = self.active_policy()
         if cr is None or not cr.invalid or active is None or active.key != cr.key:
@@ -174,6 +201,21 @@ class Model:
         )
 
 
+def upgrade_path(before: Model, after: Model) -> str:
+    """The upgrade the nodes went through from ``before`` to ``after``: ``full`` (a new
+    driver version), ``restart-only`` (the chart label alone), or ``none``."""
+    if before.installed[0] != after.installed[0]:
+        return "full"
+    return "restart-only" if before.installed != after.installed else "none"
+
+
+def driver_changed(model: Model, change: str) -> Model:
+    version, chart = model.driver
+    return replace(
+        model, driver=(version + 1, chart) if change == "driver-upgrade" else (version, chart + 1)
+    )
+
+
 @dataclass(frozen=True)
 class Step:
     """One step: its kind, the model after it, and what the world must do."""
@@ -188,8 +230,8 @@ class Step:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.index, "kind": self.kind}
-        if self.change == "rollout":
-            out["change"] = "rollout"
+        if self.change in ("rollout", *DRIVER_CHANGES):
+            out["change"] = self.change
             out.update(self.detail)
         if self.cr is not None:
             out["change"] = self.change
@@ -234,7 +276,7 @@ def _new(rng: random.Random, kind: str, name: str, born: int) -> CR:
 def cr_change(rng: random.Random, model: Model, index: int) -> tuple[str, CR | None, Model]:
     """A change possible in ``model`` (a CR's, or a rollout of the DRA DaemonSets): its
     kind, the CR (None for a rollout), the model after it."""
-    kinds = ["rollout"]
+    kinds = ["rollout", *DRIVER_CHANGES]
     for kind, name, prefix in ((CP, CP_NAME, "cp"), (CP, CP2_NAME, "cp2"), (GC, GC_NAME, "gc")):
         exists = model.get((kind, name)) is not None
         kinds += [f"{prefix}-delete"] if exists else [f"{prefix}-create"]
@@ -243,6 +285,8 @@ def cr_change(rng: random.Random, model: Model, index: int) -> tuple[str, CR | N
     step = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
     if step == "rollout":
         return step, None, replace(model, dra_common=not model.dra_common)
+    if step in DRIVER_CHANGES:
+        return step, None, driver_changed(model, step)
     prefix, _, verb = step.partition("-")
     kind, name = {"cp": (CP, CP_NAME), "cp2": (CP, CP2_NAME), "gc": (GC, GC_NAME)}[prefix]
     if verb == "create":
@@ -273,7 +317,7 @@ def next_step(rng: random.Random, model: Model, index: int) -> tuple[Step, Model
             kind,
             change=change,
             cr=cr,
-            detail={"common": model.dra_common} if change == "rollout" else {},
+            detail=_detail(change, model),
             leader=rng.random() < 0.5,
             seconds=round(rng.uniform(1.0, 4.0), 1),
         )
@@ -281,8 +325,16 @@ def next_step(rng: random.Random, model: Model, index: int) -> tuple[Step, Model
             step = replace(step, seconds=round(rng.uniform(17.0, 20.0), 1))
         return step, model.normalized()
     kind, cr, model = cr_change(rng, model, index)
-    detail = {"common": model.dra_common} if kind == "rollout" else {}
-    return Step(index, kind, change=kind, cr=cr, detail=detail), model.normalized()
+    return Step(index, kind, change=kind, cr=cr, detail=_detail(kind, model)), model.normalized()
+
+
+def _detail(change: str, model: Model) -> dict[str, Any]:
+    """What a change that is not a CR's leaves, for the history."""
+    if change == "rollout":
+        return {"common": model.dra_common}
+    if change in DRIVER_CHANGES:
+        return {"driver": list(model.driver)}
+    return {}
 
 
 def history(seed: int, steps: int) -> list[tuple[Step, Model]]:
@@ -317,6 +369,8 @@ def _changed(model: Model, step: Step) -> Model | None:
         return model
     if step.change == "rollout":
         return replace(model, dra_common=bool(step.detail.get("common")))
+    if step.change in DRIVER_CHANGES:
+        return driver_changed(model, step.change)
     verb = step.change.rpartition("-")[2]
     if step.cr is None:
         return None

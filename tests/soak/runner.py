@@ -19,8 +19,15 @@ After every step, once the world settles (bounded: :data:`SETTLE`):
 - shared-svc's writes come to rest (no write for :data:`QUIET` seconds);
 - no traceback, no line that is not a log record, and no ERROR in a replica's log that
   the step does not explain (:data:`EXPLAINED_ERRORS`); its warnings are counted by
-  message in the report; gpu-operator still runs.
-All the time: at most one replica says it leads.
+  message in the report; gpu-operator still runs;
+- the driver-upgrade side (tests/soak/upgrades.py): with a ClusterPolicy active, every
+  node upgrade-done, uncordoned, on the newest driver revision, nothing of shared-svc's
+  left on it, its consumers back; with none, no upgrade state and nothing parked; no
+  driver unload that waited for a consumer; the restart-only path restarted the driver in
+  place on every node, and no other step did.
+All the time: at most one replica says it leads; no consumer asked to go, and no node
+parked, outside the freeing states or on a step that frees nothing; ``nvidia-dcgm`` never
+moved to a selector covering fewer nodes (tests/soak/timeline.py).
 """
 
 from __future__ import annotations
@@ -40,10 +47,14 @@ from typing import Any
 import testenv
 from shared_svc.k8s.selectors import label_selector, selector_from_set
 from tests.soak import model as m
-from tests.soak.world import START, Replica, Unanswered, World, start_world, stop_world
+from tests.soak.api import Unanswered
+from tests.soak.world import START, Replica, World, start_world, stop_world
 
 LEASE = 15.0  # the shipped lease duration (values.yaml: leaderElection)
 SETTLE = 120.0  # a leader killed: the Lease (15 s) runs out first, then a resync
+# A driver upgrade: two nodes one after the other, each freed (its consumers' 5 s grace),
+# its driver restarted and validated, with a fault on the way.
+SETTLE_UPGRADE = 300.0
 QUIET = 1.5  # no write for this long: at rest (shared-svc coalesces events for 0.2 s)
 MANAGED = ("app.kubernetes.io/managed-by", "shared-svc")
 # ERROR records a step explains, by its kind: the prefixes of their "msg". None so far:
@@ -87,6 +98,8 @@ class Report:
     kinds: Counter[str] = field(default_factory=Counter)
     explained: Counter[str] = field(default_factory=Counter)  # identity changes explained
     warnings: Counter[str] = field(default_factory=Counter)  # the replicas' warnings, by msg
+    upgrades: Counter[str] = field(default_factory=Counter)  # the steps' upgrade paths
+    timeline: dict[str, int] = field(default_factory=dict)  # what the timeline judged
     leaders: list[str] = field(default_factory=list)  # the leading replica after each step
     interrupted: bool = False  # stopped by a signal, after a whole step
     violation: dict[str, Any] | None = None
@@ -100,6 +113,8 @@ class Report:
             "kinds": dict(sorted(self.kinds.items())),
             "explained": dict(self.explained),
             "warnings": dict(self.warnings.most_common()),
+            "upgrades": dict(sorted(self.upgrades.items())),
+            "timeline": self.timeline,
             "leader_changes": sum(a != b for a, b in itertools.pairwise(self.leaders)),
             "violation": self.violation,
             "interrupted": self.interrupted,
@@ -380,40 +395,61 @@ class Soak:
 
     # --- the loop -----------------------------------------------------------------------
 
-    async def settle(self, model: m.Model) -> None:
-        deadline = time.monotonic() + SETTLE
+    async def settle(self, model: m.Model, bound: float = SETTLE) -> None:
+        deadline = time.monotonic() + bound
         problems: list[str] = []
         while time.monotonic() < deadline:
             try:
                 await asyncio.to_thread(self.world.sync, model)
                 problems = await asyncio.to_thread(self.settled, model)
+                problems += await asyncio.to_thread(self.world.upgrades.unsettled, model)
             except (Unanswered, testenv.ControlPlaneError) as exc:
                 problems = [str(exc)]  # the API server is not back yet
             if not problems:
                 return
             await asyncio.sleep(0.2)
-        raise Violation(f"not settled after {SETTLE:g} s", problems)
+        raise Violation(f"not settled after {bound:g} s", problems)
+
+    def judge_upgrade(self, before: m.Model, after: m.Model) -> None:
+        """The step's upgrade, and the timeline of its events (tests/soak/upgrades.py)."""
+        up = self.world.upgrades
+        path = m.upgrade_path(before, after)
+        problems = up.judge(path)
+        self.report.upgrades[path] += 1
+        self.report.timeline = {
+            "selector moves judged": up.timeline.moves,
+            "consumers asked to go": len(up.timeline.asked),
+            "relists": up.timeline.gaps,
+            "watch resumes": up.watcher.reconnects,
+        }
+        if problems:
+            raise Violation(f"the {path} upgrade path broke", problems)
 
     async def run(self) -> Report:
         start = time.monotonic()
         stop = asyncio.Event()
         leaders = asyncio.ensure_future(self.watch_leaders(stop))
         before = m.Model()
+        up = self.world.upgrades
         try:
             await self.settle(before)
+            up.timeline.feed(up.watcher.take(), "setup")  # the world's start: not judged
             ids = await asyncio.to_thread(self.identities)
             for step, after in self.history:
                 if time.monotonic() - start > self.budget or self.stopping.is_set():
                     self.report.interrupted = self.stopping.is_set()
                     break
                 self.done.append(step)
+                up.begin()
                 try:
                     await self.make(step)
                 except (OSError, AssertionError, testenv.ControlPlaneError) as exc:
                     raise Violation("the step could not be made", str(exc)) from exc
-                await self.settle(after)
+                upgrading = m.upgrade_path(before, after) != "none"
+                await self.settle(after, SETTLE_UPGRADE if upgrading else SETTLE)
                 await self.writes_rest()
                 await self.settle(after)  # and still so at rest
+                self.judge_upgrade(before, after)
                 now = await asyncio.to_thread(self.identities)
                 for name in set(before.needs()) & set(after.needs()):
                     if ids.get(name) == now.get(name):
@@ -473,6 +509,7 @@ class Soak:
                 "services": self.world.objects("services"),
                 "servicemonitors": self.world.objects("servicemonitors"),
                 "statuses": [r.status() for r in self.world.replicas],
+                **self.world.upgrades.dump(),
             }
         (self.out / "violation.json").write_text(
             json.dumps(

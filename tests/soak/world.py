@@ -23,8 +23,11 @@ from testenv.workloads import pod_labels
 from tests.admission import ADMISSION_KINDS, Tls, install, make_tls, webhook_sets
 from tests.apiproxy import TcpProxy, kubeconfig_via
 from tests.soak import model as m
+from tests.soak.api import answer, items
 from tests.soak.model import CP, CR, GC, Key
+from tests.soak.upgrades import NODE_LABELS, Upgrades, start_upgrades, stop_upgrades
 from tests.test_deploy_chart import rbac_docs, render_docs
+from tests.upgrade_flow import node_eligible
 
 NS = gpu_env.NAMESPACE
 RELEASE = "shared-svc"
@@ -62,23 +65,6 @@ def dra_daemonset(app: str, common: bool) -> dict[str, Any]:
 def _cr_path(key: Key) -> str:
     kind, name = key
     return f"{CP_API if kind == CP else GC_API}/{name}"
-
-
-class Unanswered(Exception):
-    """The API server did not answer a read of the soak's (restarting, 429, 5xx): the
-    world is not settled yet, which the runner's bounded wait judges."""
-
-
-def _answer(
-    cp: ControlPlane, method: str, path: str, body: Any = None, **kw: Any
-) -> tuple[int, Any]:
-    try:
-        status, out = cp.request(method, path, body, **kw)
-    except OSError as exc:
-        raise Unanswered(f"{method} {path}: {exc}") from exc
-    if status == 429 or status >= 500:
-        raise Unanswered(f"{method} {path}: {status} {out}")
-    return status, out
 
 
 class FailoverProxy(TcpProxy):
@@ -201,6 +187,7 @@ class World:
     replicas: list[Replica]
     rbac: list[dict[str, Any]]
     guard: list[dict[str, Any]]
+    upgrades: Upgrades
     # the DRA DaemonSets as last applied (which, and with the common labels or not)
     dra: tuple[frozenset[str], bool] | None = None
 
@@ -230,7 +217,7 @@ class World:
         )
 
     def uid_of(self, key: Key) -> str | None:
-        status, body = _answer(self.cp, "GET", _cr_path(key))
+        status, body = answer(self.cp, "GET", _cr_path(key))
         return body["metadata"]["uid"] if status == 200 else None
 
     def objects(self, plural: str) -> dict[str, dict[str, Any]]:
@@ -244,8 +231,12 @@ class World:
         """One round of the stand-ins: the DRA DaemonSets as ``model``'s GPUCluster needs
         them; a Running, Ready pod per node of each DaemonSet of the four apps, a pod whose
         labels differ from its template's relabelled one per DaemonSet and round (an
-        OnDelete rollout, node by node); each DaemonSet's status as its controller reports
-        it; the pods of a DaemonSet that went deleted."""
+        OnDelete rollout, node by node) on each node its template's nodeSelector takes
+        (gpu-operator's DaemonSets select their deploy label, which the driver-manager
+        parks during a driver upgrade), none on the others; each DaemonSet's status as its
+        controller reports it; the pods of a DaemonSet that went deleted. Then the upgrade
+        side's round (tests/soak/upgrades.py)."""
+        self.upgrades.sync(model)
         wanted = frozenset({m.DCGM_DRA, m.EXPORTER_DRA} & model.needs().keys())
         if self.dra != (wanted, model.dra_common):  # once per change of the model
             for app in (m.DCGM_DRA, m.EXPORTER_DRA):
@@ -262,6 +253,7 @@ class World:
             if d["metadata"]["name"] in APPS
         }
         pods = {p["metadata"]["name"]: p for p in self._list(f"/api/v1/namespaces/{NS}/pods")}
+        nodes = {n["metadata"]["name"]: n for n in self._list("/api/v1/nodes")}
         for name, live in list(pods.items()):
             of = (live["metadata"].get("labels") or {}).get("app")
             if of in APPS and (of not in daemonsets or live["metadata"].get("deletionTimestamp")):
@@ -273,9 +265,15 @@ class World:
             labels = ds["spec"]["template"]["metadata"].get("labels") or {}
             relabelled = False
             updated = 0
+            eligible = [n for n in NODES if node_eligible(ds["spec"]["template"]["spec"], nodes[n])]
             for node in NODES:
                 pod_name = f"{app}-{node}"
                 pod = pods.get(pod_name)
+                if node not in eligible:
+                    if pod is not None:  # the kubelet confirms at once
+                        path = f"/api/v1/namespaces/{NS}/pods/{pod_name}"
+                        self.cp.request("DELETE", path, {"gracePeriodSeconds": 0})
+                    continue
                 if pod is None:
                     self._pod(pod_name, node, labels)
                 elif (pod["metadata"].get("labels") or {}) != labels and not relabelled:
@@ -294,12 +292,12 @@ class World:
             updated += relabelled
             status = {
                 "observedGeneration": ds["metadata"].get("generation", 1),
-                "desiredNumberScheduled": len(NODES),
-                "currentNumberScheduled": len(NODES),
-                "numberScheduled": len(NODES),
+                "desiredNumberScheduled": len(eligible),
+                "currentNumberScheduled": len(eligible),
+                "numberScheduled": len(eligible),
                 "updatedNumberScheduled": updated,
-                "numberReady": len(NODES),
-                "numberAvailable": len(NODES),
+                "numberReady": len(eligible),
+                "numberAvailable": len(eligible),
                 "numberMisscheduled": 0,
             }
             if ds.get("status") != {**ds.get("status", {}), **status}:
@@ -311,11 +309,7 @@ class World:
                 )
 
     def _list(self, path: str) -> list[dict[str, Any]]:
-        status, body = _answer(self.cp, "GET", path)
-        if status != 200:
-            raise AssertionError(f"GET {path}: {status} {body}")
-        items: list[dict[str, Any]] = body["items"]
-        return items
+        return items(self.cp, path)
 
     def _pod(self, name: str, node: str, labels: dict[str, str]) -> None:
         body = {
@@ -400,8 +394,8 @@ def _parties(workdir: Path) -> tuple[ControlPlane, gpu_env.GpuOperator, Tls]:
     cp = gpu_env.start_control_plane(workdir / "control-plane", controller_manager=True)
     try:
         for node in NODES:
-            gpu_env.add_gpu_node(cp, node)
-        op = gpu_env.start(cp)
+            gpu_env.add_gpu_node(cp, node, labels=NODE_LABELS)
+        op = gpu_env.start(cp, upgrade_controller=False)
     except BaseException:
         cp.stop()
         raise
@@ -412,7 +406,7 @@ def _replicas(
     cp: ControlPlane, workdir: Path, api_url: str, tls: Tls, ports: list[int], plant: str
 ) -> list[Replica]:
     """The replicas (not started): the chart's ServiceAccount's token, through the proxy."""
-    token = cp.service_account_token(NS, RELEASE, seconds=24 * 3600)
+    token = cp.service_account_token(NS, RELEASE, seconds=7 * 24 * 3600)  # a long soak
     own = cp.write_kubeconfig(workdir / "shared-svc.kubeconfig", token, user=RELEASE)
     kubeconfig = kubeconfig_via(cp, api_url, workdir / "via-proxy.kubeconfig")
     config = yaml.safe_load(kubeconfig.read_text())
@@ -458,15 +452,31 @@ async def start_world(workdir: Path, *, plant: str = "") -> World:
         op.stop()
         cp.stop()
         raise
-    world = World(workdir, cp, op, api_proxy, webhook, replicas, rbac, guard)
+    try:
+        upgrades = await start_upgrades(cp, NS, NODES, leave=world_runs)
+    except BaseException:
+        await webhook.close()
+        await api_proxy.close()
+        op.stop()
+        cp.stop()
+        raise
+    world = World(workdir, cp, op, api_proxy, webhook, replicas, rbac, guard, upgrades)
     for r in replicas:
         r.start()
     return world
 
 
+def world_runs(obj: dict[str, Any]) -> bool:
+    """The DaemonSets and pods :meth:`World.sync` runs (the upgrade side's stand-ins leave
+    them): the DCGM stacks' in the operator namespace."""
+    labels = obj["metadata"].get("labels") or {}
+    return obj["metadata"].get("namespace") == NS and labels.get("app") in APPS
+
+
 async def stop_world(world: World) -> None:
     for r in world.replicas:
         await asyncio.to_thread(r.stop)
+    await stop_upgrades(world.upgrades)
     await world.webhook.close()
     await world.api_proxy.close()
     world.op.stop()
