@@ -118,7 +118,7 @@ test: testenv-versions-background testenv-background venv lint typecheck testenv
 STEPS ?= 10000
 SEED ?= 1
 BUDGET ?= 86400
-soak: venv testenv testenv-gpu-operator
+soak: venv testenv testenv-gpu-operator testenv-upgrade-libs
 	$(BIN)/python -m tests.soak --steps $(STEPS) --seed $(SEED) --budget $(BUDGET)
 
 # The compatibility suite alone, on every version (make test runs it too).

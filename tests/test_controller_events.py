@@ -193,3 +193,11 @@ async def test_a_write_is_announced_even_when_a_later_write_fails() -> None:
     with pytest.raises(RuntimeError, match="409"):
         await writes.execute(plan)
     assert recorder.reasons == ["ServiceCreated/a"]
+
+
+def test_an_event_cannot_regard_an_object_without_a_name() -> None:
+    """The API server would keep it and drop the empty name: an Event about nothing a user
+    can find (a real-node run met one in ``default``, another party's)."""
+    with pytest.raises(ValueError, match="a named object"):
+        ObjectRef(api_version="v1", kind="Node", name="")
+    assert ObjectRef(api_version="v1", kind="Node", name="n").as_event_ref()["name"] == "n"

@@ -45,6 +45,12 @@ class ObjectRef:
     namespace: str | None = None
     uid: str | None = None
 
+    def __post_init__(self) -> None:
+        # The API server keeps an Event whose ``regarding`` has no name, and drops the
+        # empty name: an Event about nothing a user can find. Every object has a name.
+        if not self.name:
+            raise ValueError(f"an Event must regard a named object, not {self.kind} {self!r}")
+
     def as_event_ref(self) -> dict[str, str]:
         ref = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
         if self.namespace:
