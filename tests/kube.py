@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -15,6 +17,35 @@ from shared_svc.kubeconfig import proxy_once
 from testenv import ControlPlane
 
 _counter = itertools.count()
+
+
+class WatchGone(Exception):
+    """The watch's resourceVersion is gone (410): list again."""
+
+
+async def watch_events(
+    api: ApiClient, path: str, rv: str, *, seconds: int, bookmarks: bool = False
+) -> AsyncIterator[dict[str, Any]]:
+    """The events of one watch of ``path`` from ``rv`` (the API server ends it after
+    ``seconds``), as the API server sends them (``ERROR`` included); raises
+    :class:`WatchGone` when the API server answers 410 at once."""
+    query = [("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", str(seconds))]
+    if bookmarks:
+        query.append(("allowWatchBookmarks", "true"))
+    resp = await api.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=aiohttp.ClientTimeout(total=seconds + 30, sock_connect=5),
+    )
+    async with resp:
+        if resp.status == 410:
+            raise WatchGone(path)
+        while line := await resp.content.readline():
+            yield json.loads(line)
 
 
 async def api_client(control_plane: ControlPlane, kubeconfig: str | None = None) -> ApiClient:

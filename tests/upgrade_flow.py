@@ -60,7 +60,7 @@ from testenv import gpu_operator as gpu_env
 from testenv import upgrade_examples as ex
 from testenv import upgrade_libs as libs_env
 from tests.conftest import UPSTREAM_CRDS
-from tests.kube import api_client, eventually
+from tests.kube import api_client, eventually, watch_events
 from tests.svc import service_config
 
 K8sObject = dict[str, Any]
@@ -639,24 +639,12 @@ class Recorder:
         await self._ready.wait()
 
     async def _watch(self, kind: str, path: str, rv: str) -> None:
-        query = [("watch", "true"), ("resourceVersion", rv), ("timeoutSeconds", "600")]
-        resp = await self.api.call_api(
-            path,
-            "GET",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(total=700),
-        )
-        async with resp:
-            while line := await resp.content.readline():
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
-                    raise AssertionError(f"{kind} watch: {event}")
-                rv_now = int(obj["metadata"]["resourceVersion"])
-                self.events.append(Event(kind, event["type"], rv_now, time.monotonic(), obj))
+        async for event in watch_events(self.api, path, rv, seconds=600):
+            obj = event.get("object") or {}
+            if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                raise AssertionError(f"{kind} watch: {event}")
+            rv_now = int(obj["metadata"]["resourceVersion"])
+            self.events.append(Event(kind, event["type"], rv_now, time.monotonic(), obj))
 
     # --- questions ---
 

@@ -23,17 +23,16 @@ global revisions, so they order a pod's eviction against a node's state change e
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from shared_svc.k8s.selectors import selector_from_set
 from shared_svc.kube.writer import raw_request
+from tests.kube import WatchGone, watch_events
 
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 PARKED = "nvidia.com/gpu-driver-upgrade.parked"
@@ -246,30 +245,14 @@ class Watcher:
     async def _watch(self, kind: str, path: str, rv: str) -> str | None:
         """Follows one watch from ``rv``; returns the version to resume at (None: list
         again, the version is gone)."""
-        query = [
-            ("watch", "true"),
-            ("resourceVersion", rv),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", "300"),
-        ]
-        resp = await self.api.call_api(
-            path,
-            "GET",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(total=330, sock_connect=5),
-        )
-        async with resp:
-            if resp.status == 410:
-                return None
-            while line := await resp.content.readline():
-                event = json.loads(line)
+        try:
+            async for event in watch_events(self.api, path, rv, seconds=300, bookmarks=True):
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
                     return None if obj.get("code") == 410 else rv
                 rv = str(obj["metadata"]["resourceVersion"])
                 if event.get("type") != "BOOKMARK":
                     self.events.append(Event(kind, event["type"], int(rv), time.monotonic(), obj))
+        except WatchGone:
+            return None
         return rv
