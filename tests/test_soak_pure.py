@@ -155,6 +155,16 @@ def test_a_consumer_asked_to_go_outside_the_freeing_states_is_a_violation() -> N
     found = _feed(t, "full", ("node", _node("n0", "upgrade-required"), 0),
                   ("node", _node("n0", "upgrade-required", parked=True), 0))  # fmt: skip
     assert len(found) == 1 and "parked in state 'upgrade-required'" in found[0], found
+    # On the restart-only path, freeing on a guess shared-svc recorded (and reported) is the
+    # contract's side that cannot stall a full upgrade: explained, and counted.
+    t = tl.Timeline("ml", "gpu-operator")
+    node = _node("n0", "pod-restart-required", parked=True)
+    node["metadata"]["annotations"] = {tl.RECORD: json.dumps({"pathEvidence": "guess"})}
+    assert not _feed(t, "restart-only", ("node", node, 0), ("pod", _going(trainer), 0))
+    assert t.guessed == 2  # the node parked, the consumer asked to go
+    node["metadata"]["annotations"] = {tl.RECORD: json.dumps({"pathEvidence": "driver-pod"})}
+    other = _pod("u3", "n0", {tl.CONSUMER[0]: "true"})
+    assert _feed(t, "restart-only", ("node", node, 0), ("pod", _going(other), 0))
 
 
 def _dcgm(selector: dict[str, str]) -> dict[str, Any]:

@@ -419,6 +419,7 @@ class Soak:
         self.report.timeline = {
             "selector moves judged": up.timeline.moves,
             "consumers asked to go": len(up.timeline.asked),
+            "freed on a guess of the path": up.timeline.guessed,
             "relists": up.timeline.gaps,
             "watch resumes": up.watcher.reconnects,
         }
