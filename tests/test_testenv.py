@@ -393,11 +393,15 @@ def test_gpu_operator_builds_of_the_same_version_started_at_once_build_once(
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     dirs = {out.strip() for out, _ in outputs}
     assert len(dirs) == 1, dirs
-    assert len(builds(tmp_path)) == 1, builds(tmp_path)
+    # One build: gpu-operator (go install) and, beside it, the build without its upgrade
+    # controller (go build of testenv/gpu-operator/no-upgrade/), once each.
+    verbs = [line.split()[2] for line in builds(tmp_path)]
+    assert verbs == ["install", "build"], builds(tmp_path)
     assert any("waiting for it" in err for _, err in outputs), "the second run waited"
     (directory,) = map(Path, dirs)
     assert directory.parent == tmp_path / "cache" / "gpu-operator"
     assert os.access(directory / "gpu-operator", os.X_OK)
+    assert os.access(directory / "gpu-operator-no-upgrade", os.X_OK)
     assert (directory / "opt" / "gpu-operator" / "state-dcgm" / "0100_daemonset.yaml").exists()
     assert (directory / "opt" / "gpu-operator" / "manifests" / "state-x").is_dir()
     assert sorted(p.name for p in (directory / "rbac").iterdir()) == [
@@ -411,7 +415,7 @@ def test_gpu_operator_builds_of_the_same_version_started_at_once_build_once(
         ["bash", str(GPU_OPERATOR_BUILD)], env=env, capture_output=True, text=True, check=True
     )
     assert again.stdout.strip() == str(directory) and "cached build" in again.stderr
-    assert len(builds(tmp_path)) == 1
+    assert [line.split()[2] for line in builds(tmp_path)] == verbs  # nothing built again
 
 
 PARTY_BUILDS = (
