@@ -48,6 +48,7 @@ import testenv
 from shared_svc.k8s.selectors import label_selector, selector_from_set
 from tests.soak import model as m
 from tests.soak.api import Unanswered
+from tests.soak.timeline import ready
 from tests.soak.world import START, Replica, World, start_world, stop_world
 
 LEASE = 15.0  # the shipped lease duration (values.yaml: leaderElection)
@@ -232,12 +233,9 @@ class Soak:
         for pod in self.world.pods():
             labels = pod["metadata"].get("labels") or {}
             app = labels.get("app", "")
-            ready = not pod["metadata"].get("deletionTimestamp") and any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in pod.get("status", {}).get("conditions") or []
-            )
+            is_ready = ready(pod)
             stack = m.CP if app in (m.DCGM, m.EXPORTER) else m.GC
-            if not ready or not any(k[0] == stack for k in needs.get(app, ())):
+            if not is_ready or not any(k[0] == stack for k in needs.get(app, ())):
                 continue
             name = pod["metadata"]["name"]
             if app in (m.EXPORTER, m.EXPORTER_DRA):

@@ -39,11 +39,9 @@ from kubernetes_asyncio.client import ApiClient
 from shared_svc.k8s.selectors import selector_from_set
 from shared_svc.kube.writer import raw_request
 from tests.kube import WatchGone, watch_events
+from tests.upgrade_flow import CONSUMER_KEY, PARKED, RECORD, STATE
 
-STATE = "nvidia.com/gpu-driver-upgrade-state"
-PARKED = "nvidia.com/gpu-driver-upgrade.parked"
-RECORD = "shared-svc.nvidia.com/gpu-driver-upgrade-freed"
-CONSUMER = ("nvidia.com/gpu-driver-upgrade.consumer", "true")
+CONSUMER = (CONSUMER_KEY, "true")
 FREE = frozenset(
     {
         "cordon-required",
@@ -67,7 +65,8 @@ class Event:
     obj: K8sObject
 
 
-def _ready(pod: K8sObject) -> bool:
+def ready(pod: K8sObject) -> bool:
+    """Ready, and not asked to go (as the kubelet reports it: the Ready condition)."""
     return not pod["metadata"].get("deletionTimestamp") and any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (pod.get("status") or {}).get("conditions") or []
@@ -219,7 +218,7 @@ class Timeline:
             str(p["spec"].get("nodeName"))
             for p in pods
             if p["metadata"]["namespace"] == self.operands
-            and _ready(p)
+            and ready(p)
             and match.matches(_labels(p))
         }
 

@@ -117,14 +117,14 @@ class Upgrades:
 
     # --- the stand-ins' rounds (synchronous: the runner's thread) ---
 
-    def sync(self, model: m.Model) -> None:
-        """The driver DaemonSet as ``model`` asks; the consumer pods the user re-creates."""
+    def sync(self, model: m.Model, nodes: dict[str, dict[str, Any]]) -> None:
+        """The driver DaemonSet as ``model`` asks; the consumer pods the user re-creates
+        (``nodes``: the world's round's, by name)."""
         if self.driver != model.driver:
             self.cp.apply_manifests(
                 [driver_daemonset(model.driver, self.namespace)], field_manager="gpu-operator"
             )
             self.driver = model.driver
-        nodes = self._nodes()
         pods = self._list(f"/api/v1/namespaces/{CONSUMERS}/pods")
         for node in self.nodes:
             meta = nodes[node]["metadata"]

@@ -236,7 +236,8 @@ class World:
         parks during a driver upgrade), none on the others; each DaemonSet's status as its
         controller reports it; the pods of a DaemonSet that went deleted. Then the upgrade
         side's round (tests/soak/upgrades.py)."""
-        self.upgrades.sync(model)
+        nodes = {n["metadata"]["name"]: n for n in self._list("/api/v1/nodes")}
+        self.upgrades.sync(model, nodes)
         wanted = frozenset({m.DCGM_DRA, m.EXPORTER_DRA} & model.needs().keys())
         if self.dra != (wanted, model.dra_common):  # once per change of the model
             for app in (m.DCGM_DRA, m.EXPORTER_DRA):
@@ -253,7 +254,6 @@ class World:
             if d["metadata"]["name"] in APPS
         }
         pods = {p["metadata"]["name"]: p for p in self._list(f"/api/v1/namespaces/{NS}/pods")}
-        nodes = {n["metadata"]["name"]: n for n in self._list("/api/v1/nodes")}
         for name, live in list(pods.items()):
             of = (live["metadata"].get("labels") or {}).get("app")
             if of in APPS and (of not in daemonsets or live["metadata"].get("deletionTimestamp")):
